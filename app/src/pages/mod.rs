@@ -1,0 +1,3 @@
+//! Pages, one file each.
+
+pub mod home;

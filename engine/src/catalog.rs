@@ -1,0 +1,125 @@
+//! The catalogue as PostgreSQL records it: SKUs, drops, and the demo drop.
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::error::EngineError;
+
+/// The code of the demo drop that `holdfast serve --demo` loads.
+pub const DEMO_DROP: &str = "winter-launch";
+
+/// One SKU as the system of record knows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct SkuRecord {
+    /// The stock-keeping unit code, e.g. `DROP-001`.
+    pub sku: String,
+    /// Human title shown on the dashboard.
+    pub title: String,
+    /// Product this SKU is a variant of; variants of one product show together.
+    pub product: String,
+    /// Size, colour or edition, when the product has variants.
+    pub variant: Option<String>,
+    /// Units the business owns, as far as PostgreSQL knows.
+    pub on_hand: i64,
+    /// At or below this many available units the SKU shows as low stock.
+    pub low_stock_threshold: i32,
+    /// Most units one buyer may hold or buy of this SKU, if limited.
+    pub per_buyer_limit: Option<i32>,
+}
+
+/// A drop: a named sale and its SKUs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct DropRecord {
+    /// Short code used in URLs, e.g. `winter-launch`.
+    pub code: String,
+    /// Display name.
+    pub name: String,
+}
+
+/// The SKUs of drop `code`, in the drop's order; empty when the drop is unknown.
+pub async fn drop_skus(pool: &PgPool, code: &str) -> Result<Vec<SkuRecord>, EngineError> {
+    let rows = sqlx::query_as::<_, SkuRecord>(
+        "SELECT s.sku, s.title, s.product, s.variant, s.on_hand, s.low_stock_threshold, s.per_buyer_limit
+           FROM drop_skus d JOIN skus s ON s.sku = d.sku
+          WHERE d.drop_code = $1
+          ORDER BY d.position, s.sku",
+    )
+    .bind(code)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows)
+}
+
+/// Every drop, newest first.
+pub async fn drops(pool: &PgPool) -> Result<Vec<DropRecord>, EngineError> {
+    Ok(sqlx::query_as::<_, DropRecord>(
+        "SELECT code, name FROM drops ORDER BY created_at DESC, code",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
+/// One SKU of the demo drop: (sku, product, variant, on hand, low-stock threshold, per-buyer limit).
+type DemoSku = (&'static str, &'static str, Option<&'static str>, i64, i32, Option<i32>);
+
+/// The demo drop: a product with variants, a few single SKUs, one tiny edition.
+const DEMO_SKUS: &[DemoSku] = &[
+    ("DROP-001", "Holdfast Hoodie", Some("Black / M"), 2_000, 50, Some(2)),
+    ("DROP-002", "Holdfast Hoodie", Some("Black / L"), 800, 40, Some(2)),
+    ("DROP-003", "Holdfast Hoodie", Some("Sand / M"), 500, 25, Some(2)),
+    ("DROP-004", "Trail Cap", Some("Olive"), 150, 10, None),
+    ("DROP-005", "Signed Print No. 7", None, 25, 5, Some(1)),
+    ("DROP-006", "Enamel Pin Set", None, 12, 5, None),
+];
+
+/// What loading the demo drop did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DemoLoad {
+    /// SKUs inserted by this call (0 when the demo was already loaded).
+    pub inserted: u64,
+    /// SKUs in the demo drop.
+    pub total: usize,
+}
+
+/// Loads the demo drop idempotently: existing rows are left exactly as they are, so
+/// a restart never resets stock that has since been sold or corrected.
+pub async fn load_demo_drop(pool: &PgPool) -> Result<DemoLoad, EngineError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query(
+        "INSERT INTO drops (code, name) VALUES ($1, 'Winter Launch Drop') ON CONFLICT (code) DO NOTHING",
+    )
+    .bind(DEMO_DROP)
+    .execute(&mut *tx)
+    .await?;
+    let mut inserted = 0;
+    for (position, (sku, product, variant, on_hand, threshold, limit)) in DEMO_SKUS.iter().enumerate() {
+        let title = match variant {
+            Some(v) => format!("{product} — {v}"),
+            None => (*product).to_owned(),
+        };
+        inserted += sqlx::query(
+            "INSERT INTO skus (sku, title, product, variant, on_hand, low_stock_threshold, per_buyer_limit)
+             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sku) DO NOTHING",
+        )
+        .bind(sku)
+        .bind(&title)
+        .bind(product)
+        .bind(variant)
+        .bind(on_hand)
+        .bind(threshold)
+        .bind(limit)
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+        sqlx::query(
+            "INSERT INTO drop_skus (drop_code, sku, position) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
+        )
+        .bind(DEMO_DROP)
+        .bind(sku)
+        .bind(position as i32)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(DemoLoad { inserted, total: DEMO_SKUS.len() })
+}

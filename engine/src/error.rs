@@ -1,0 +1,90 @@
+//! The engine's error type and how a connection URL is shown without its secrets.
+
+use thiserror::Error;
+
+/// Everything that can go wrong below the API layer.
+///
+/// Variants say which backing service failed so callers can map them to a status
+/// (`503` for an unavailable dependency) and operators know where to look.
+#[derive(Debug, Error)]
+pub enum EngineError {
+    /// PostgreSQL could not be reached at start-up.
+    #[error(
+        "cannot reach PostgreSQL at {url}: {reason}. Start PostgreSQL or set DATABASE_URL to a server that answers"
+    )]
+    PostgresUnreachable {
+        /// The URL tried, with any password removed.
+        url: String,
+        /// The driver's own explanation, as one line.
+        reason: String,
+    },
+    /// Redis could not be reached at start-up.
+    #[error(
+        "cannot reach Redis at {url}: {reason}. Start redis-server or set REDIS_URL to a server that answers"
+    )]
+    RedisUnreachable {
+        /// The URL tried, with any password removed.
+        url: String,
+        /// The driver's own explanation, as one line.
+        reason: String,
+    },
+    /// Redis is configured so that it may evict stock counters under memory pressure.
+    #[error(
+        "Redis at {url} has maxmemory-policy '{policy}', which may evict stock counters and make \
+         sold-out SKUs look unwarmed or lose holds. Set `maxmemory-policy noeviction` (or a volatile-* \
+         policy), or pass --allow-evicting-redis to start anyway"
+    )]
+    EvictingRedis {
+        /// The URL checked, with any password removed.
+        url: String,
+        /// The policy Redis reported.
+        policy: String,
+    },
+    /// Applying the schema migrations failed.
+    #[error("cannot migrate the database: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    /// A PostgreSQL query failed after start-up.
+    #[error("PostgreSQL error: {0}")]
+    Postgres(#[from] sqlx::Error),
+    /// A Redis command failed after start-up.
+    #[error("Redis error: {0}")]
+    Redis(#[from] redis::RedisError),
+}
+
+/// Returns `url` with any password replaced by `***`, for logs and error messages.
+///
+/// Unparseable input is returned unchanged: it holds no recognisable secret to hide
+/// and the operator needs to see what they typed.
+pub fn redact_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    let (authority, tail) = match rest.find(['/', '?']) {
+        Some(i) => rest.split_at(i),
+        None => (rest, ""),
+    };
+    match authority.rsplit_once('@') {
+        Some((userinfo, host)) => match userinfo.split_once(':') {
+            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
+            None => url.to_owned(),
+        },
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redact_url;
+
+    #[test]
+    fn hides_passwords_and_keeps_the_rest() {
+        assert_eq!(
+            redact_url("postgres://app:s3cret@db:5432/holdfast"),
+            "postgres://app:***@db:5432/holdfast"
+        );
+        assert_eq!(redact_url("redis://:pw@127.0.0.1:6379/0"), "redis://:***@127.0.0.1:6379/0");
+        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
+        assert_eq!(redact_url("not a url"), "not a url");
+    }
+}

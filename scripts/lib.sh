@@ -1,0 +1,153 @@
+# Shared preparation for scripts/run.sh and scripts/test.sh. Sourced, not run.
+#
+# Installs what is missing, reuses Redis and PostgreSQL when REDIS_URL and
+# DATABASE_URL answer, otherwise starts private ones on loopback with their data
+# under .data/ (git-ignored), and makes sure the database exists. Every step is
+# idempotent: a second run reinstalls and rebuilds nothing that is current.
+
+set -euo pipefail
+
+HOLDFAST_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$HOLDFAST_ROOT"
+
+export PATH="$HOME/.cargo/bin:$PATH"
+# Builds live outside the clone so a fresh clone (CI) reuses them.
+export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOLDFAST_TARGET_DIR:-$HOME/.cache/holdfast/target}}"
+DATA_DIR="$HOLDFAST_ROOT/.data"
+CARGO_LEPTOS_VERSION="0.3.10"
+PRIVATE_REDIS_PORT="${HOLDFAST_PRIVATE_REDIS_PORT:-6390}"
+PRIVATE_PG_PORT="${HOLDFAST_PRIVATE_PG_PORT:-5440}"
+
+say() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+die() { printf 'error: %s\n' "$*" >&2; exit 1; }
+is_root() { [ "$(id -u)" -eq 0 ]; }
+
+APT_UPDATED=0
+# Installs Debian packages when running as root; otherwise says exactly what to install.
+apt_install() {
+    if ! is_root; then
+        die "missing: $*. Install it with: sudo apt-get install -y $*"
+    fi
+    command -v apt-get >/dev/null || die "missing: $*, and apt-get is not available to install it"
+    if [ "$APT_UPDATED" -eq 0 ]; then
+        say "apt-get update"
+        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        APT_UPDATED=1
+    fi
+    say "apt-get install $*"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_rust_tools() {
+    command -v cargo >/dev/null || die "cargo is missing: install Rust with rustup (https://rustup.rs)"
+    if ! rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+        say "adding the wasm32-unknown-unknown target"
+        rustup target add wasm32-unknown-unknown
+    fi
+    if ! cargo leptos --version 2>/dev/null | grep -q "$CARGO_LEPTOS_VERSION"; then
+        say "installing cargo-leptos $CARGO_LEPTOS_VERSION (a few minutes, once)"
+        cargo install cargo-leptos --locked --version "$CARGO_LEPTOS_VERSION" --features no_downloads
+    fi
+    local want
+    want=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' Cargo.lock)
+    [ -n "$want" ] || die "cannot find wasm-bindgen's version in Cargo.lock"
+    if ! wasm-bindgen --version 2>/dev/null | grep -q " $want\$"; then
+        say "installing wasm-bindgen-cli $want (must match Cargo.lock)"
+        # Not --locked: the CLI's own lockfile pins a crate the registry no longer has.
+        cargo install wasm-bindgen-cli --version "$want" --force
+    fi
+}
+
+ensure_service_binaries() {
+    command -v redis-server >/dev/null || apt_install redis-server
+    command -v psql >/dev/null && pg_bin_dir >/dev/null || apt_install postgresql
+}
+
+pg_bin_dir() {
+    local d
+    d=$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)
+    [ -n "$d" ] && [ -x "$d/initdb" ] || return 1
+    echo "$d"
+}
+
+redis_answers() { redis-cli -u "$1" ping 2>/dev/null | grep -q PONG; }
+
+ensure_redis() {
+    local url="${REDIS_URL:-redis://127.0.0.1:6379}"
+    if redis_answers "$url"; then
+        say "using Redis at $url"
+    elif [ -n "${REDIS_URL:-}" ]; then
+        die "REDIS_URL=$REDIS_URL does not answer PING. Start that server, or unset REDIS_URL to let this script start a private one"
+    else
+        url="redis://127.0.0.1:$PRIVATE_REDIS_PORT"
+        if ! redis_answers "$url"; then
+            say "starting a private Redis on 127.0.0.1:$PRIVATE_REDIS_PORT (data in .data/redis)"
+            mkdir -p "$DATA_DIR/redis"
+            redis-server --port "$PRIVATE_REDIS_PORT" --bind 127.0.0.1 --save "" --appendonly no \
+                --maxmemory-policy noeviction --dir "$DATA_DIR/redis" --daemonize yes \
+                --pidfile "$DATA_DIR/redis/redis.pid" --logfile "$DATA_DIR/redis/redis.log"
+            for _ in $(seq 50); do redis_answers "$url" && break; sleep 0.1; done
+            redis_answers "$url" || die "the private Redis did not start; see .data/redis/redis.log"
+        fi
+    fi
+    export REDIS_URL="$url"
+}
+
+# postgres://user@host:port/db -> the same server's maintenance database URL.
+pg_admin_url() { local u="${1%%\?*}"; echo "${u%/*}/postgres"; }
+pg_db_name() { local u="${1%%\?*}"; echo "${u##*/}"; }
+pg_answers() { psql "$(pg_admin_url "$1")" -tAc 'SELECT 1' >/dev/null 2>&1; }
+
+as_postgres() {
+    if is_root; then runuser -u postgres -- "$@"; else "$@"; fi
+}
+
+ensure_postgres() {
+    local url="${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/holdfast}"
+    if pg_answers "$url"; then
+        say "using PostgreSQL at ${url%%@*}@${url#*@}"
+    elif [ -n "${DATABASE_URL:-}" ]; then
+        die "DATABASE_URL does not answer. Start that server, or unset DATABASE_URL to let this script start a private one"
+    else
+        url="postgres://postgres@127.0.0.1:$PRIVATE_PG_PORT/holdfast"
+        if ! pg_answers "$url"; then
+            local bin
+            bin=$(pg_bin_dir) || die "PostgreSQL server binaries not found under /usr/lib/postgresql"
+            mkdir -p "$DATA_DIR"
+            if [ ! -f "$DATA_DIR/pg/PG_VERSION" ]; then
+                say "initialising a private PostgreSQL in .data/pg"
+                mkdir -p "$DATA_DIR/pg"
+                is_root && chown postgres:postgres "$DATA_DIR/pg"
+                as_postgres "$bin/initdb" -D "$DATA_DIR/pg" --username=postgres --auth=trust >/dev/null
+            fi
+            say "starting a private PostgreSQL on 127.0.0.1:$PRIVATE_PG_PORT"
+            is_root && chown postgres:postgres "$DATA_DIR/pg"
+            as_postgres "$bin/pg_ctl" -D "$DATA_DIR/pg" -l "$DATA_DIR/pg/server.log" -w \
+                -o "-p $PRIVATE_PG_PORT -c listen_addresses=127.0.0.1 -k $DATA_DIR/pg" start >/dev/null
+            pg_answers "$url" || die "the private PostgreSQL did not start; see .data/pg/server.log"
+        fi
+    fi
+    export DATABASE_URL="$url"
+    ensure_database "$url"
+}
+
+ensure_database() {
+    local url="$1" db
+    db=$(pg_db_name "$url")
+    if [ "$(psql "$(pg_admin_url "$url")" -tAc "SELECT 1 FROM pg_database WHERE datname = '$db'")" != "1" ]; then
+        say "creating database $db"
+        psql "$(pg_admin_url "$url")" -qc "CREATE DATABASE \"$db\"" >/dev/null
+    fi
+}
+
+build_site() {
+    say "building Holdfast (server and WASM dashboard)"
+    cargo leptos build
+}
+
+prepare() {
+    ensure_rust_tools
+    ensure_service_binaries
+    ensure_redis
+    ensure_postgres
+}

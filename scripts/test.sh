@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Runs every test: formatting and lints, unit and integration tests against real
+# Redis and PostgreSQL, and the end-to-end browser tests in headless Chromium.
+# Same preparation as scripts/run.sh. Nothing is skipped: a missing service or
+# tool is installed or started, or the run fails saying what is missing.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ensure_e2e_tools() {
+    command -v node >/dev/null && command -v npm >/dev/null || apt_install nodejs npm
+    CHROMIUM_PATH="${CHROMIUM_PATH:-$(command -v chromium || true)}"
+    if [ -z "$CHROMIUM_PATH" ]; then
+        apt_install chromium
+        CHROMIUM_PATH=$(command -v chromium)
+    fi
+    export CHROMIUM_PATH
+    if [ ! -d end2end/node_modules/@playwright/test ] || [ end2end/package-lock.json -nt end2end/node_modules/.package-lock.json ]; then
+        say "installing the end-to-end test runner (npm ci; no browser download)"
+        (cd end2end && PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 npm ci --no-audit --no-fund)
+    fi
+}
+
+free_port() {
+    local p
+    for p in $(shuf -i 20000-40000 -n 50); do
+        if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
+    done
+    die "no free loopback port found"
+}
+
+# Starts a private Redis, a fresh database and the server with the demo drop, runs
+# Playwright against it, and stops what it started.
+run_e2e() {
+    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url pids=()
+    mkdir -p "$out"
+    redis_port=$(free_port)
+    web_port=$(free_port)
+    db_url="$(pg_admin_url "$DATABASE_URL" | sed 's|/postgres$||')/holdfast_e2e"
+    psql "$(pg_admin_url "$DATABASE_URL")" -qc 'DROP DATABASE IF EXISTS holdfast_e2e WITH (FORCE)' >/dev/null
+    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
+        --logfile "$out/redis.log" &
+    pids+=($!)
+    DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_DEMO=true \
+        HOLDFAST_LISTEN="127.0.0.1:$web_port" LEPTOS_SITE_ROOT="$HOLDFAST_ROOT/target/site" \
+        "$CARGO_TARGET_DIR/debug/holdfast" serve >"$out/server.log" 2>&1 &
+    pids+=($!)
+    trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+    for _ in $(seq 100); do
+        curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null 2>&1 && break
+        kill -0 "${pids[1]}" 2>/dev/null || { cat "$out/server.log" >&2; die "the server exited during start-up"; }
+        sleep 0.2
+    done
+    curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null || { cat "$out/server.log" >&2; die "the server never became ready"; }
+    (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" npx playwright test)
+}
+
+prepare
+ensure_e2e_tools
+command -v curl >/dev/null || apt_install curl
+
+say "checking formatting"
+cargo fmt --all --check
+say "lints (clippy, warnings are errors)"
+cargo clippy --workspace --exclude holdfast-frontend --all-targets -- -D warnings
+cargo clippy -p holdfast-frontend --target wasm32-unknown-unknown -- -D warnings
+
+build_site
+
+say "unit and integration tests (Redis: $REDIS_URL)"
+cargo test --workspace --exclude holdfast-frontend
+
+say "end-to-end tests in headless Chromium"
+run_e2e

@@ -1,0 +1,19 @@
+//! The `holdfast` binary: parses the command line and hands over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = holdfast_server::config::Cli::parse();
+    holdfast_server::telemetry::init(&cli.global.log, cli.global.log_format);
+    match holdfast_server::cli::run(cli).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // One line an operator can act on; details were logged where they arose.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

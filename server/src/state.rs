@@ -1,0 +1,33 @@
+//! The state every handler shares.
+
+use axum::extract::FromRef;
+use holdfast_engine::Backends;
+use leptos::config::LeptosOptions;
+
+/// Shared, cheaply clonable state behind the router.
+#[derive(Clone)]
+pub struct AppState {
+    /// Where the site (WASM, JS, CSS) lives and how Leptos renders.
+    pub leptos: LeptosOptions,
+    /// PostgreSQL and Redis.
+    pub backends: Backends,
+}
+
+impl FromRef<AppState> for LeptosOptions {
+    fn from_ref(state: &AppState) -> Self {
+        state.leptos.clone()
+    }
+}
+
+/// Leptos options for serving the site built into `site_root`.
+///
+/// Built here rather than read from cargo-leptos' environment so the binary runs
+/// the same whether cargo-leptos, the run script or a test started it.
+pub fn leptos_options(site_root: &str, site_addr: std::net::SocketAddr) -> LeptosOptions {
+    LeptosOptions::builder()
+        .output_name("holdfast")
+        .site_root(site_root)
+        .site_pkg_dir("pkg")
+        .site_addr(site_addr)
+        .build()
+}

@@ -1,0 +1,49 @@
+//! Helpers shared by the server's integration tests.
+
+#![allow(dead_code)]
+
+use holdfast_engine::{Backends, kv};
+use holdfast_server::state::{AppState, leptos_options};
+use sqlx::PgPool;
+use sqlx::postgres::PgConnectOptions;
+use tokio::net::TcpListener;
+
+/// A Holdfast server on a free loopback port, stopped when the test's runtime ends.
+pub struct TestServer {
+    /// `http://127.0.0.1:<port>`.
+    pub base: String,
+}
+
+impl TestServer {
+    /// The absolute URL of `path` on this server.
+    pub fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+}
+
+/// Serves the full router over `backends` on port 0.
+pub async fn spawn(backends: Backends) -> TestServer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let addr = listener.local_addr().expect("local addr");
+    let state = AppState { leptos: leptos_options("target/site", addr), backends };
+    let router = holdfast_server::router(state);
+    tokio::spawn(holdfast_server::serve(listener, router, std::future::pending()));
+    TestServer { base: format!("http://{addr}") }
+}
+
+/// Backends over a test database and the Redis at `redis_url`.
+pub async fn backends(pool: PgPool, redis_url: &str) -> Backends {
+    let redis = kv::connect(redis_url).await.expect("connect to the test Redis");
+    Backends { pg: pool, redis }
+}
+
+/// A `postgres://` URL for the database `opts` points at (sqlx::test hands out options, not URLs).
+pub fn pg_url(opts: &PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        opts.get_username(),
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("postgres")
+    )
+}
