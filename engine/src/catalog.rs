@@ -60,13 +60,41 @@ pub async fn drops(pool: &PgPool) -> Result<Vec<DropRecord>, EngineError> {
 }
 
 /// One SKU of the demo drop: (sku, product, variant, on hand, low-stock threshold, per-buyer limit).
-type DemoSku = (&'static str, &'static str, Option<&'static str>, i64, i32, Option<i32>);
+type DemoSku = (
+    &'static str,
+    &'static str,
+    Option<&'static str>,
+    i64,
+    i32,
+    Option<i32>,
+);
 
 /// The demo drop: a product with variants, a few single SKUs, one tiny edition.
 const DEMO_SKUS: &[DemoSku] = &[
-    ("DROP-001", "Holdfast Hoodie", Some("Black / M"), 2_000, 50, Some(2)),
-    ("DROP-002", "Holdfast Hoodie", Some("Black / L"), 800, 40, Some(2)),
-    ("DROP-003", "Holdfast Hoodie", Some("Sand / M"), 500, 25, Some(2)),
+    (
+        "DROP-001",
+        "Holdfast Hoodie",
+        Some("Black / M"),
+        2_000,
+        50,
+        Some(2),
+    ),
+    (
+        "DROP-002",
+        "Holdfast Hoodie",
+        Some("Black / L"),
+        800,
+        40,
+        Some(2),
+    ),
+    (
+        "DROP-003",
+        "Holdfast Hoodie",
+        Some("Sand / M"),
+        500,
+        25,
+        Some(2),
+    ),
     ("DROP-004", "Trail Cap", Some("Olive"), 150, 10, None),
     ("DROP-005", "Signed Print No. 7", None, 25, 5, Some(1)),
     ("DROP-006", "Enamel Pin Set", None, 12, 5, None),
@@ -92,7 +120,9 @@ pub async fn load_demo_drop(pool: &PgPool) -> Result<DemoLoad, EngineError> {
     .execute(&mut *tx)
     .await?;
     let mut inserted = 0;
-    for (position, (sku, product, variant, on_hand, threshold, limit)) in DEMO_SKUS.iter().enumerate() {
+    for (position, (sku, product, variant, on_hand, threshold, limit)) in
+        DEMO_SKUS.iter().enumerate()
+    {
         let title = match variant {
             Some(v) => format!("{product} — {v}"),
             None => (*product).to_owned(),
@@ -121,5 +151,8 @@ pub async fn load_demo_drop(pool: &PgPool) -> Result<DemoLoad, EngineError> {
         .await?;
     }
     tx.commit().await?;
-    Ok(DemoLoad { inserted, total: DEMO_SKUS.len() })
+    Ok(DemoLoad {
+        inserted,
+        total: DEMO_SKUS.len(),
+    })
 }

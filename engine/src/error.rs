@@ -49,6 +49,10 @@ pub enum EngineError {
     /// A Redis command failed after start-up.
     #[error("Redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// A script answered something this version does not understand (a mismatch
+    /// between `lua/` and the code, or keys edited by hand).
+    #[error("unexpected reply from Redis: {0}")]
+    UnexpectedReply(String),
 }
 
 /// Returns `url` with any password replaced by `***`, for logs and error messages.
@@ -82,8 +86,14 @@ mod tests {
             redact_url("postgres://app:s3cret@db:5432/holdfast"),
             "postgres://app:***@db:5432/holdfast"
         );
-        assert_eq!(redact_url("redis://:pw@127.0.0.1:6379/0"), "redis://:***@127.0.0.1:6379/0");
-        assert_eq!(redact_url("redis://127.0.0.1:6379"), "redis://127.0.0.1:6379");
+        assert_eq!(
+            redact_url("redis://:pw@127.0.0.1:6379/0"),
+            "redis://:***@127.0.0.1:6379/0"
+        );
+        assert_eq!(
+            redact_url("redis://127.0.0.1:6379"),
+            "redis://127.0.0.1:6379"
+        );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact_url("not a url"), "not a url");
     }

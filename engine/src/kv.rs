@@ -21,7 +21,10 @@ pub enum EvictionCheck {
 /// Opens a [`ConnectionManager`] to `url`, which reconnects by itself after Redis
 /// restarts, and proves the server answers `PING` before returning.
 pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
-    let unreachable = |reason: String| EngineError::RedisUnreachable { url: redact_url(url), reason };
+    let unreachable = |reason: String| EngineError::RedisUnreachable {
+        url: redact_url(url),
+        reason,
+    };
     let client = redis::Client::open(url).map_err(|e| unreachable(one_line(&e.to_string())))?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(3)))
@@ -55,7 +58,11 @@ pub async fn check_eviction_policy(
         .await;
     let policy = match reply {
         Ok(pair) if pair.len() == 2 => pair[1].clone(),
-        Ok(other) => return Ok(EvictionCheck::Unknown(format!("unexpected reply {other:?}"))),
+        Ok(other) => {
+            return Ok(EvictionCheck::Unknown(format!(
+                "unexpected reply {other:?}"
+            )));
+        }
         Err(e) => return Ok(EvictionCheck::Unknown(one_line(&e.to_string()))),
     };
     if !policy.starts_with("allkeys-") {
@@ -64,7 +71,10 @@ pub async fn check_eviction_policy(
     if allow_evicting {
         return Ok(EvictionCheck::Overridden(policy));
     }
-    Err(EngineError::EvictingRedis { url: redact_url(url), policy })
+    Err(EngineError::EvictingRedis {
+        url: redact_url(url),
+        policy,
+    })
 }
 
 /// Whether Redis answers `PING` within `timeout`.

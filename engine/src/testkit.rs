@@ -99,8 +99,63 @@ impl TestRedis {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("redis-server on port {} did not start; see {}", self.port, log.display());
+        panic!(
+            "redis-server on port {} did not start; see {}",
+            self.port,
+            log.display()
+        );
     }
+}
+
+impl TestRedis {
+    /// A connection to this server (self-reconnecting).
+    pub async fn connection(&self) -> redis::aio::ConnectionManager {
+        crate::kv::connect(&self.url())
+            .await
+            .expect("connect to the test redis-server")
+    }
+
+    /// An engine over this server with `config`.
+    pub async fn engine_with(&self, config: crate::EngineConfig) -> crate::Engine {
+        crate::Engine::new(self.connection().await, config)
+    }
+
+    /// An engine over this server with the default configuration.
+    pub async fn engine(&self) -> crate::Engine {
+        self.engine_with(crate::EngineConfig::default()).await
+    }
+}
+
+/// Warms `sku` with `available` units (no limit, nothing pending), panicking on failure.
+pub async fn stock(engine: &crate::Engine, sku: &str, available: i64) {
+    stock_with_limit(engine, sku, available, 0).await;
+}
+
+/// Warms `sku` with `available` units and a per-buyer limit.
+pub async fn stock_with_limit(engine: &crate::Engine, sku: &str, available: i64, limit: i64) {
+    let spec = crate::stock::WarmSpec {
+        sku: sku.to_owned(),
+        available,
+        sold_pending: 0,
+        per_buyer_limit: limit,
+    };
+    engine.warm(&spec, true).await.expect("warm a test counter");
+}
+
+/// Two SKU codes that fall in the same shard, and one that falls in another.
+pub fn skus_same_and_other_shard(engine: &crate::Engine) -> (String, String, String) {
+    let ks = engine.keyspace();
+    let first = "CART-0".to_owned();
+    let shard = ks.shard_of(&first);
+    let same = (1..)
+        .map(|i| format!("CART-{i}"))
+        .find(|s| ks.shard_of(s) == shard)
+        .expect("same shard");
+    let other = (1..)
+        .map(|i| format!("CART-{i}"))
+        .find(|s| ks.shard_of(s) != shard)
+        .expect("other shard");
+    (first, same, other)
 }
 
 impl Drop for TestRedis {

@@ -1,9 +1,11 @@
 //! The operator commands behind `holdfast <command>`.
 
 use std::path::Path;
+use std::time::Duration;
 
 use anyhow::Context;
 use holdfast_engine::catalog;
+use holdfast_engine::reaper::ReaperConfig;
 use tokio::net::TcpListener;
 
 use crate::config::{Cli, Command, GlobalArgs, ServeArgs};
@@ -23,11 +25,16 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
         &global.database_url,
         global.allow_evicting_redis,
         args.pg_max_connections,
+        global.engine.config(),
     )
     .await?;
     if args.demo {
         let load = catalog::load_demo_drop(&backends.pg).await?;
-        tracing::info!(inserted = load.inserted, skus = load.total, "demo drop loaded");
+        tracing::info!(
+            inserted = load.inserted,
+            skus = load.total,
+            "demo drop loaded"
+        );
     }
     let bundle = Path::new(&args.site_root).join("pkg").join("holdfast.wasm");
     if !bundle.exists() {
@@ -41,9 +48,20 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let state = AppState { leptos: leptos_options(&args.site_root, addr), backends };
+    let workers = crate::workers::Workers::start(
+        &backends,
+        ReaperConfig {
+            interval: Duration::from_millis(args.reaper_interval_ms),
+            batch: args.reaper_batch,
+        },
+    );
+    let state = AppState {
+        leptos: leptos_options(&args.site_root, addr),
+        backends,
+    };
     println!("Holdfast is serving at http://{addr}");
     crate::serve(listener, crate::router(state), shutdown_signal()).await?;
+    workers.stop().await;
     tracing::info!("stopped");
     Ok(())
 }

@@ -21,7 +21,12 @@ pub struct Cli {
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
     /// Redis holding the live counters and holds.
-    #[arg(long, env = "REDIS_URL", default_value = "redis://127.0.0.1:6379", global = true)]
+    #[arg(
+        long,
+        env = "REDIS_URL",
+        default_value = "redis://127.0.0.1:6379",
+        global = true
+    )]
     pub redis_url: String,
     /// PostgreSQL, the system of record. The database is created if it is missing.
     #[arg(
@@ -41,6 +46,56 @@ pub struct GlobalArgs {
     /// counters read as "not warmed" and evicted holds leak reserved units.
     #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", global = true)]
     pub allow_evicting_redis: bool,
+    /// Reservation rules.
+    #[command(flatten)]
+    pub engine: EngineArgs,
+}
+
+/// Reservation rules shared by every command that touches stock.
+#[derive(Debug, Clone, Args)]
+pub struct EngineArgs {
+    /// Hash-tag shards SKUs are spread over in Redis. Fixed per deployment:
+    /// changing it moves every SKU's keys.
+    #[arg(long, env = "HOLDFAST_REDIS_SHARDS", default_value_t = 16, global = true,
+          value_parser = clap::value_parser!(u16).range(1..=1024))]
+    pub redis_shards: u16,
+    /// How long a hold lasts when the request names no TTL, in seconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_TTL_SECS",
+        default_value_t = 600,
+        global = true
+    )]
+    pub hold_ttl_secs: u64,
+    /// Longest hold a request may ask for, in seconds.
+    #[arg(
+        long,
+        env = "HOLDFAST_MAX_HOLD_TTL_SECS",
+        default_value_t = 3_600,
+        global = true
+    )]
+    pub max_hold_ttl_secs: u64,
+    /// Most units of one SKU in one reservation.
+    #[arg(
+        long,
+        env = "HOLDFAST_MAX_QTY_PER_LINE",
+        default_value_t = 10,
+        global = true
+    )]
+    pub max_qty_per_line: i64,
+}
+
+impl EngineArgs {
+    /// The engine configuration these flags describe.
+    pub fn config(&self) -> holdfast_engine::EngineConfig {
+        holdfast_engine::EngineConfig {
+            shards: self.redis_shards,
+            default_hold_ttl: std::time::Duration::from_secs(self.hold_ttl_secs),
+            max_hold_ttl: std::time::Duration::from_secs(self.max_hold_ttl_secs),
+            max_qty_per_line: self.max_qty_per_line,
+            ..holdfast_engine::EngineConfig::default()
+        }
+    }
 }
 
 /// How log lines are written.
@@ -74,6 +129,13 @@ pub struct ServeArgs {
     /// Most PostgreSQL connections this process opens.
     #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16)]
     pub pg_max_connections: u32,
+    /// Pause between reaper passes, in milliseconds (holds past their deadline are
+    /// returned within about this long).
+    #[arg(long, env = "HOLDFAST_REAPER_INTERVAL_MS", default_value_t = 500)]
+    pub reaper_interval_ms: u64,
+    /// Most overdue holds the reaper ends per shard per pass.
+    #[arg(long, env = "HOLDFAST_REAPER_BATCH", default_value_t = 200)]
+    pub reaper_batch: usize,
 }
 
 impl ServeArgs {

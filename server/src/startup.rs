@@ -2,7 +2,7 @@
 //! readable line.
 
 use holdfast_engine::kv::{self, EvictionCheck};
-use holdfast_engine::{Backends, EngineError, redact_url, store};
+use holdfast_engine::{Backends, EngineConfig, EngineError, redact_url, store};
 
 /// Connects to Redis (checking its eviction policy) and PostgreSQL (creating the
 /// database and migrating it), in that order.
@@ -11,6 +11,7 @@ pub async fn connect(
     database_url: &str,
     allow_evicting_redis: bool,
     pg_max_connections: u32,
+    engine: EngineConfig,
 ) -> Result<Backends, EngineError> {
     let mut redis = kv::connect(redis_url).await?;
     match kv::check_eviction_policy(&mut redis, redis_url, allow_evicting_redis).await? {
@@ -26,5 +27,5 @@ pub async fn connect(
         ),
     }
     let pg = store::connect_and_migrate(database_url, pg_max_connections).await?;
-    Ok(Backends { pg, redis })
+    Ok(Backends::new(pg, redis, engine))
 }

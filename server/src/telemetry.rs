@@ -11,7 +11,9 @@ pub fn init(filter: &str, format: LogFormat) {
         Ok(f) => (f, None),
         Err(e) => (EnvFilter::new("info"), Some(e)),
     };
-    let builder = fmt().with_env_filter(env_filter).with_writer(std::io::stderr);
+    let builder = fmt()
+        .with_env_filter(env_filter)
+        .with_writer(std::io::stderr);
     let _ = match format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),

@@ -28,7 +28,12 @@ async fn readyz_reports_which_dependency_failed(pool: PgPool) {
     let body: Value = degraded.json().await.unwrap();
     assert_eq!(body["status"], "degraded");
     assert_eq!(body["redis"]["ok"], false);
-    assert!(body["redis"]["error"].as_str().is_some_and(|e| !e.is_empty()), "{body}");
+    assert!(
+        body["redis"]["error"]
+            .as_str()
+            .is_some_and(|e| !e.is_empty()),
+        "{body}"
+    );
     assert_eq!(body["postgres"]["ok"], true);
 
     // The connection heals by itself once Redis is back.

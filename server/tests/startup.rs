@@ -4,19 +4,28 @@ mod common;
 
 use std::process::Command;
 
-use holdfast_engine::EngineError;
 use holdfast_engine::testkit::{TestRedis, closed_port};
+use holdfast_engine::{EngineConfig, EngineError};
 use holdfast_server::startup;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 #[tokio::test]
 async fn unreachable_redis_names_the_url_and_what_to_do() {
     let url = format!("redis://127.0.0.1:{}", closed_port());
-    let err = startup::connect(&url, "postgres://unused@127.0.0.1:1/x", false, 2)
-        .await
-        .err()
-        .expect("connecting to a closed port must fail");
-    assert!(matches!(err, EngineError::RedisUnreachable { .. }), "{err:?}");
+    let err = startup::connect(
+        &url,
+        "postgres://unused@127.0.0.1:1/x",
+        false,
+        2,
+        EngineConfig::default(),
+    )
+    .await
+    .err()
+    .expect("connecting to a closed port must fail");
+    assert!(
+        matches!(err, EngineError::RedisUnreachable { .. }),
+        "{err:?}"
+    );
     let msg = err.to_string();
     assert!(msg.contains(&url), "message names the URL: {msg}");
     assert!(msg.contains("REDIS_URL"), "message says what to do: {msg}");
@@ -26,30 +35,51 @@ async fn unreachable_redis_names_the_url_and_what_to_do() {
 #[tokio::test]
 async fn unreachable_postgres_names_the_url_without_the_password() {
     let redis = TestRedis::start();
-    let url = format!("postgres://holdfast:hunter2@127.0.0.1:{}/holdfast", closed_port());
-    let err = startup::connect(&redis.url(), &url, false, 2)
+    let url = format!(
+        "postgres://holdfast:hunter2@127.0.0.1:{}/holdfast",
+        closed_port()
+    );
+    let err = startup::connect(&redis.url(), &url, false, 2, EngineConfig::default())
         .await
         .err()
         .expect("connecting to a closed port must fail");
-    assert!(matches!(err, EngineError::PostgresUnreachable { .. }), "{err:?}");
+    assert!(
+        matches!(err, EngineError::PostgresUnreachable { .. }),
+        "{err:?}"
+    );
     let msg = err.to_string();
-    assert!(msg.contains("holdfast:***@127.0.0.1"), "URL shown redacted: {msg}");
+    assert!(
+        msg.contains("holdfast:***@127.0.0.1"),
+        "URL shown redacted: {msg}"
+    );
     assert!(!msg.contains("hunter2"), "password never shown: {msg}");
-    assert!(msg.contains("DATABASE_URL"), "message says what to do: {msg}");
+    assert!(
+        msg.contains("DATABASE_URL"),
+        "message says what to do: {msg}"
+    );
 }
 
 #[tokio::test]
 async fn evicting_redis_is_refused_unless_overridden() {
     let redis = TestRedis::start_with(&["--maxmemory-policy", "allkeys-lru"]);
-    let err = startup::connect(&redis.url(), "postgres://unused@127.0.0.1:1/x", false, 2)
-        .await
-        .err()
-        .expect("allkeys-lru must be refused");
+    let err = startup::connect(
+        &redis.url(),
+        "postgres://unused@127.0.0.1:1/x",
+        false,
+        2,
+        EngineConfig::default(),
+    )
+    .await
+    .err()
+    .expect("allkeys-lru must be refused");
     match &err {
         EngineError::EvictingRedis { policy, .. } => assert_eq!(policy, "allkeys-lru"),
         other => panic!("expected EvictingRedis, got {other:?}"),
     }
-    assert!(err.to_string().contains("--allow-evicting-redis"), "names the override: {err}");
+    assert!(
+        err.to_string().contains("--allow-evicting-redis"),
+        "names the override: {err}"
+    );
 }
 
 #[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
@@ -59,12 +89,16 @@ async fn evicting_redis_starts_with_the_override_and_volatile_is_fine(
 ) {
     let pg = common::pg_url(&opts);
     let evicting = TestRedis::start_with(&["--maxmemory-policy", "allkeys-lfu"]);
-    let backends = startup::connect(&evicting.url(), &pg, true, 2).await;
+    let backends = startup::connect(&evicting.url(), &pg, true, 2, EngineConfig::default()).await;
     assert!(backends.is_ok(), "override accepted: {:?}", backends.err());
 
     let volatile = TestRedis::start_with(&["--maxmemory-policy", "volatile-lru"]);
-    let backends = startup::connect(&volatile.url(), &pg, false, 2).await;
-    assert!(backends.is_ok(), "volatile-* keeps counters safe: {:?}", backends.err());
+    let backends = startup::connect(&volatile.url(), &pg, false, 2, EngineConfig::default()).await;
+    assert!(
+        backends.is_ok(),
+        "volatile-* keeps counters safe: {:?}",
+        backends.err()
+    );
 }
 
 #[test]
@@ -81,8 +115,14 @@ fn the_binary_prints_one_line_and_exits_non_zero_when_redis_is_down() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     let lines: Vec<&str> = stderr.lines().collect();
     assert_eq!(lines.len(), 1, "exactly one line: {stderr}");
-    assert!(lines[0].starts_with(&format!("error: cannot reach Redis at {url}")), "{stderr}");
-    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "{stderr}");
+    assert!(
+        lines[0].starts_with(&format!("error: cannot reach Redis at {url}")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
 }
 
 #[test]
@@ -93,7 +133,13 @@ fn help_lists_the_commands_and_environment() {
         .expect("run holdfast --help");
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
-    for needle in ["REDIS_URL", "DATABASE_URL", "HOLDFAST_LISTEN", "--allow-evicting-redis", "--demo"] {
+    for needle in [
+        "REDIS_URL",
+        "DATABASE_URL",
+        "HOLDFAST_LISTEN",
+        "--allow-evicting-redis",
+        "--demo",
+    ] {
         assert!(help.contains(needle), "--help mentions {needle}:\n{help}");
     }
 }

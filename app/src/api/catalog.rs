@@ -7,7 +7,9 @@ use crate::dto::DropOverview;
 /// The newest drop (or `code`, when given) with its SKUs; `None` when there is no
 /// such drop.
 #[server]
-pub async fn load_drop_overview(code: Option<String>) -> Result<Option<DropOverview>, ServerFnError> {
+pub async fn load_drop_overview(
+    code: Option<String>,
+) -> Result<Option<DropOverview>, ServerFnError> {
     use holdfast_engine::catalog;
 
     use crate::dto::SkuSummary;
@@ -27,7 +29,16 @@ pub async fn load_drop_overview(code: Option<String>) -> Result<Option<DropOverv
         .await
         .map_err(internal)?
         .into_iter()
-        .map(|s| SkuSummary { sku: s.sku, title: s.title, product: s.product, on_hand: s.on_hand })
+        .map(|s| SkuSummary {
+            sku: s.sku,
+            title: s.title,
+            product: s.product,
+            on_hand: s.on_hand,
+        })
         .collect();
-    Ok(Some(DropOverview { code: drop.code, name: drop.name, skus }))
+    Ok(Some(DropOverview {
+        code: drop.code,
+        name: drop.name,
+        skus,
+    }))
 }

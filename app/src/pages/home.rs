@@ -27,7 +27,9 @@ impl SortKey {
         match self {
             Self::Sku => rows.sort_by(|a, b| a.sku.cmp(&b.sku)),
             Self::Title => rows.sort_by(|a, b| a.title.cmp(&b.title)),
-            Self::OnHandDesc => rows.sort_by(|a, b| b.on_hand.cmp(&a.on_hand).then(a.sku.cmp(&b.sku))),
+            Self::OnHandDesc => {
+                rows.sort_by(|a, b| b.on_hand.cmp(&a.on_hand).then(a.sku.cmp(&b.sku)))
+            }
         }
     }
 }

@@ -13,7 +13,9 @@ const PROBE_TIMEOUT: Duration = Duration::from_millis(1_500);
 
 /// `/healthz` and `/readyz`.
 pub fn routes() -> Router<AppState> {
-    Router::new().route("/healthz", get(healthz)).route("/readyz", get(readyz))
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
 }
 
 /// The process is up and serving HTTP.
@@ -34,8 +36,14 @@ pub struct Check {
 impl From<Result<(), String>> for Check {
     fn from(r: Result<(), String>) -> Self {
         match r {
-            Ok(()) => Self { ok: true, error: None },
-            Err(e) => Self { ok: false, error: Some(e) },
+            Ok(()) => Self {
+                ok: true,
+                error: None,
+            },
+            Err(e) => Self {
+                ok: false,
+                error: Some(e),
+            },
         }
     }
 }
@@ -59,7 +67,15 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
     );
     let (redis, postgres) = (Check::from(redis), Check::from(postgres));
     let ready = redis.ok && postgres.ok;
-    let status = if ready { StatusCode::OK } else { StatusCode::SERVICE_UNAVAILABLE };
-    let body = Readiness { status: if ready { "ready" } else { "degraded" }, redis, postgres };
+    let status = if ready {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    };
+    let body = Readiness {
+        status: if ready { "ready" } else { "degraded" },
+        redis,
+        postgres,
+    };
     (status, Json(body))
 }

@@ -25,16 +25,27 @@ impl TestServer {
 pub async fn spawn(backends: Backends) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let addr = listener.local_addr().expect("local addr");
-    let state = AppState { leptos: leptos_options("target/site", addr), backends };
+    let state = AppState {
+        leptos: leptos_options("target/site", addr),
+        backends,
+    };
     let router = holdfast_server::router(state);
-    tokio::spawn(holdfast_server::serve(listener, router, std::future::pending()));
-    TestServer { base: format!("http://{addr}") }
+    tokio::spawn(holdfast_server::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+    TestServer {
+        base: format!("http://{addr}"),
+    }
 }
 
 /// Backends over a test database and the Redis at `redis_url`.
 pub async fn backends(pool: PgPool, redis_url: &str) -> Backends {
-    let redis = kv::connect(redis_url).await.expect("connect to the test Redis");
-    Backends { pg: pool, redis }
+    let redis = kv::connect(redis_url)
+        .await
+        .expect("connect to the test Redis");
+    Backends::new(pool, redis, holdfast_engine::EngineConfig::default())
 }
 
 /// A `postgres://` URL for the database `opts` points at (sqlx::test hands out options, not URLs).

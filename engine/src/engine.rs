@@ -1,0 +1,685 @@
+//! The [`Engine`]: the typed entry point to the Lua scripts.
+//!
+//! A hold's life: [`Engine::reserve`] takes units from `available` into
+//! `reserved`; then exactly one of [`Engine::confirm`] (moves them to
+//! `sold_pending`), [`Engine::release`] (returns them) or the reaper
+//! ([`Engine::reap_once`], which releases holds past their deadline) ends it.
+//! Each step is one atomic script that also appends its event to the shard's
+//! stream, so `available + reserved + sold_pending` only changes by supply.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+
+use crate::error::EngineError;
+use crate::keys::Keyspace;
+use crate::model::{
+    ConfirmOutcome, Figures, Hold, HoldState, Invalid, Line, ReapReport, ReleaseOutcome,
+    ReserveOutcome, ReserveRequest,
+};
+use crate::reply::Reply;
+use crate::scripts::Scripts;
+
+/// Limits and lifetimes. The defaults suit a flash sale; all are configurable.
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Hash-tag shards (fixed per deployment, see [`Keyspace`]).
+    pub shards: u16,
+    /// Hold lifetime when a request names none.
+    pub default_hold_ttl: Duration,
+    /// Longest hold a request may ask for.
+    pub max_hold_ttl: Duration,
+    /// Most units of one SKU in one reservation.
+    pub max_qty_per_line: i64,
+    /// Most lines in one cart.
+    pub max_lines: usize,
+    /// Approximate cap of each event stream (`XADD MAXLEN ~`).
+    pub stream_maxlen: u64,
+    /// How long an ended hold is remembered (retries, late confirms).
+    pub tombstone_ttl: Duration,
+    /// How long a buyer's per-SKU count is kept after their last hold.
+    pub buyer_ttl: Duration,
+    /// How long an applied feed event id is remembered.
+    pub guard_ttl: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            shards: 16,
+            default_hold_ttl: Duration::from_secs(600),
+            max_hold_ttl: Duration::from_secs(3_600),
+            max_qty_per_line: 10,
+            max_lines: 20,
+            stream_maxlen: 1_000_000,
+            tombstone_ttl: Duration::from_secs(24 * 3_600),
+            buyer_ttl: Duration::from_secs(7 * 24 * 3_600),
+            guard_ttl: Duration::from_secs(24 * 3_600),
+        }
+    }
+}
+
+/// The reservation engine over one Redis. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) conn: ConnectionManager,
+    pub(crate) scripts: Arc<Scripts>,
+    pub(crate) keys: Keyspace,
+    pub(crate) config: Arc<EngineConfig>,
+}
+
+/// Whether `s` is a valid SKU code: what PostgreSQL's `skus.sku` check accepts.
+pub fn valid_sku(s: &str) -> bool {
+    let mut chars = s.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_alphanumeric())
+        && s.len() <= 64
+        && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+}
+
+/// Ids and buyers become part of keys: printable, no spaces or braces.
+fn valid_token(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 128
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@' | '+'))
+}
+
+fn invalid(field: &str, message: impl Into<String>) -> Invalid {
+    Invalid {
+        field: field.to_owned(),
+        message: message.into(),
+    }
+}
+
+impl Engine {
+    /// An engine over `conn` with `config`.
+    pub fn new(conn: ConnectionManager, config: EngineConfig) -> Self {
+        Self {
+            conn,
+            scripts: Arc::new(Scripts::new()),
+            keys: Keyspace::new(config.shards),
+            config: Arc::new(config),
+        }
+    }
+
+    /// The key layout in use.
+    pub fn keyspace(&self) -> Keyspace {
+        self.keys
+    }
+
+    /// The configuration in use.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// The scripts (for their SHAs, e.g. in benchmarks).
+    pub fn scripts(&self) -> &Scripts {
+        &self.scripts
+    }
+
+    /// A clone of the Redis connection, for reads outside the scripts.
+    pub fn connection(&self) -> ConnectionManager {
+        self.conn.clone()
+    }
+
+    fn validate(&self, req: &ReserveRequest) -> Result<Duration, Invalid> {
+        if !valid_token(&req.reservation_id) {
+            return Err(invalid(
+                "reservation_id",
+                "must be 1 to 128 characters: letters, digits and . _ - : @ +",
+            ));
+        }
+        if req.lines.is_empty() {
+            return Err(invalid("lines", "at least one line is needed"));
+        }
+        if req.lines.len() > self.config.max_lines {
+            return Err(invalid(
+                "lines",
+                format!("at most {} lines per cart", self.config.max_lines),
+            ));
+        }
+        let mut seen = HashSet::new();
+        for line in &req.lines {
+            if !valid_sku(&line.sku) {
+                return Err(invalid(
+                    "sku",
+                    format!("'{}' is not a valid SKU code", line.sku),
+                ));
+            }
+            if !seen.insert(line.sku.as_str()) {
+                return Err(invalid(
+                    "sku",
+                    format!("{} appears twice; combine the lines", line.sku),
+                ));
+            }
+            if line.qty < 1 || line.qty > self.config.max_qty_per_line {
+                return Err(invalid(
+                    "qty",
+                    format!("must be between 1 and {}", self.config.max_qty_per_line),
+                ));
+            }
+        }
+        if let Some(buyer) = &req.buyer
+            && !valid_token(buyer)
+        {
+            return Err(invalid(
+                "buyer",
+                "must be 1 to 128 characters: letters, digits and . _ - : @ +",
+            ));
+        }
+        let ttl = req
+            .ttl_ms
+            .map_or(self.config.default_hold_ttl, Duration::from_millis);
+        if ttl < Duration::from_secs(1) || ttl > self.config.max_hold_ttl {
+            return Err(invalid(
+                "ttl_ms",
+                format!(
+                    "must be between 1000 and {}",
+                    self.config.max_hold_ttl.as_millis()
+                ),
+            ));
+        }
+        Ok(ttl)
+    }
+
+    /// Holds the request's units: one atomic script when all lines share a shard,
+    /// otherwise one per shard with the successful ones released again when a later
+    /// one fails (all or nothing either way).
+    pub async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, EngineError> {
+        let ttl = match self.validate(req) {
+            Ok(ttl) => ttl,
+            Err(inv) => return Ok(ReserveOutcome::Invalid(inv)),
+        };
+        let fp = fingerprint(req);
+        let groups = self.group_by_shard(&req.lines);
+        if let [(shard, lines)] = groups.as_slice() {
+            return self.reserve_in_shard(*shard, req, lines, ttl, &fp).await;
+        }
+        let mut made: Vec<(u16, Vec<Line>)> = Vec::new();
+        let (mut expires, mut after, mut retries) = (0, Vec::new(), 0usize);
+        for (shard, lines) in &groups {
+            match self.reserve_in_shard(*shard, req, lines, ttl, &fp).await? {
+                ReserveOutcome::Reserved {
+                    expires_at_ms,
+                    available_after,
+                    ..
+                } => {
+                    expires = expires_at_ms;
+                    after.extend(available_after);
+                    made.push((*shard, lines.clone()));
+                }
+                ReserveOutcome::AlreadyReserved { .. } if made.is_empty() => retries += 1,
+                failed => {
+                    for (shard, lines) in &made {
+                        self.compensate(*shard, &req.reservation_id, lines).await?;
+                    }
+                    return Ok(if retries > 0 {
+                        ReserveOutcome::Conflict {
+                            reservation_id: req.reservation_id.clone(),
+                        }
+                    } else {
+                        failed
+                    });
+                }
+            }
+        }
+        if retries == groups.len() {
+            let hold = self.hold(&req.reservation_id).await?;
+            return Ok(ReserveOutcome::AlreadyReserved {
+                reservation_id: req.reservation_id.clone(),
+                state: hold.as_ref().map_or(HoldState::Held, |h| h.state),
+                expires_at_ms: hold.map_or(0, |h| h.expires_at_ms),
+            });
+        }
+        Ok(ReserveOutcome::Reserved {
+            reservation_id: req.reservation_id.clone(),
+            expires_at_ms: expires,
+            available_after: after,
+        })
+    }
+
+    fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {
+        let mut groups: Vec<(u16, Vec<Line>)> = Vec::new();
+        for line in lines {
+            let shard = self.keys.shard_of(&line.sku);
+            match groups.iter_mut().find(|(s, _)| *s == shard) {
+                Some((_, group)) => group.push(line.clone()),
+                None => groups.push((shard, vec![line.clone()])),
+            }
+        }
+        groups
+    }
+
+    /// KEYS for a script over `lines` of hold `rid` in `shard`: hold, due, stream,
+    /// then counters, holds zset and buyer counter per line.
+    fn hold_keys(&self, shard: u16, rid: &str, lines: &[Line], buyer: &str) -> Vec<String> {
+        let mut keys = vec![
+            self.keys.hold(shard, rid),
+            self.keys.due(shard),
+            self.keys.events(shard),
+        ];
+        for line in lines {
+            keys.push(self.keys.sku(&line.sku));
+            keys.push(self.keys.sku_holds(&line.sku));
+            keys.push(self.keys.buyer(&line.sku, buyer));
+        }
+        keys
+    }
+
+    async fn reserve_in_shard(
+        &self,
+        shard: u16,
+        req: &ReserveRequest,
+        lines: &[Line],
+        ttl: Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        let buyer = req.buyer.as_deref().unwrap_or("");
+        let mut inv = self.scripts.reserve.prepare_invoke();
+        for key in self.hold_keys(shard, &req.reservation_id, lines, buyer) {
+            inv.key(key);
+        }
+        inv.arg(&req.reservation_id)
+            .arg(ttl.as_millis() as u64)
+            .arg(buyer)
+            .arg(fp)
+            .arg(self.config.stream_maxlen)
+            .arg(self.config.buyer_ttl.as_millis() as u64);
+        for line in lines {
+            inv.arg(&line.sku).arg(line.qty);
+        }
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        let rid = req.reservation_id.clone();
+        Ok(match reply.tag()?.as_str() {
+            "reserved" => ReserveOutcome::Reserved {
+                reservation_id: rid,
+                expires_at_ms: reply.int(1)?,
+                available_after: lines
+                    .iter()
+                    .enumerate()
+                    .map(|(i, l)| Ok((l.sku.clone(), reply.int(2 + i)?)))
+                    .collect::<Result<_, EngineError>>()?,
+            },
+            "retry" => ReserveOutcome::AlreadyReserved {
+                reservation_id: rid,
+                state: reply.state(1)?,
+                expires_at_ms: reply.int(2)?,
+            },
+            "conflict" => ReserveOutcome::Conflict {
+                reservation_id: rid,
+            },
+            "not_warmed" => ReserveOutcome::NotWarmed {
+                sku: reply.text(1)?,
+            },
+            "sold_out" => ReserveOutcome::SoldOut {
+                sku: reply.text(1)?,
+                available: reply.int(2)?,
+            },
+            "limit" => ReserveOutcome::LimitExceeded {
+                sku: reply.text(1)?,
+                limit: reply.int(2)?,
+                already: reply.int(3)?,
+            },
+            other => return Err(EngineError::UnexpectedReply(format!("reserve: {other}"))),
+        })
+    }
+
+    /// Undoes one shard's part of a cart whose other part failed, and forgets the
+    /// id there so the caller may try the same cart again.
+    async fn compensate(&self, shard: u16, rid: &str, lines: &[Line]) -> Result<(), EngineError> {
+        let hold = Hold {
+            reservation_id: rid.to_owned(),
+            state: HoldState::Held,
+            lines: lines.to_vec(),
+            buyer: None,
+            expires_at_ms: 0,
+            created_at_ms: 0,
+        };
+        let mut conn = self.conn.clone();
+        let buyer: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.hold(shard, rid))
+            .arg("buyer")
+            .query_async(&mut conn)
+            .await?;
+        let hold = Hold {
+            buyer: buyer.filter(|b| !b.is_empty()),
+            ..hold
+        };
+        self.release_in_shard(shard, &hold, HoldState::Released)
+            .await?;
+        redis::cmd("DEL")
+            .arg(self.keys.hold(shard, rid))
+            .query_async::<()>(&mut conn)
+            .await?;
+        Ok(())
+    }
+
+    /// Finds reservation `rid` in every shard it has lines in (one pipelined read).
+    async fn locate(&self, rid: &str) -> Result<Vec<(u16, Hold)>, EngineError> {
+        if !valid_token(rid) {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for shard in 0..self.keys.shards() {
+            pipe.cmd("HMGET")
+                .arg(self.keys.hold(shard, rid))
+                .arg(&["state", "lines", "buyer", "deadline", "created"]);
+        }
+        let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let mut found = Vec::new();
+        for (shard, row) in rows.into_iter().enumerate() {
+            if let Some(hold) = parse_hold(rid, &row)? {
+                found.push((shard as u16, hold));
+            }
+        }
+        Ok(found)
+    }
+
+    /// One reservation, with its lines from every shard; `None` when unknown.
+    pub async fn hold(&self, rid: &str) -> Result<Option<Hold>, EngineError> {
+        let mut parts = self.locate(rid).await?.into_iter();
+        let Some((_, mut hold)) = parts.next() else {
+            return Ok(None);
+        };
+        for (_, part) in parts {
+            hold.lines.extend(part.lines);
+        }
+        Ok(Some(hold))
+    }
+
+    /// Confirms reservation `rid` (payment captured): its units become sold.
+    pub async fn confirm(&self, rid: &str) -> Result<ConfirmOutcome, EngineError> {
+        let parts = self.locate(rid).await?;
+        if parts.is_empty() {
+            return Ok(ConfirmOutcome::Unknown);
+        }
+        let mut outcome = ConfirmOutcome::AlreadyConfirmed;
+        for (shard, hold) in &parts {
+            let keys = self.hold_keys(
+                *shard,
+                rid,
+                &hold.lines,
+                hold.buyer.as_deref().unwrap_or(""),
+            );
+            let mut inv = self.scripts.confirm.prepare_invoke();
+            for key in keys {
+                inv.key(key);
+            }
+            inv.arg(rid)
+                .arg(self.config.stream_maxlen)
+                .arg(self.config.tombstone_ttl.as_millis() as u64);
+            for line in &hold.lines {
+                inv.arg(&line.sku);
+            }
+            let reply = Reply::new(
+                inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                    .await?,
+            );
+            let part = match reply.tag()?.as_str() {
+                "confirmed" => ConfirmOutcome::Confirmed,
+                "already_confirmed" => ConfirmOutcome::AlreadyConfirmed,
+                "expired" => ConfirmOutcome::Expired {
+                    state: reply.state(1)?,
+                },
+                "unknown" => ConfirmOutcome::Unknown,
+                other => return Err(EngineError::UnexpectedReply(format!("confirm: {other}"))),
+            };
+            // An expired part makes the whole a late payment; otherwise any part
+            // confirmed now makes this call the confirming one.
+            outcome = match (outcome, part) {
+                (e @ ConfirmOutcome::Expired { .. }, _)
+                | (_, e @ ConfirmOutcome::Expired { .. }) => e,
+                (ConfirmOutcome::Confirmed, _) | (_, ConfirmOutcome::Confirmed) => {
+                    ConfirmOutcome::Confirmed
+                }
+                (_, p) => p,
+            };
+        }
+        Ok(outcome)
+    }
+
+    /// Releases reservation `rid` (shopper, checkout or support): its units return.
+    /// Idempotent: only the call that ends the hold returns units.
+    pub async fn release(&self, rid: &str) -> Result<ReleaseOutcome, EngineError> {
+        let parts = self.locate(rid).await?;
+        if parts.is_empty() {
+            return Ok(ReleaseOutcome::Unknown);
+        }
+        let mut outcome = None;
+        for (shard, hold) in &parts {
+            let part = self
+                .release_in_shard(*shard, hold, HoldState::Released)
+                .await?;
+            outcome = match (outcome, part) {
+                (Some(ReleaseOutcome::Released), _) | (_, ReleaseOutcome::Released) => {
+                    Some(ReleaseOutcome::Released)
+                }
+                (_, p) => Some(p),
+            };
+        }
+        Ok(outcome.unwrap_or(ReleaseOutcome::Unknown))
+    }
+
+    /// Runs `release.lua` on one shard's part of `hold`. `reason` is `Released` or
+    /// `Expired` (which only ends a hold past its deadline).
+    pub(crate) async fn release_in_shard(
+        &self,
+        shard: u16,
+        hold: &Hold,
+        reason: HoldState,
+    ) -> Result<ReleaseOutcome, EngineError> {
+        let rid = &hold.reservation_id;
+        let keys = self.hold_keys(shard, rid, &hold.lines, hold.buyer.as_deref().unwrap_or(""));
+        let mut inv = self.scripts.release.prepare_invoke();
+        for key in keys {
+            inv.key(key);
+        }
+        inv.arg(rid)
+            .arg(reason.as_str())
+            .arg(self.config.stream_maxlen)
+            .arg(self.config.tombstone_ttl.as_millis() as u64);
+        for line in &hold.lines {
+            inv.arg(&line.sku);
+        }
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        Ok(match reply.tag()?.as_str() {
+            "released" => ReleaseOutcome::Released,
+            "gone" => ReleaseOutcome::AlreadyGone {
+                state: reply.state(1)?,
+            },
+            "unknown" => ReleaseOutcome::Unknown,
+            // Not yet due: another reaper's clock ran ahead; leave it for later.
+            "not_due" => ReleaseOutcome::AlreadyGone {
+                state: HoldState::Held,
+            },
+            other => return Err(EngineError::UnexpectedReply(format!("release: {other}"))),
+        })
+    }
+
+    /// One reaper pass: in each shard, lists up to `batch` holds past their deadline
+    /// and expires each through the same idempotent release. Several reapers may run
+    /// at once; each hold is still released exactly once.
+    pub async fn reap_once(&self, batch: usize) -> Result<ReapReport, EngineError> {
+        let mut report = ReapReport::default();
+        for shard in 0..self.keys.shards() {
+            let mut inv = self.scripts.reap.prepare_invoke();
+            inv.key(self.keys.due(shard)).arg(batch.max(1));
+            let due: Vec<String> = inv.invoke_async(&mut self.conn.clone()).await?;
+            report.due += due.len() as u64;
+            for rid in due {
+                let row: Vec<Option<String>> = redis::cmd("HMGET")
+                    .arg(self.keys.hold(shard, &rid))
+                    .arg(&["state", "lines", "buyer", "deadline", "created"])
+                    .query_async(&mut self.conn.clone())
+                    .await?;
+                let Some(hold) = parse_hold(&rid, &row)? else {
+                    // The hold vanished but its index entry did not: drop the entry.
+                    redis::cmd("ZREM")
+                        .arg(self.keys.due(shard))
+                        .arg(&rid)
+                        .query_async::<()>(&mut self.conn.clone())
+                        .await?;
+                    continue;
+                };
+                if self
+                    .release_in_shard(shard, &hold, HoldState::Expired)
+                    .await?
+                    == ReleaseOutcome::Released
+                {
+                    report.released += 1;
+                }
+            }
+        }
+        Ok(report)
+    }
+
+    /// A SKU's live figures; `None` when its counter is missing (not warmed).
+    pub async fn figures(&self, sku: &str) -> Result<Option<Figures>, EngineError> {
+        let (row, open_holds): (Vec<Option<i64>>, u64) = redis::pipe()
+            .cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["available", "reserved", "sold_pending", "sold", "limit"])
+            .cmd("ZCARD")
+            .arg(self.keys.sku_holds(sku))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let Some(available) = row[0] else {
+            return Ok(None);
+        };
+        Ok(Some(Figures {
+            available,
+            reserved: row[1].unwrap_or(0),
+            sold_pending: row[2].unwrap_or(0),
+            sold: row[3].unwrap_or(0),
+            open_holds,
+            per_buyer_limit: row[4].unwrap_or(0),
+        }))
+    }
+
+    /// Up to `limit` open holds on `sku`, soonest deadline first.
+    pub async fn holds_of(&self, sku: &str, limit: usize) -> Result<Vec<Hold>, EngineError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let rids: Vec<String> = redis::cmd("ZRANGE")
+            .arg(self.keys.sku_holds(sku))
+            .arg(0)
+            .arg(limit as i64 - 1)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let shard = self.keys.shard_of(sku);
+        let mut pipe = redis::pipe();
+        for rid in &rids {
+            pipe.cmd("HMGET")
+                .arg(self.keys.hold(shard, rid))
+                .arg(&["state", "lines", "buyer", "deadline", "created"]);
+        }
+        let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
+        let mut holds = Vec::with_capacity(rows.len());
+        for (rid, row) in rids.iter().zip(rows) {
+            if let Some(hold) = parse_hold(rid, &row)? {
+                holds.push(hold);
+            }
+        }
+        Ok(holds)
+    }
+}
+
+/// The request's identity for retries: lines and buyer (not the TTL, which is
+/// policy rather than what was asked for).
+fn fingerprint(req: &ReserveRequest) -> String {
+    let mut lines: Vec<String> = req
+        .lines
+        .iter()
+        .map(|l| format!("{}={}", l.sku, l.qty))
+        .collect();
+    lines.sort();
+    format!("{}|{}", req.buyer.as_deref().unwrap_or(""), lines.join(","))
+}
+
+/// A hold from `HMGET state lines buyer deadline created`; `None` when absent.
+fn parse_hold(rid: &str, row: &[Option<String>]) -> Result<Option<Hold>, EngineError> {
+    let field = |i: usize| row.get(i).cloned().flatten();
+    let Some(state) = field(0) else {
+        return Ok(None);
+    };
+    let state = HoldState::parse(&state)
+        .ok_or_else(|| EngineError::UnexpectedReply(format!("hold {rid}: state '{state}'")))?;
+    let lines = field(1)
+        .unwrap_or_default()
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|pair| {
+            let (sku, qty) = pair.split_once('=').ok_or_else(|| {
+                EngineError::UnexpectedReply(format!("hold {rid}: line '{pair}'"))
+            })?;
+            let qty = qty
+                .parse()
+                .map_err(|_| EngineError::UnexpectedReply(format!("hold {rid}: qty '{qty}'")))?;
+            Ok(Line {
+                sku: sku.to_owned(),
+                qty,
+            })
+        })
+        .collect::<Result<Vec<_>, EngineError>>()?;
+    let int = |i: usize| field(i).and_then(|v| v.parse().ok()).unwrap_or(0);
+    Ok(Some(Hold {
+        reservation_id: rid.to_owned(),
+        state,
+        lines,
+        buyer: field(2).filter(|b| !b.is_empty()),
+        expires_at_ms: int(3),
+        created_at_ms: int(4),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{fingerprint, valid_sku};
+    use crate::model::{Line, ReserveRequest};
+
+    #[test]
+    fn sku_codes_match_the_database_rule() {
+        assert!(valid_sku("DROP-001"));
+        assert!(valid_sku("a.b_c-9"));
+        assert!(!valid_sku(""));
+        assert!(!valid_sku("-lead"));
+        assert!(!valid_sku("has space"));
+        assert!(!valid_sku("brace{tag}"));
+        assert!(!valid_sku(&"x".repeat(65)));
+    }
+
+    #[test]
+    fn fingerprint_ignores_line_order_and_ttl() {
+        let a = ReserveRequest {
+            reservation_id: "r".into(),
+            lines: vec![
+                Line {
+                    sku: "A".into(),
+                    qty: 1,
+                },
+                Line {
+                    sku: "B".into(),
+                    qty: 2,
+                },
+            ],
+            buyer: Some("b".into()),
+            ttl_ms: Some(5_000),
+        };
+        let mut b = a.clone();
+        b.lines.reverse();
+        b.ttl_ms = None;
+        assert_eq!(fingerprint(&a), fingerprint(&b));
+        b.lines[0].qty = 3;
+        assert_ne!(fingerprint(&a), fingerprint(&b));
+    }
+}

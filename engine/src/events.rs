@@ -1,0 +1,227 @@
+//! The event log: every mutating script appends one entry per SKU it changed to
+//! its shard's stream (`hf:{hfN}:events`), in the same atomic step.
+//!
+//! One log feeds the live dashboard, the shopper badges and the write-behind to
+//! PostgreSQL. Entry fields:
+//!
+//! | field | meaning |
+//! |---|---|
+//! | `kind` | `reserved`, `confirmed`, `released`, `expired`, `warmed`, `delta`, `snapshot` |
+//! | `sku` | the SKU changed |
+//! | `qty` | units moved (signed for `delta` and `snapshot`) |
+//! | `rid` | the reservation id, empty when none |
+//! | `available`, `reserved`, `sold_pending` | the SKU's figures right after the change (empty if its counter was missing) |
+//! | `ts` | Redis' clock, Unix milliseconds |
+//! | `source`, `event_id`, `version` | for feed events only |
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+use crate::keys::Keyspace;
+
+/// What happened.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EventKind {
+    /// Units held.
+    Reserved,
+    /// A hold paid: units sold (pending write-behind).
+    Confirmed,
+    /// A hold released: units returned.
+    Released,
+    /// A hold expired: units returned.
+    Expired,
+    /// A counter set by warm-up.
+    Warmed,
+    /// A feed's stock movement.
+    Delta,
+    /// A feed's absolute count.
+    Snapshot,
+}
+
+impl EventKind {
+    /// Parses the `kind` field.
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "reserved" => Self::Reserved,
+            "confirmed" => Self::Confirmed,
+            "released" => Self::Released,
+            "expired" => Self::Expired,
+            "warmed" => Self::Warmed,
+            "delta" => Self::Delta,
+            "snapshot" => Self::Snapshot,
+            _ => return None,
+        })
+    }
+}
+
+/// One entry of an event stream.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// The stream entry id (`<ms>-<seq>`), unique within its shard.
+    pub id: String,
+    /// The shard whose stream holds it.
+    pub shard: u16,
+    /// What happened.
+    pub kind: EventKind,
+    /// The SKU changed.
+    pub sku: String,
+    /// Units moved.
+    pub qty: i64,
+    /// The reservation, for hold events.
+    pub reservation_id: Option<String>,
+    /// `available` right after.
+    pub available: Option<i64>,
+    /// `reserved` right after.
+    pub reserved: Option<i64>,
+    /// `sold_pending` right after.
+    pub sold_pending: Option<i64>,
+    /// Redis' clock, Unix milliseconds.
+    pub at_ms: i64,
+    /// The feed it came from, for feed events.
+    pub source: Option<String>,
+    /// The feed's own event id, for feed events.
+    pub event_id: Option<String>,
+}
+
+impl Event {
+    fn from_fields(id: String, shard: u16, fields: &HashMap<String, Value>) -> Option<Self> {
+        let text = |k: &str| -> Option<String> {
+            fields
+                .get(k)
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+        };
+        let some_text = |k: &str| text(k).filter(|s| !s.is_empty());
+        let int = |k: &str| some_text(k).and_then(|s| s.parse::<i64>().ok());
+        Some(Self {
+            id,
+            shard,
+            kind: EventKind::parse(&text("kind")?)?,
+            sku: text("sku")?,
+            qty: int("qty").unwrap_or(0),
+            reservation_id: some_text("rid"),
+            available: int("available"),
+            reserved: int("reserved"),
+            sold_pending: int("sold_pending"),
+            at_ms: int("ts").unwrap_or(0),
+            source: some_text("source"),
+            event_id: some_text("event_id"),
+        })
+    }
+}
+
+/// Where a reader is in every shard's stream. Serialises to one string, so a
+/// dashboard can hand it back after a reconnect and miss nothing.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StreamCursor {
+    ids: Vec<String>,
+}
+
+impl StreamCursor {
+    /// From the very start of every stream.
+    pub fn beginning(shards: u16) -> Self {
+        Self {
+            ids: vec!["0-0".to_owned(); usize::from(shards)],
+        }
+    }
+
+    /// Parses [`StreamCursor::encode`]'s output; `None` if malformed or for another
+    /// shard count.
+    pub fn decode(s: &str, shards: u16) -> Option<Self> {
+        let ids: Vec<String> = s.split('|').map(str::to_owned).collect();
+        let well_formed = ids.iter().all(|id| {
+            id.split_once('-')
+                .is_some_and(|(ms, seq)| ms.parse::<u64>().is_ok() && seq.parse::<u64>().is_ok())
+        });
+        (ids.len() == usize::from(shards) && well_formed).then_some(Self { ids })
+    }
+
+    /// `id|id|…`, one per shard.
+    pub fn encode(&self) -> String {
+        self.ids.join("|")
+    }
+
+    /// The last id seen in `shard`.
+    pub fn position(&self, shard: u16) -> &str {
+        &self.ids[usize::from(shard)]
+    }
+}
+
+/// Tails every shard's event stream. Give it a connection of its own: a blocking
+/// `XREAD` would hold up every other command on a shared multiplexed connection.
+pub struct EventReader {
+    conn: ConnectionManager,
+    keys: Keyspace,
+}
+
+impl EventReader {
+    /// A reader over `conn` (dedicated) for the streams of `keys`.
+    pub fn new(conn: ConnectionManager, keys: Keyspace) -> Self {
+        Self { conn, keys }
+    }
+
+    /// A cursor at the current end of every stream: reading from it returns only
+    /// what is appended afterwards.
+    pub async fn tail_cursor(&mut self) -> Result<StreamCursor, EngineError> {
+        let mut pipe = redis::pipe();
+        for key in self.keys.all_events() {
+            pipe.cmd("XREVRANGE")
+                .arg(key)
+                .arg("+")
+                .arg("-")
+                .arg("COUNT")
+                .arg(1);
+        }
+        let rows: Vec<Vec<(String, Value)>> = pipe.query_async(&mut self.conn).await?;
+        Ok(StreamCursor {
+            ids: rows
+                .into_iter()
+                .map(|r| {
+                    r.into_iter()
+                        .next()
+                        .map_or_else(|| "0-0".to_owned(), |(id, _)| id)
+                })
+                .collect(),
+        })
+    }
+
+    /// Up to `count` events per shard after `cursor`, waiting up to `block` for the
+    /// first one; advances `cursor` past what it returns. Events of one shard come
+    /// in stream order.
+    pub async fn read(
+        &mut self,
+        cursor: &mut StreamCursor,
+        count: usize,
+        block: Option<Duration>,
+    ) -> Result<Vec<Event>, EngineError> {
+        let mut cmd = redis::cmd("XREAD");
+        cmd.arg("COUNT").arg(count.max(1));
+        if let Some(block) = block {
+            cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+        }
+        cmd.arg("STREAMS")
+            .arg(self.keys.all_events())
+            .arg(&cursor.ids);
+        let reply: Option<redis::streams::StreamReadReply> =
+            cmd.query_async(&mut self.conn).await?;
+        let mut events = Vec::new();
+        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+            let Some(shard) = (0..self.keys.shards()).find(|s| self.keys.events(*s) == stream.key)
+            else {
+                continue;
+            };
+            for entry in stream.ids {
+                cursor.ids[usize::from(shard)] = entry.id.clone();
+                if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {
+                    events.push(event);
+                }
+            }
+        }
+        Ok(events)
+    }
+}

@@ -1,0 +1,45 @@
+//! Reading the arrays the Lua scripts return: a tag, then positional values.
+
+use redis::Value;
+
+use crate::error::EngineError;
+use crate::model::HoldState;
+
+/// A script's reply: `{tag, value, value, …}`.
+pub(crate) struct Reply(Vec<Value>);
+
+impl Reply {
+    pub(crate) fn new(values: Vec<Value>) -> Self {
+        Self(values)
+    }
+
+    fn get(&self, i: usize) -> Result<&Value, EngineError> {
+        self.0.get(i).ok_or_else(|| {
+            EngineError::UnexpectedReply(format!("reply has no element {i}: {:?}", self.0))
+        })
+    }
+
+    /// The first element, naming the outcome.
+    pub(crate) fn tag(&self) -> Result<String, EngineError> {
+        self.text(0)
+    }
+
+    /// Element `i` as text.
+    pub(crate) fn text(&self, i: usize) -> Result<String, EngineError> {
+        redis::from_redis_value_ref(self.get(i)?)
+            .map_err(|e| EngineError::UnexpectedReply(format!("element {i}: {e}")))
+    }
+
+    /// Element `i` as an integer (Lua numbers arrive as integers or numeric strings).
+    pub(crate) fn int(&self, i: usize) -> Result<i64, EngineError> {
+        redis::from_redis_value_ref(self.get(i)?)
+            .map_err(|e| EngineError::UnexpectedReply(format!("element {i}: {e}")))
+    }
+
+    /// Element `i` as a hold state.
+    pub(crate) fn state(&self, i: usize) -> Result<HoldState, EngineError> {
+        let s = self.text(i)?;
+        HoldState::parse(&s)
+            .ok_or_else(|| EngineError::UnexpectedReply(format!("hold state '{s}'")))
+    }
+}

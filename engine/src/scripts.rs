@@ -1,0 +1,61 @@
+//! The Lua scripts from the workspace's `lua/` folder, embedded at build time.
+//!
+//! Each is called by SHA (`EVALSHA`). After a restart or fail-over Redis has an
+//! empty script cache and answers `NOSCRIPT`; [`redis::Script`] then loads the
+//! body and retries, so callers never see it.
+
+use redis::Script;
+
+/// Every script the engine runs.
+#[derive(Debug, Clone)]
+pub struct Scripts {
+    /// `lua/reserve.lua`.
+    pub reserve: Script,
+    /// `lua/confirm.lua`.
+    pub confirm: Script,
+    /// `lua/release.lua`.
+    pub release: Script,
+    /// `lua/reap.lua`.
+    pub reap: Script,
+    /// `lua/warm.lua`.
+    pub warm: Script,
+    /// `lua/delta.lua`.
+    pub delta: Script,
+    /// `lua/snapshot.lua`.
+    pub snapshot: Script,
+    /// `lua/lock_acquire.lua`.
+    pub lock_acquire: Script,
+    /// `lua/lock_release.lua`.
+    pub lock_release: Script,
+    /// `lua/lock_extend.lua`.
+    pub lock_extend: Script,
+}
+
+impl Scripts {
+    /// Hashes every script body (nothing is sent to Redis until first use).
+    pub fn new() -> Self {
+        Self {
+            reserve: Script::new(include_str!("../../lua/reserve.lua")),
+            confirm: Script::new(include_str!("../../lua/confirm.lua")),
+            release: Script::new(include_str!("../../lua/release.lua")),
+            reap: Script::new(include_str!("../../lua/reap.lua")),
+            warm: Script::new(include_str!("../../lua/warm.lua")),
+            delta: Script::new(include_str!("../../lua/delta.lua")),
+            snapshot: Script::new(include_str!("../../lua/snapshot.lua")),
+            lock_acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
+            lock_release: Script::new(include_str!("../../lua/lock_release.lua")),
+            lock_extend: Script::new(include_str!("../../lua/lock_extend.lua")),
+        }
+    }
+
+    /// The reserve script's SHA1, as `redis-benchmark EVALSHA` needs it.
+    pub fn reserve_sha(&self) -> &str {
+        self.reserve.get_hash()
+    }
+}
+
+impl Default for Scripts {
+    fn default() -> Self {
+        Self::new()
+    }
+}

@@ -1,0 +1,182 @@
+//! Setting and adjusting counters: warm-up from the system of record, feed deltas
+//! and versioned snapshots. Each is one script that appends its event.
+
+use redis::Value;
+use serde::{Deserialize, Serialize};
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::reply::Reply;
+
+/// What warm-up writes for one SKU.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WarmSpec {
+    /// The SKU code.
+    pub sku: String,
+    /// Units to make available.
+    pub available: i64,
+    /// Units sold but not yet in PostgreSQL.
+    pub sold_pending: i64,
+    /// Per-buyer limit (0: none).
+    pub per_buyer_limit: i64,
+}
+
+/// The result of warming one SKU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum WarmOutcome {
+    /// The counter was written.
+    Warmed {
+        /// Units now available.
+        available: i64,
+    },
+    /// The counter existed and was left alone (not forced).
+    Exists {
+        /// Units available in the existing counter.
+        available: i64,
+    },
+}
+
+/// The result of a feed delta.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum DeltaOutcome {
+    /// Applied; `shortfall` units of a decrease could not be taken because they are
+    /// held or sold (available stopped at 0).
+    Applied {
+        /// Units available afterwards.
+        available: i64,
+        /// Units of a decrease not applied.
+        shortfall: i64,
+    },
+    /// This event id from this source was applied before.
+    Duplicate,
+    /// The SKU's counter is missing.
+    NotWarmed,
+}
+
+/// The result of a feed snapshot.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "outcome", rename_all = "snake_case")]
+pub enum SnapshotOutcome {
+    /// Applied: `available` is now the snapshot's on-hand less holds and unrecorded sales.
+    Applied {
+        /// Units available afterwards.
+        available: i64,
+        /// Units available before.
+        previous: i64,
+    },
+    /// The snapshot's version is not newer than the last applied one.
+    Stale {
+        /// The last applied version.
+        current_version: i64,
+    },
+    /// This event id from this source was applied before.
+    Duplicate,
+    /// The SKU's counter is missing.
+    NotWarmed,
+}
+
+impl Engine {
+    /// Writes `spec`'s counter if it is missing (or always, when `force`, keeping
+    /// the reserved units of open holds).
+    pub async fn warm(&self, spec: &WarmSpec, force: bool) -> Result<WarmOutcome, EngineError> {
+        let shard = self.keys.shard_of(&spec.sku);
+        let mut inv = self.scripts.warm.prepare_invoke();
+        inv.key(self.keys.sku(&spec.sku))
+            .key(self.keys.events(shard))
+            .arg(&spec.sku)
+            .arg(spec.available)
+            .arg(spec.sold_pending)
+            .arg(spec.per_buyer_limit)
+            .arg(if force { "1" } else { "0" })
+            .arg(self.config.stream_maxlen);
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        Ok(match reply.tag()?.as_str() {
+            "warmed" => WarmOutcome::Warmed {
+                available: reply.int(1)?,
+            },
+            "exists" => WarmOutcome::Exists {
+                available: reply.int(1)?,
+            },
+            other => return Err(EngineError::UnexpectedReply(format!("warm: {other}"))),
+        })
+    }
+
+    /// Applies a signed stock movement from `source`, once per `event_id`.
+    pub async fn apply_delta(
+        &self,
+        sku: &str,
+        delta: i64,
+        source: &str,
+        event_id: &str,
+    ) -> Result<DeltaOutcome, EngineError> {
+        let shard = self.keys.shard_of(sku);
+        let mut inv = self.scripts.delta.prepare_invoke();
+        inv.key(self.keys.sku(sku))
+            .key(self.keys.events(shard))
+            .key(self.keys.seen(sku, source, event_id))
+            .arg(sku)
+            .arg(delta)
+            .arg(source)
+            .arg(event_id)
+            .arg(self.config.guard_ttl.as_millis() as u64)
+            .arg(self.config.stream_maxlen);
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        Ok(match reply.tag()?.as_str() {
+            "applied" => DeltaOutcome::Applied {
+                available: reply.int(1)?,
+                shortfall: reply.int(2)?,
+            },
+            "duplicate" => DeltaOutcome::Duplicate,
+            "not_warmed" => DeltaOutcome::NotWarmed,
+            other => return Err(EngineError::UnexpectedReply(format!("delta: {other}"))),
+        })
+    }
+
+    /// Applies an absolute on-hand count from `source` if `version` is newer than
+    /// the last one applied to `sku`.
+    pub async fn apply_snapshot(
+        &self,
+        sku: &str,
+        on_hand: i64,
+        version: i64,
+        source: &str,
+        event_id: &str,
+    ) -> Result<SnapshotOutcome, EngineError> {
+        let shard = self.keys.shard_of(sku);
+        let mut inv = self.scripts.snapshot.prepare_invoke();
+        inv.key(self.keys.sku(sku))
+            .key(self.keys.events(shard))
+            .key(self.keys.seen(sku, source, event_id))
+            .arg(sku)
+            .arg(on_hand)
+            .arg(version)
+            .arg(source)
+            .arg(event_id)
+            .arg(self.config.guard_ttl.as_millis() as u64)
+            .arg(self.config.stream_maxlen);
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        Ok(match reply.tag()?.as_str() {
+            "applied" => SnapshotOutcome::Applied {
+                available: reply.int(1)?,
+                previous: reply.int(2)?,
+            },
+            "stale" => SnapshotOutcome::Stale {
+                current_version: reply.int(1)?,
+            },
+            "duplicate" => SnapshotOutcome::Duplicate,
+            "not_warmed" => SnapshotOutcome::NotWarmed,
+            other => return Err(EngineError::UnexpectedReply(format!("snapshot: {other}"))),
+        })
+    }
+}

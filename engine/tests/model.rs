@@ -1,0 +1,232 @@
+//! Property test: random sequences of reserve, confirm, release, expiry and restock
+//! against a plain in-memory model. Outcomes must equal the model's, counters never
+//! go negative, and available + reserved + sold_pending always equals what was supplied.
+
+use std::collections::HashMap;
+
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::{
+    ConfirmOutcome, Engine, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+};
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestRunner};
+
+const SKU: &str = "PROP-1";
+
+#[derive(Debug, Clone)]
+enum Op {
+    Reserve { id: u8, qty: i64 },
+    Confirm { id: u8 },
+    Release { id: u8 },
+    Expire { id: u8 },
+    Restock { qty: i64 },
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..8, 1i64..4).prop_map(|(id, qty)| Op::Reserve { id, qty }),
+        2 => (0u8..8).prop_map(|id| Op::Confirm { id }),
+        2 => (0u8..8).prop_map(|id| Op::Release { id }),
+        1 => (0u8..8).prop_map(|id| Op::Expire { id }),
+        1 => (1i64..5).prop_map(|qty| Op::Restock { qty }),
+    ]
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    supplied: i64,
+    available: i64,
+    reserved: i64,
+    sold: i64,
+    holds: HashMap<u8, (i64, HoldState)>,
+}
+
+impl Model {
+    fn end(&mut self, id: u8, state: HoldState) {
+        let (qty, s) = self.holds.get_mut(&id).expect("held");
+        *s = state;
+        self.reserved -= *qty;
+        if state == HoldState::Confirmed {
+            self.sold += *qty;
+        } else {
+            self.available += *qty;
+        }
+    }
+}
+
+fn rid(id: u8) -> String {
+    format!("p-{id}")
+}
+
+/// Makes hold `id` overdue (as if its time had passed) and runs the reaper.
+async fn expire(engine: &Engine, redis: &mut redis::aio::ConnectionManager, id: u8) -> u64 {
+    let ks = engine.keyspace();
+    let shard = ks.shard_of(SKU);
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(ks.hold(shard, &rid(id)))
+        .query_async(redis)
+        .await
+        .unwrap();
+    if exists {
+        let state: String = redis::cmd("HGET")
+            .arg(ks.hold(shard, &rid(id)))
+            .arg("state")
+            .query_async(redis)
+            .await
+            .unwrap();
+        if state == "held" {
+            redis::pipe()
+                .cmd("HSET")
+                .arg(ks.hold(shard, &rid(id)))
+                .arg("deadline")
+                .arg(0)
+                .cmd("ZADD")
+                .arg(ks.due(shard))
+                .arg("XX")
+                .arg(0)
+                .arg(rid(id))
+                .cmd("ZADD")
+                .arg(ks.sku_holds(SKU))
+                .arg("XX")
+                .arg(0)
+                .arg(rid(id))
+                .query_async::<()>(redis)
+                .await
+                .unwrap();
+        }
+    }
+    engine.reap_once(100).await.unwrap().released
+}
+
+async fn run_case(
+    engine: &Engine,
+    admin: &mut redis::aio::ConnectionManager,
+    ops: &[Op],
+) -> Result<(), TestCaseError> {
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(admin)
+        .await
+        .unwrap();
+    let mut m = Model {
+        supplied: 5,
+        available: 5,
+        ..Model::default()
+    };
+    stock(engine, SKU, 5).await;
+    for (step, op) in ops.iter().enumerate() {
+        match *op {
+            Op::Reserve { id, qty } => {
+                let got = engine
+                    .reserve(&ReserveRequest::single(rid(id), SKU, qty))
+                    .await
+                    .unwrap();
+                match m.holds.get(&id).copied() {
+                    Some((q, state)) if q == qty => prop_assert!(
+                        matches!(got, ReserveOutcome::AlreadyReserved { state: s, .. } if s == state),
+                        "step {step}: {got:?}"
+                    ),
+                    Some(_) => prop_assert!(
+                        matches!(got, ReserveOutcome::Conflict { .. }),
+                        "step {step}: {got:?}"
+                    ),
+                    None if m.available < qty => prop_assert_eq!(
+                        got,
+                        ReserveOutcome::SoldOut {
+                            sku: SKU.into(),
+                            available: m.available
+                        }
+                    ),
+                    None => {
+                        m.available -= qty;
+                        m.reserved += qty;
+                        m.holds.insert(id, (qty, HoldState::Held));
+                        prop_assert!(
+                            matches!(&got, ReserveOutcome::Reserved { available_after, .. } if available_after[0].1 == m.available),
+                            "step {step}: {got:?}"
+                        );
+                    }
+                }
+            }
+            Op::Confirm { id } => {
+                let got = engine.confirm(&rid(id)).await.unwrap();
+                let want = match m.holds.get(&id).map(|h| h.1) {
+                    None => ConfirmOutcome::Unknown,
+                    Some(HoldState::Held) => {
+                        m.end(id, HoldState::Confirmed);
+                        ConfirmOutcome::Confirmed
+                    }
+                    Some(HoldState::Confirmed) => ConfirmOutcome::AlreadyConfirmed,
+                    Some(state) => ConfirmOutcome::Expired { state },
+                };
+                prop_assert_eq!(got, want, "step {}", step);
+            }
+            Op::Release { id } => {
+                let got = engine.release(&rid(id)).await.unwrap();
+                let want = match m.holds.get(&id).map(|h| h.1) {
+                    None => ReleaseOutcome::Unknown,
+                    Some(HoldState::Held) => {
+                        m.end(id, HoldState::Released);
+                        ReleaseOutcome::Released
+                    }
+                    Some(state) => ReleaseOutcome::AlreadyGone { state },
+                };
+                prop_assert_eq!(got, want, "step {}", step);
+            }
+            Op::Expire { id } => {
+                let released = expire(engine, admin, id).await;
+                let want = if m.holds.get(&id).map(|h| h.1) == Some(HoldState::Held) {
+                    m.end(id, HoldState::Expired);
+                    1
+                } else {
+                    0
+                };
+                prop_assert_eq!(released, want, "step {}", step);
+            }
+            Op::Restock { qty } => {
+                engine
+                    .apply_delta(SKU, qty, "prop", &format!("restock-{step}"))
+                    .await
+                    .unwrap();
+                m.supplied += qty;
+                m.available += qty;
+            }
+        }
+        let f = engine.figures(SKU).await.unwrap().unwrap();
+        prop_assert!(
+            f.available >= 0 && f.reserved >= 0 && f.sold_pending >= 0,
+            "step {step}: {f:?}"
+        );
+        prop_assert_eq!(
+            f.available + f.reserved + f.sold_pending,
+            m.supplied,
+            "conservation at step {}",
+            step
+        );
+        prop_assert_eq!(
+            (f.available, f.reserved, f.sold_pending),
+            (m.available, m.reserved, m.sold)
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn random_lifecycles_match_the_model_and_conserve_stock() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = TestRedis::start();
+    let (engine, admin) = rt.block_on(async { (redis.engine().await, redis.connection().await) });
+    let mut runner = TestRunner::new(Config {
+        cases: 64,
+        ..Config::default()
+    });
+    let result = runner.run(&prop::collection::vec(op(), 1..40), |ops| {
+        // ConnectionManager clones share one connection; a clone per case is free.
+        rt.block_on(run_case(&engine, &mut admin.clone(), &ops))
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}

@@ -1,0 +1,441 @@
+//! Reserve: the race, retries, conflicts, not-warmed vs sold-out, limits, carts.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+
+use holdfast_engine::testkit::{TestRedis, skus_same_and_other_shard, stock, stock_with_limit};
+use holdfast_engine::{HoldState, Line, ReserveOutcome, ReserveRequest};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn five_hundred_reservers_take_exactly_the_stock_and_nothing_goes_negative() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "HOT-1", 50).await;
+
+    // A sampler on its own connection reads the counter as fast as it can.
+    let stop = Arc::new(AtomicBool::new(false));
+    let lowest = Arc::new(AtomicI64::new(i64::MAX));
+    let sampler = {
+        let (stop, lowest) = (stop.clone(), lowest.clone());
+        let mut conn = redis.connection().await;
+        let key = engine.keyspace().sku("HOT-1");
+        tokio::spawn(async move {
+            let mut samples = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let v: i64 = redis::cmd("HGET")
+                    .arg(&key)
+                    .arg("available")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                lowest.fetch_min(v, Ordering::Relaxed);
+                samples += 1;
+            }
+            samples
+        })
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..500 {
+        let engine = engine.clone();
+        tasks.spawn(async move {
+            engine
+                .reserve(&ReserveRequest::single(format!("race-{i}"), "HOT-1", 1))
+                .await
+        });
+    }
+    let (mut reserved, mut sold_out) = (0, 0);
+    while let Some(outcome) = tasks.join_next().await {
+        match outcome.unwrap().unwrap() {
+            ReserveOutcome::Reserved { .. } => reserved += 1,
+            ReserveOutcome::SoldOut { available, .. } => {
+                assert_eq!(available, 0);
+                sold_out += 1;
+            }
+            other => panic!("unexpected outcome {other:?}"),
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let samples = sampler.await.unwrap();
+
+    assert_eq!(reserved, 50, "exactly the stock is reserved");
+    assert_eq!(sold_out, 450);
+    assert!(samples > 0, "the sampler ran");
+    assert!(
+        lowest.load(Ordering::Relaxed) >= 0,
+        "no sample was negative"
+    );
+    let f = engine.figures("HOT-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold_pending), (0, 50, 0));
+    assert_eq!(
+        f.available + f.reserved + f.sold_pending,
+        50,
+        "conservation"
+    );
+    assert_eq!(f.open_holds, 50);
+}
+
+#[tokio::test]
+async fn a_retry_moves_nothing_and_a_changed_request_is_a_conflict() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "SKU-A", 10).await;
+
+    let req = ReserveRequest::single("order-1", "SKU-A", 2).for_buyer("alice");
+    let first = engine.reserve(&req).await.unwrap();
+    let ReserveOutcome::Reserved {
+        expires_at_ms,
+        available_after,
+        ..
+    } = first
+    else {
+        panic!("expected Reserved, got {first:?}")
+    };
+    assert_eq!(available_after, vec![("SKU-A".to_owned(), 8)]);
+
+    let again = engine.reserve(&req).await.unwrap();
+    assert_eq!(
+        again,
+        ReserveOutcome::AlreadyReserved {
+            reservation_id: "order-1".into(),
+            state: HoldState::Held,
+            expires_at_ms,
+        }
+    );
+    let f = engine.figures("SKU-A").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (8, 2), "a retry moves nothing");
+
+    let changed = ReserveRequest::single("order-1", "SKU-A", 3).for_buyer("alice");
+    assert_eq!(
+        engine.reserve(&changed).await.unwrap(),
+        ReserveOutcome::Conflict {
+            reservation_id: "order-1".into()
+        }
+    );
+    let f = engine.figures("SKU-A").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved),
+        (8, 2),
+        "a conflict moves nothing"
+    );
+}
+
+#[tokio::test]
+async fn not_warmed_and_sold_out_are_different_answers() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+
+    let cold = engine
+        .reserve(&ReserveRequest::single("r1", "COLD-1", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        cold,
+        ReserveOutcome::NotWarmed {
+            sku: "COLD-1".into()
+        }
+    );
+    assert_eq!(
+        engine.figures("COLD-1").await.unwrap(),
+        None,
+        "a missing counter stays missing"
+    );
+
+    stock(&engine, "EMPTY-1", 0).await;
+    let empty = engine
+        .reserve(&ReserveRequest::single("r2", "EMPTY-1", 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        empty,
+        ReserveOutcome::SoldOut {
+            sku: "EMPTY-1".into(),
+            available: 0
+        }
+    );
+
+    stock(&engine, "FEW-1", 2).await;
+    let few = engine
+        .reserve(&ReserveRequest::single("r3", "FEW-1", 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        few,
+        ReserveOutcome::SoldOut {
+            sku: "FEW-1".into(),
+            available: 2
+        },
+        "says what is left"
+    );
+}
+
+#[tokio::test]
+async fn invalid_requests_never_reach_redis() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "SKU-B", 10).await;
+    let field = |o: ReserveOutcome| match o {
+        ReserveOutcome::Invalid(inv) => inv.field,
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r", "SKU-B", 0))
+                .await
+                .unwrap()
+        ),
+        "qty"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r", "SKU-B", -1))
+                .await
+                .unwrap()
+        ),
+        "qty"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r", "SKU-B", 11))
+                .await
+                .unwrap()
+        ),
+        "qty"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r", "bad sku", 1))
+                .await
+                .unwrap()
+        ),
+        "sku"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r{x}", "SKU-B", 1))
+                .await
+                .unwrap()
+        ),
+        "reservation_id"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("", "SKU-B", 1))
+                .await
+                .unwrap()
+        ),
+        "reservation_id"
+    );
+    assert_eq!(
+        field(
+            engine
+                .reserve(&ReserveRequest::single("r", "SKU-B", 1).with_ttl_ms(10))
+                .await
+                .unwrap()
+        ),
+        "ttl_ms"
+    );
+    let twice = ReserveRequest {
+        reservation_id: "r".into(),
+        lines: vec![
+            Line {
+                sku: "SKU-B".into(),
+                qty: 1,
+            },
+            Line {
+                sku: "SKU-B".into(),
+                qty: 1,
+            },
+        ],
+        buyer: None,
+        ttl_ms: None,
+    };
+    assert_eq!(field(engine.reserve(&twice).await.unwrap()), "sku");
+    let f = engine.figures("SKU-B").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (10, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_per_buyer_limit_holds_under_a_retry_storm() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock_with_limit(&engine, "LTD-1", 100, 2).await;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..40 {
+        let engine = engine.clone();
+        tasks.spawn(async move {
+            engine
+                .reserve(&ReserveRequest::single(format!("tab-{i}"), "LTD-1", 1).for_buyer("bob"))
+                .await
+        });
+    }
+    let mut reserved = 0;
+    while let Some(outcome) = tasks.join_next().await {
+        match outcome.unwrap().unwrap() {
+            ReserveOutcome::Reserved { .. } => reserved += 1,
+            ReserveOutcome::LimitExceeded { limit, already, .. } => {
+                assert_eq!((limit, already), (2, 2))
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(reserved, 2, "one buyer gets at most the limit");
+
+    let other = engine
+        .reserve(&ReserveRequest::single("carol-1", "LTD-1", 2).for_buyer("carol"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, ReserveOutcome::Reserved { .. }),
+        "other buyers are unaffected: {other:?}"
+    );
+
+    // Releasing a hold gives the allowance back; confirming keeps it used.
+    let held: Vec<_> = engine.holds_of("LTD-1", 10).await.unwrap();
+    let bobs: Vec<_> = held
+        .iter()
+        .filter(|h| h.buyer.as_deref() == Some("bob"))
+        .collect();
+    assert_eq!(bobs.len(), 2);
+    engine.confirm(&bobs[0].reservation_id).await.unwrap();
+    engine.release(&bobs[1].reservation_id).await.unwrap();
+    let again = engine
+        .reserve(&ReserveRequest::single("bob-late", "LTD-1", 1).for_buyer("bob"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::Reserved { .. }),
+        "{again:?}"
+    );
+    let over = engine
+        .reserve(&ReserveRequest::single("bob-over", "LTD-1", 1).for_buyer("bob"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(over, ReserveOutcome::LimitExceeded { .. }),
+        "{over:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_cart_in_one_shard_is_all_or_nothing() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, b, _) = skus_same_and_other_shard(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 1).await;
+
+    let cart = |rid: &str, qb: i64| ReserveRequest {
+        reservation_id: rid.into(),
+        lines: vec![
+            Line {
+                sku: a.clone(),
+                qty: 2,
+            },
+            Line {
+                sku: b.clone(),
+                qty: qb,
+            },
+        ],
+        buyer: None,
+        ttl_ms: None,
+    };
+    let failed = engine.reserve(&cart("cart-1", 2)).await.unwrap();
+    assert_eq!(
+        failed,
+        ReserveOutcome::SoldOut {
+            sku: b.clone(),
+            available: 1
+        }
+    );
+    assert_eq!(
+        engine.figures(&a).await.unwrap().unwrap().available,
+        5,
+        "nothing held on the other line"
+    );
+
+    let ok = engine.reserve(&cart("cart-2", 1)).await.unwrap();
+    assert!(
+        matches!(ok, ReserveOutcome::Reserved { ref available_after, .. } if available_after.len() == 2),
+        "{ok:?}"
+    );
+    let hold = engine.hold("cart-2").await.unwrap().unwrap();
+    assert_eq!(hold.lines.len(), 2);
+    assert_eq!(
+        engine.release("cart-2").await.unwrap(),
+        holdfast_engine::ReleaseOutcome::Released
+    );
+    assert_eq!(engine.figures(&a).await.unwrap().unwrap().available, 5);
+    assert_eq!(engine.figures(&b).await.unwrap().unwrap().available, 1);
+}
+
+#[tokio::test]
+async fn a_cart_across_shards_compensates_and_can_be_retried() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, _, c) = skus_same_and_other_shard(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &c, 0).await;
+    let cart = ReserveRequest {
+        reservation_id: "x-cart".into(),
+        lines: vec![
+            Line {
+                sku: a.clone(),
+                qty: 1,
+            },
+            Line {
+                sku: c.clone(),
+                qty: 1,
+            },
+        ],
+        buyer: Some("dan".into()),
+        ttl_ms: None,
+    };
+    let failed = engine.reserve(&cart).await.unwrap();
+    assert_eq!(
+        failed,
+        ReserveOutcome::SoldOut {
+            sku: c.clone(),
+            available: 0
+        }
+    );
+    let fa = engine.figures(&a).await.unwrap().unwrap();
+    assert_eq!(
+        (fa.available, fa.reserved, fa.open_holds),
+        (5, 0, 0),
+        "the first shard's hold was undone"
+    );
+    assert_eq!(
+        engine.hold("x-cart").await.unwrap(),
+        None,
+        "the failed id is free again"
+    );
+
+    stock(&engine, &c, 3).await;
+    let ok = engine.reserve(&cart).await.unwrap();
+    assert!(matches!(ok, ReserveOutcome::Reserved { .. }), "{ok:?}");
+    let retry = engine.reserve(&cart).await.unwrap();
+    assert!(
+        matches!(
+            retry,
+            ReserveOutcome::AlreadyReserved {
+                state: HoldState::Held,
+                ..
+            }
+        ),
+        "{retry:?}"
+    );
+    assert_eq!(
+        engine.confirm("x-cart").await.unwrap(),
+        holdfast_engine::ConfirmOutcome::Confirmed
+    );
+    assert_eq!(engine.figures(&a).await.unwrap().unwrap().sold_pending, 1);
+    assert_eq!(engine.figures(&c).await.unwrap().unwrap().sold_pending, 1);
+}

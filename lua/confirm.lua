@@ -1,0 +1,68 @@
+-- confirm.lua: turn a live hold into a sale: reserved -> sold_pending.
+-- A hold whose deadline has passed is expired here and now (its units return) and
+-- the answer is 'expired': a late payment moves no stock and must be remediated.
+--
+-- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
+-- KEYS[2]  shard due zset       hf:{hfN}:due
+-- KEYS[3]  shard event stream   hf:{hfN}:events
+-- then, for line i = 1..n (the hold's lines, in its order), at b = 3 + 3 * (i - 1):
+-- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
+--
+-- ARGV[1] reservation id   ARGV[2] stream MAXLEN   ARGV[3] tombstone ttl ms
+-- ARGV[4..] sku of each line, in KEYS order (checked against the hold)
+--
+-- Returns one of:
+--   {'confirmed'}               units moved from reserved to sold_pending
+--   {'already_confirmed'}       a repeat: nothing moves
+--   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
+--   {'unknown'}                 no such hold
+--   {'mismatch'}                the keys given do not match the hold's lines
+local rid, maxlen, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
+if not h[1] then return {'unknown'} end
+if h[1] == 'confirmed' then return {'already_confirmed'} end
+if h[1] ~= 'held' then return {'expired', h[1]} end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local overdue = tonumber(h[2]) <= now
+local kind = overdue and 'expired' or 'confirmed'
+
+local i = 0
+local parsed = {}
+for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
+  i = i + 1
+  if ARGV[3 + i] ~= sku then return {'mismatch'} end
+  parsed[i] = {sku, tonumber(qty)}
+end
+if #ARGV - 3 ~= i then return {'mismatch'} end
+
+for j = 1, i do
+  local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
+  local available, reserved, pending = '', '', ''
+  if redis.call('EXISTS', KEYS[b + 1]) == 1 then
+    if overdue then
+      available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty)
+      reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
+      pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
+    else
+      reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
+      pending = redis.call('HINCRBY', KEYS[b + 1], 'sold_pending', qty)
+      redis.call('HINCRBY', KEYS[b + 1], 'sold', qty)
+      available = redis.call('HGET', KEYS[b + 1], 'available')
+    end
+  end
+  redis.call('ZREM', KEYS[b + 2], rid)
+  if overdue and h[4] ~= '' then
+    local left = redis.call('DECRBY', KEYS[b + 3], qty)
+    if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
+  end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', kind, 'sku', sku,
+    'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
+    'sold_pending', pending, 'ts', now)
+end
+redis.call('ZREM', KEYS[2], rid)
+redis.call('HSET', KEYS[1], 'state', kind, 'ended', now)
+redis.call('PEXPIRE', KEYS[1], tomb)
+if overdue then return {'expired', 'expired'} end
+return {'confirmed'}

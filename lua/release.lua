@@ -1,0 +1,61 @@
+-- release.lua: end a hold and return its units, exactly once however often called.
+-- Used by shoppers, checkout and support (reason 'released') and by the reaper
+-- (reason 'expired', which only ends holds whose deadline has passed).
+--
+-- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
+-- KEYS[2]  shard due zset       hf:{hfN}:due
+-- KEYS[3]  shard event stream   hf:{hfN}:events
+-- then, for line i = 1..n (the hold's lines, in its order), at b = 3 + 3 * (i - 1):
+-- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
+--
+-- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired'
+-- ARGV[3] stream MAXLEN    ARGV[4] tombstone ttl ms (how long the ended hold is remembered)
+-- ARGV[5..] sku of each line, in KEYS order (checked against the hold)
+--
+-- Returns one of:
+--   {'released', reason}   units returned now
+--   {'gone', state}        already ended ('confirmed', 'released', 'expired'): nothing moves
+--   {'not_due', deadline}  reason 'expired' but the deadline has not passed
+--   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
+--   {'mismatch'}           the keys given do not match the hold's lines
+local rid, reason, maxlen, tomb = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
+if not h[1] then return {'unknown'} end
+if h[1] ~= 'held' then return {'gone', h[1]} end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+if reason == 'expired' and tonumber(h[2]) > now then return {'not_due', tonumber(h[2])} end
+
+local i = 0
+local parsed = {}
+for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
+  i = i + 1
+  if ARGV[4 + i] ~= sku then return {'mismatch'} end
+  parsed[i] = {sku, tonumber(qty)}
+end
+if #ARGV - 4 ~= i then return {'mismatch'} end
+
+for j = 1, i do
+  local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
+  -- A missing counter is never recreated here: that would fabricate a "warmed"
+  -- SKU holding only these units. Warm-up rebuilds it from PostgreSQL instead.
+  local available, reserved, pending = '', '', ''
+  if redis.call('EXISTS', KEYS[b + 1]) == 1 then
+    available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty)
+    reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
+    pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
+  end
+  redis.call('ZREM', KEYS[b + 2], rid)
+  if h[4] ~= '' then
+    local left = redis.call('DECRBY', KEYS[b + 3], qty)
+    if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
+  end
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', reason, 'sku', sku,
+    'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
+    'sold_pending', pending, 'ts', now)
+end
+redis.call('ZREM', KEYS[2], rid)
+redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)
+redis.call('PEXPIRE', KEYS[1], tomb)
+return {'released', reason}

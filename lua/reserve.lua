@@ -1,0 +1,72 @@
+-- reserve.lua: hold units of one SKU, or of every line of a cart, all or nothing.
+--
+-- All keys share the hash tag of one shard, so the script is valid on Redis Cluster.
+-- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
+-- KEYS[2]  shard due zset       hf:{hfN}:due            member rid, score deadline (ms)
+-- KEYS[3]  shard event stream   hf:{hfN}:events
+-- then, for line i = 1..n, at b = 3 + 3 * (i - 1):
+-- KEYS[b+1] SKU counters hash   hf:{hfN}:sku:<sku>      available, reserved, sold_pending, sold, limit
+-- KEYS[b+2] SKU holds zset      hf:{hfN}:holds:<sku>    member rid, score deadline (ms)
+-- KEYS[b+3] buyer counter       hf:{hfN}:buyer:<sku>:<buyer>  (untouched when buyer is '')
+--
+-- ARGV[1] reservation id   ARGV[2] ttl ms        ARGV[3] buyer ('' for none)
+-- ARGV[4] fingerprint of the request (same id + same request = a retry)
+-- ARGV[5] stream MAXLEN (approximate)   ARGV[6] buyer counter ttl ms
+-- ARGV[7..] sku, qty pairs, one per line, in KEYS order
+--
+-- Returns one of:
+--   {'reserved', deadline_ms, available_after_1, ..., available_after_n}
+--   {'retry', state, deadline_ms}     same id, same request: nothing moves
+--   {'conflict'}                      same id, different request: nothing moves
+--   {'not_warmed', sku}               a counter is missing (never "sold out")
+--   {'sold_out', sku, available}
+--   {'limit', sku, limit, already}    the per-buyer limit would be exceeded
+local rid, ttl, buyer, fp = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
+local maxlen, buyer_ttl = ARGV[5], tonumber(ARGV[6])
+local n = (#ARGV - 6) / 2
+
+local existing = redis.call('HMGET', KEYS[1], 'fp', 'state', 'deadline')
+if existing[1] then
+  if existing[1] == fp then return {'retry', existing[2], tonumber(existing[3])} end
+  return {'conflict'}
+end
+
+-- Check every line before changing anything: all or nothing.
+for i = 1, n do
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[5 + 2 * i], tonumber(ARGV[6 + 2 * i])
+  local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit')
+  if not c[1] then return {'not_warmed', sku} end
+  local available = tonumber(c[1])
+  local limit = tonumber(c[2] or '0')
+  if buyer ~= '' and limit > 0 then
+    local already = tonumber(redis.call('GET', KEYS[b + 3]) or '0')
+    if already + qty > limit then return {'limit', sku, limit, already} end
+  end
+  if available < qty then return {'sold_out', sku, available} end
+end
+
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local deadline = now + ttl
+local reply = {'reserved', deadline}
+local lines = {}
+for i = 1, n do
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[5 + 2 * i], tonumber(ARGV[6 + 2 * i])
+  local available = redis.call('HINCRBY', KEYS[b + 1], 'available', -qty)
+  local reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', qty)
+  local pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
+  redis.call('ZADD', KEYS[b + 2], deadline, rid)
+  if buyer ~= '' then
+    redis.call('INCRBY', KEYS[b + 3], qty)
+    redis.call('PEXPIRE', KEYS[b + 3], buyer_ttl)
+  end
+  lines[#lines + 1] = sku .. '=' .. qty
+  reply[#reply + 1] = available
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', 'reserved', 'sku', sku,
+    'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
+    'sold_pending', pending, 'ts', now)
+end
+redis.call('HSET', KEYS[1], 'state', 'held', 'fp', fp, 'buyer', buyer, 'deadline', deadline,
+  'created', now, 'lines', table.concat(lines, ','))
+redis.call('ZADD', KEYS[2], deadline, rid)
+return reply
