@@ -49,6 +49,23 @@ pub enum EngineError {
     /// A Redis command failed after start-up.
     #[error("Redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// The work is already being done elsewhere (its lock is held).
+    #[error("{0}")]
+    Busy(String),
+    /// A write under a lock carried a fencing token older than one already seen:
+    /// this holder's lease lapsed and another holder has written since.
+    #[error(
+        "refused a write under lock '{lock}' with stale fencing token {token}: a later holder has written"
+    )]
+    StaleFence {
+        /// The lock.
+        lock: String,
+        /// The stale token.
+        token: i64,
+    },
+    /// The lease on a lock was lost mid-run (it lapsed and was not renewed in time).
+    #[error("lost the '{0}' lock mid-run; stopped before writing anything more")]
+    LeaseLost(String),
     /// A script answered something this version does not understand (a mismatch
     /// between `lua/` and the code, or keys edited by hand).
     #[error("unexpected reply from Redis: {0}")]

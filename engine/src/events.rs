@@ -6,7 +6,7 @@
 //!
 //! | field | meaning |
 //! |---|---|
-//! | `kind` | `reserved`, `confirmed`, `released`, `expired`, `warmed`, `delta`, `snapshot` |
+//! | `kind` | `reserved`, `confirmed`, `released`, `expired`, `warmed`, `delta`, `snapshot`, `settled`, `corrected` |
 //! | `sku` | the SKU changed |
 //! | `qty` | units moved (signed for `delta` and `snapshot`) |
 //! | `rid` | the reservation id, empty when none |
@@ -42,6 +42,10 @@ pub enum EventKind {
     Delta,
     /// A feed's absolute count.
     Snapshot,
+    /// A sale written to PostgreSQL: `sold_pending` fell by `qty`.
+    Settled,
+    /// Reconciliation fixed a drifted counter: `available` changed by `qty`.
+    Corrected,
 }
 
 impl EventKind {
@@ -55,6 +59,8 @@ impl EventKind {
             "warmed" => Self::Warmed,
             "delta" => Self::Delta,
             "snapshot" => Self::Snapshot,
+            "settled" => Self::Settled,
+            "corrected" => Self::Corrected,
             _ => return None,
         })
     }
@@ -90,7 +96,11 @@ pub struct Event {
 }
 
 impl Event {
-    fn from_fields(id: String, shard: u16, fields: &HashMap<String, Value>) -> Option<Self> {
+    pub(crate) fn from_fields(
+        id: String,
+        shard: u16,
+        fields: &HashMap<String, Value>,
+    ) -> Option<Self> {
         let text = |k: &str| -> Option<String> {
             fields
                 .get(k)

@@ -37,6 +37,8 @@
 //! - [`locks`]: leases with fencing tokens.
 //! - [`events`]: the event streams and a reader that tails them.
 //! - [`reaper`]: the expiry worker.
+//! - [`record`]: the write-behind of events into PostgreSQL.
+//! - [`warmup`], [`reconcile`]: rebuilding counters, and measuring and repairing drift.
 //! - [`keys`]: the Redis key layout and its hash tags.
 //! - [`scripts`]: the embedded Lua scripts, called by SHA.
 //! - [`store`], [`kv`]: connecting to PostgreSQL and Redis, with start-up checks.
@@ -52,12 +54,15 @@ pub mod kv;
 pub mod locks;
 pub mod model;
 pub mod reaper;
+pub mod reconcile;
+pub mod record;
 mod reply;
 pub mod scripts;
 pub mod stock;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod warmup;
 
 pub use engine::{Engine, EngineConfig};
 pub use error::{EngineError, redact_url};

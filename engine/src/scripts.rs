@@ -29,6 +29,10 @@ pub struct Scripts {
     pub lock_release: Script,
     /// `lua/lock_extend.lua`.
     pub lock_extend: Script,
+    /// `lua/settle.lua`.
+    pub settle: Script,
+    /// `lua/correct.lua`.
+    pub correct: Script,
 }
 
 impl Scripts {
@@ -45,6 +49,8 @@ impl Scripts {
             lock_acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
             lock_release: Script::new(include_str!("../../lua/lock_release.lua")),
             lock_extend: Script::new(include_str!("../../lua/lock_extend.lua")),
+            settle: Script::new(include_str!("../../lua/settle.lua")),
+            correct: Script::new(include_str!("../../lua/correct.lua")),
         }
     }
 

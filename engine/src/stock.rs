@@ -15,10 +15,25 @@ pub struct WarmSpec {
     pub sku: String,
     /// Units to make available.
     pub available: i64,
-    /// Units sold but not yet in PostgreSQL.
-    pub sold_pending: i64,
+    /// Units in holds that outlived a lost counter (a new counter only).
+    pub reserved: i64,
+    /// PostgreSQL's `sold_recorded` (a new counter only).
+    pub settled: i64,
     /// Per-buyer limit (0: none).
     pub per_buyer_limit: i64,
+}
+
+impl WarmSpec {
+    /// A fresh counter of `available` units and no limit.
+    pub fn new(sku: impl Into<String>, available: i64) -> Self {
+        Self {
+            sku: sku.into(),
+            available,
+            reserved: 0,
+            settled: 0,
+            per_buyer_limit: 0,
+        }
+    }
 }
 
 /// The result of warming one SKU.
@@ -78,8 +93,8 @@ pub enum SnapshotOutcome {
 }
 
 impl Engine {
-    /// Writes `spec`'s counter if it is missing (or always, when `force`, keeping
-    /// the reserved units of open holds).
+    /// Writes `spec`'s counter if it is missing (or, when `force`, rewrites its
+    /// `available` and limit, keeping the live reserved, sold-pending and settled figures).
     pub async fn warm(&self, spec: &WarmSpec, force: bool) -> Result<WarmOutcome, EngineError> {
         let shard = self.keys.shard_of(&spec.sku);
         let mut inv = self.scripts.warm.prepare_invoke();
@@ -87,7 +102,8 @@ impl Engine {
             .key(self.keys.events(shard))
             .arg(&spec.sku)
             .arg(spec.available)
-            .arg(spec.sold_pending)
+            .arg(spec.reserved)
+            .arg(spec.settled)
             .arg(spec.per_buyer_limit)
             .arg(if force { "1" } else { "0" })
             .arg(self.config.stream_maxlen);

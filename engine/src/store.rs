@@ -57,3 +57,33 @@ pub async fn ping(pool: &PgPool, timeout: Duration) -> Result<(), String> {
 pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
 }
+
+/// Records that lock `lock_name` was used with fencing token `token`, refusing a
+/// token older than the newest one seen.
+///
+/// Call it first inside the transaction that writes under the lock: it takes the
+/// lock's fence row, so a holder with a newer token waits for this transaction
+/// and a holder whose lease lapsed (and was followed by another) is refused.
+pub async fn fence(
+    tx: &mut sqlx::Transaction<'_, Postgres>,
+    lock_name: &str,
+    token: i64,
+) -> Result<(), EngineError> {
+    let accepted: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO fences (lock_name, token) VALUES ($1, $2)
+         ON CONFLICT (lock_name) DO UPDATE SET token = EXCLUDED.token, updated_at = now()
+          WHERE fences.token <= EXCLUDED.token
+         RETURNING token",
+    )
+    .bind(lock_name)
+    .bind(token)
+    .fetch_optional(&mut **tx)
+    .await?;
+    match accepted {
+        Some(_) => Ok(()),
+        None => Err(EngineError::StaleFence {
+            lock: lock_name.to_owned(),
+            token,
+        }),
+    }
+}

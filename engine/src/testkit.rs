@@ -134,10 +134,8 @@ pub async fn stock(engine: &crate::Engine, sku: &str, available: i64) {
 /// Warms `sku` with `available` units and a per-buyer limit.
 pub async fn stock_with_limit(engine: &crate::Engine, sku: &str, available: i64, limit: i64) {
     let spec = crate::stock::WarmSpec {
-        sku: sku.to_owned(),
-        available,
-        sold_pending: 0,
         per_buyer_limit: limit,
+        ..crate::stock::WarmSpec::new(sku, available)
     };
     engine.warm(&spec, true).await.expect("warm a test counter");
 }
@@ -178,4 +176,136 @@ pub fn free_port() -> u16 {
 /// A loopback port on which nothing listens (for "unreachable" tests).
 pub fn closed_port() -> u16 {
     free_port()
+}
+
+/// A private PostgreSQL server (initdb in a temp dir, trust auth, loopback only)
+/// that tests may stop and start again. Stopped when dropped.
+pub struct TestPostgres {
+    port: u16,
+    dir: tempfile::TempDir,
+    bin: PathBuf,
+    running: bool,
+}
+
+impl TestPostgres {
+    /// Initialises and starts a fresh cluster on a free port.
+    ///
+    /// # Panics
+    /// When the PostgreSQL server binaries are missing or the cluster does not start.
+    pub fn start() -> Self {
+        let bin = std::fs::read_dir("/usr/lib/postgresql")
+            .expect("PostgreSQL server binaries under /usr/lib/postgresql")
+            .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+            .filter(|p| p.join("initdb").exists())
+            .max_by_key(|p| {
+                p.parent()
+                    .and_then(|v| v.file_name())
+                    .and_then(|v| v.to_str())
+                    .and_then(|v| v.parse::<u32>().ok())
+                    .unwrap_or(0)
+            })
+            .expect("an initdb under /usr/lib/postgresql/*/bin");
+        let dir = tempfile::tempdir().expect("temp dir for PostgreSQL");
+        let pg = Self {
+            port: free_port(),
+            dir,
+            bin,
+            running: false,
+        };
+        if is_root() {
+            let ok = Command::new("chown")
+                .arg("-R")
+                .arg("postgres:postgres")
+                .arg(pg.dir.path())
+                .status();
+            assert!(
+                ok.is_ok_and(|s| s.success()),
+                "chown the PostgreSQL temp dir to postgres"
+            );
+        }
+        let data = pg.dir.path().join("data");
+        let status = pg
+            .as_postgres(&pg.bin.join("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["--username=postgres", "--auth=trust", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run initdb");
+        assert!(status.success(), "initdb failed");
+        let mut pg = pg;
+        pg.start_again();
+        pg
+    }
+
+    fn as_postgres(&self, program: &Path) -> Command {
+        if is_root() {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"]).arg(program);
+            c
+        } else {
+            Command::new(program)
+        }
+    }
+
+    /// A URL for database `db` on this server.
+    pub fn url(&self, db: &str) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/{db}", self.port)
+    }
+
+    /// Stops the server at once (`-m immediate`: like a crash, no clean shutdown).
+    pub fn stop(&mut self) {
+        if self.running {
+            let _ = self
+                .as_postgres(&self.bin.join("pg_ctl"))
+                .arg("-D")
+                .arg(self.dir.path().join("data"))
+                .args(["-m", "immediate", "-w", "stop"])
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .status();
+            self.running = false;
+        }
+    }
+
+    /// Starts the (stopped) server again on the same port with the same data.
+    pub fn start_again(&mut self) {
+        let opts = format!(
+            "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
+            self.port,
+            self.dir.path().display()
+        );
+        let status = self
+            .as_postgres(&self.bin.join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.path().join("data"))
+            .arg("-l")
+            .arg(self.dir.path().join("server.log"))
+            .args(["-w", "-o", &opts, "start"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .expect("run pg_ctl start");
+        assert!(
+            status.success(),
+            "PostgreSQL did not start; see {}",
+            self.dir.path().join("server.log").display()
+        );
+        self.running = true;
+    }
+}
+
+impl Drop for TestPostgres {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn is_root() -> bool {
+    std::env::var("USER").is_ok_and(|u| u == "root")
+        || Command::new("id")
+            .arg("-u")
+            .output()
+            .is_ok_and(|o| o.stdout.starts_with(b"0"))
 }

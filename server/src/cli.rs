@@ -4,30 +4,103 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::Context;
+use std::sync::Arc;
+
+use holdfast_engine::Backends;
 use holdfast_engine::catalog;
 use holdfast_engine::reaper::ReaperConfig;
+use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
+use holdfast_engine::record::WriteBehindConfig;
+use holdfast_engine::warmup::{WarmOptions, warm_all};
 use tokio::net::TcpListener;
 
-use crate::config::{Cli, Command, GlobalArgs, ServeArgs};
+use crate::config::{Cli, Command, GlobalArgs, ReconcileArgs, ServeArgs, WarmArgs};
+use crate::progress::{Progress, table, thousands};
 use crate::state::{AppState, leptos_options};
+use crate::workers::{WorkerConfig, WorkerStats, Workers};
 
 /// Runs the command `cli` names (`serve` when none).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Some(Command::Serve(args)) => serve(&cli.global, args).await,
         None => serve(&cli.global, ServeArgs::from_env()).await,
+        Some(Command::Warm(args)) => warm(&cli.global, args).await,
+        Some(Command::Reconcile(args)) => reconcile(&cli.global, args).await,
     }
 }
 
-async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
-    let backends = crate::startup::connect(
+async fn connect(global: &GlobalArgs, pg_max_connections: u32) -> anyhow::Result<Backends> {
+    Ok(crate::startup::connect(
         &global.redis_url,
         &global.database_url,
         global.allow_evicting_redis,
-        args.pg_max_connections,
+        pg_max_connections,
         global.engine.config(),
     )
+    .await?)
+}
+
+async fn warm(global: &GlobalArgs, args: WarmArgs) -> anyhow::Result<()> {
+    let backends = connect(global, 4).await?;
+    let mut bar = Progress::new("warming");
+    let options = WarmOptions {
+        force: args.force,
+        ..WarmOptions::default()
+    };
+    let report = warm_all(&backends.engine, &backends.pg, options, |p| {
+        bar.update(p.done, p.total)
+    })
     .await?;
+    let took = bar.finish();
+    println!("warm-up finished");
+    table(&[
+        ("SKUs", thousands(report.skus)),
+        ("counters written", thousands(report.warmed)),
+        ("already warm (left alone)", thousands(report.existing)),
+        ("time", format!("{} ms", took.as_millis())),
+    ]);
+    Ok(())
+}
+
+async fn reconcile(global: &GlobalArgs, args: ReconcileArgs) -> anyhow::Result<()> {
+    let backends = connect(global, 4).await?;
+    let mut bar = Progress::new("reconciling");
+    let options = ReconcileOptions {
+        correct_up: args.correct_up,
+        ..ReconcileOptions::default()
+    };
+    let r = reconcile_all(&backends.engine, &backends.pg, &options, |p| {
+        bar.update(p.done, p.total)
+    })
+    .await?;
+    let took = bar.finish();
+    println!(
+        "reconciliation run {} finished (fencing token {})",
+        r.run_id, r.fence
+    );
+    table(&[
+        ("SKUs checked", thousands(r.checked)),
+        ("drift found", thousands(r.drifted)),
+        (
+            "corrected down (could oversell)",
+            thousands(r.corrected_down),
+        ),
+        ("corrected up (stranded)", thousands(r.corrected_up)),
+        ("reported, left as is", thousands(r.reported)),
+        ("moved meanwhile (next run)", thousands(r.moved)),
+        ("not warmed", thousands(r.not_warmed)),
+        ("time", format!("{} ms", took.as_millis())),
+    ]);
+    if r.reported > 0 {
+        println!(
+            "stranded units were left as is; run `holdfast reconcile --correct-up` to release them for sale"
+        );
+    }
+    Ok(())
+}
+
+async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
+    let backends = connect(global, args.pg_max_connections).await?;
     if args.demo {
         let load = catalog::load_demo_drop(&backends.pg).await?;
         tracing::info!(
@@ -48,16 +121,25 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let workers = crate::workers::Workers::start(
-        &backends,
-        ReaperConfig {
+    let stats = Arc::new(WorkerStats::default());
+    let config = WorkerConfig {
+        reaper: ReaperConfig {
             interval: Duration::from_millis(args.reaper_interval_ms),
             batch: args.reaper_batch,
         },
-    );
+        write_behind: WriteBehindConfig {
+            batch_max: args.write_behind_batch,
+            ..WriteBehindConfig::default()
+        },
+        reconcile_every: (args.reconcile_every_secs > 0)
+            .then(|| Duration::from_secs(args.reconcile_every_secs)),
+        reconcile_correct_up: args.reconcile_correct_up,
+    };
+    let workers = Workers::start(&backends, &global.redis_url, config, &stats).await?;
     let state = AppState {
         leptos: leptos_options(&args.site_root, addr),
         backends,
+        workers: stats,
     };
     println!("Holdfast is serving at http://{addr}");
     crate::serve(listener, crate::router(state), shutdown_signal()).await?;

@@ -112,6 +112,28 @@ pub enum LogFormat {
 pub enum Command {
     /// Serve the dashboard, the APIs and the background workers (the default).
     Serve(ServeArgs),
+    /// Rebuild stock counters missing in Redis from PostgreSQL (after a Redis loss).
+    Warm(WarmArgs),
+    /// Measure drift between Redis and PostgreSQL, record it, and correct it.
+    Reconcile(ReconcileArgs),
+}
+
+/// Settings for `holdfast warm`.
+#[derive(Debug, Clone, Args)]
+pub struct WarmArgs {
+    /// Also rewrite existing counters' `available` from PostgreSQL and their live
+    /// reserved, pending and settled figures.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Settings for `holdfast reconcile`.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// Also correct negative drift (stranded units) up. Positive drift (Redis could
+    /// oversell) is always corrected down.
+    #[arg(long)]
+    pub correct_up: bool,
 }
 
 /// Settings for `holdfast serve`.
@@ -136,6 +158,15 @@ pub struct ServeArgs {
     /// Most overdue holds the reaper ends per shard per pass.
     #[arg(long, env = "HOLDFAST_REAPER_BATCH", default_value_t = 200)]
     pub reaper_batch: usize,
+    /// Seconds between scheduled reconciliation runs (0: never).
+    #[arg(long, env = "HOLDFAST_RECONCILE_EVERY_SECS", default_value_t = 60)]
+    pub reconcile_every_secs: u64,
+    /// Let scheduled runs correct negative drift (stranded units) up, too.
+    #[arg(long, env = "HOLDFAST_RECONCILE_CORRECT_UP")]
+    pub reconcile_correct_up: bool,
+    /// Most stream entries per shard in one write-behind transaction.
+    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000)]
+    pub write_behind_batch: usize,
 }
 
 impl ServeArgs {

@@ -4,6 +4,7 @@
 
 pub mod cli;
 pub mod config;
+pub mod progress;
 pub mod routes;
 pub mod startup;
 pub mod state;

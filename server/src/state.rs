@@ -1,8 +1,12 @@
 //! The state every handler shares.
 
+use std::sync::Arc;
+
 use axum::extract::FromRef;
 use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
+
+use crate::workers::WorkerStats;
 
 /// Shared, cheaply clonable state behind the router.
 #[derive(Clone)]
@@ -11,6 +15,8 @@ pub struct AppState {
     pub leptos: LeptosOptions,
     /// PostgreSQL and Redis.
     pub backends: Backends,
+    /// The background workers' counters and health.
+    pub workers: Arc<WorkerStats>,
 }
 
 impl FromRef<AppState> for LeptosOptions {

@@ -1,43 +1,122 @@
-//! Background workers that run beside the HTTP server.
+//! Background workers that run beside the HTTP server: the reaper, the
+//! write-behind to PostgreSQL, and scheduled reconciliation.
 
 use std::sync::Arc;
+use std::time::Duration;
 
-use holdfast_engine::Backends;
 use holdfast_engine::reaper::{ReaperConfig, ReaperStats, run_reaper};
+use holdfast_engine::reconcile::{self, ReconcileOptions};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
+use holdfast_engine::{Backends, EngineError, kv};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+
+/// What the workers do and how often.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    /// The reaper's pace.
+    pub reaper: ReaperConfig,
+    /// The write-behind's batching.
+    pub write_behind: WriteBehindConfig,
+    /// Pause between reconciliation runs; `None` disables them.
+    pub reconcile_every: Option<Duration>,
+    /// Whether scheduled runs correct stranded units up.
+    pub reconcile_correct_up: bool,
+}
+
+/// Counters every worker keeps, shared with `/readyz` and the dashboard.
+#[derive(Debug, Default)]
+pub struct WorkerStats {
+    /// The reaper's.
+    pub reaper: Arc<ReaperStats>,
+    /// The write-behind's.
+    pub write_behind: Arc<WriteBehindStats>,
+}
 
 /// The running workers and the means to stop them.
 pub struct Workers {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
-    /// The reaper's counters.
-    pub reaper: Arc<ReaperStats>,
 }
 
 impl Workers {
-    /// Starts the reaper over `backends`' engine.
-    pub fn start(backends: &Backends, reaper: ReaperConfig) -> Self {
+    /// Starts every worker. The write-behind gets a Redis connection of its own
+    /// (its reads block), opened to `redis_url`.
+    pub async fn start(
+        backends: &Backends,
+        redis_url: &str,
+        config: WorkerConfig,
+        stats: &WorkerStats,
+    ) -> Result<Self, EngineError> {
         let (stop, rx) = watch::channel(false);
-        let stats = Arc::new(ReaperStats::default());
-        let tasks = vec![tokio::spawn(run_reaper(
+        let mut tasks = vec![tokio::spawn(run_reaper(
             backends.engine.clone(),
-            reaper,
-            stats.clone(),
-            stopped(rx),
+            config.reaper,
+            stats.reaper.clone(),
+            stopped(rx.clone()),
         ))];
-        Self {
-            stop,
-            tasks,
-            reaper: stats,
+        let writer = WriteBehind::new(
+            backends.engine.clone(),
+            backends.pg.clone(),
+            kv::connect(redis_url).await?,
+            config.write_behind,
+            stats.write_behind.clone(),
+        );
+        tasks.push(tokio::spawn(run_write_behind(writer, stopped(rx.clone()))));
+        if let Some(every) = config.reconcile_every {
+            tasks.push(tokio::spawn(reconcile_loop(
+                backends.clone(),
+                every,
+                config.reconcile_correct_up,
+                stopped(rx),
+            )));
         }
+        Ok(Self { stop, tasks })
     }
 
-    /// Signals every worker to stop and waits for them to finish their current pass.
+    /// Signals every worker to stop and waits for them to finish their current step.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
+        }
+    }
+}
+
+async fn reconcile_loop(
+    backends: Backends,
+    every: Duration,
+    correct_up: bool,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let options = ReconcileOptions {
+        correct_up,
+        trigger: "schedule".into(),
+        ..ReconcileOptions::default()
+    };
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(every) => {}
+        }
+        match reconcile::reconcile_all(&backends.engine, &backends.pg, &options, |_| {}).await {
+            Ok(r) if r.drifted > 0 => tracing::warn!(
+                run = r.run_id,
+                drifted = r.drifted,
+                corrected_down = r.corrected_down,
+                corrected_up = r.corrected_up,
+                reported = r.reported,
+                "reconciliation found drift"
+            ),
+            Ok(r) => tracing::debug!(
+                run = r.run_id,
+                checked = r.checked,
+                "reconciliation found no drift"
+            ),
+            // Another process is running one: nothing to do this time.
+            Err(EngineError::Busy(_)) => {}
+            Err(e) => tracing::warn!(error = %e, "scheduled reconciliation failed"),
         }
     }
 }

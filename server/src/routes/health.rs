@@ -57,6 +57,22 @@ pub struct Readiness {
     pub redis: Check,
     /// PostgreSQL's check.
     pub postgres: Check,
+    /// The write-behind to PostgreSQL: failing while PostgreSQL is down (events
+    /// wait in Redis, nothing is lost), with how far behind it is.
+    pub write_behind: WriteBehindCheck,
+}
+
+/// The write-behind's health in `/readyz`.
+#[derive(Debug, Serialize)]
+pub struct WriteBehindCheck {
+    /// Whether its last batch succeeded.
+    pub ok: bool,
+    /// Its last failure, while failing.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    /// Events not yet in PostgreSQL, when Redis could say.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub lag: Option<holdfast_engine::record::Lag>,
 }
 
 /// Redis and PostgreSQL both answer: 200; otherwise 503 naming what failed.
@@ -66,7 +82,22 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
         store::ping(&state.backends.pg, PROBE_TIMEOUT),
     );
     let (redis, postgres) = (Check::from(redis), Check::from(postgres));
-    let ready = redis.ok && postgres.ok;
+    let error = state.workers.write_behind.last_error();
+    let lag = if redis.ok {
+        let lag = state.backends.engine.write_behind_lag();
+        tokio::time::timeout(PROBE_TIMEOUT, lag)
+            .await
+            .ok()
+            .and_then(Result::ok)
+    } else {
+        None
+    };
+    let write_behind = WriteBehindCheck {
+        ok: error.is_none(),
+        error,
+        lag,
+    };
+    let ready = redis.ok && postgres.ok && write_behind.ok;
     let status = if ready {
         StatusCode::OK
     } else {
@@ -76,6 +107,7 @@ async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) 
         status: if ready { "ready" } else { "degraded" },
         redis,
         postgres,
+        write_behind,
     };
     (status, Json(body))
 }

@@ -28,6 +28,7 @@ pub async fn spawn(backends: Backends) -> TestServer {
     let state = AppState {
         leptos: leptos_options("target/site", addr),
         backends,
+        workers: Default::default(),
     };
     let router = holdfast_server::router(state);
     tokio::spawn(holdfast_server::serve(

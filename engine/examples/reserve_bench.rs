@@ -1,0 +1,190 @@
+//! Benchmark: reserve throughput through the engine on one hot SKU, next to
+//! `redis-benchmark` running EVALSHA of the same `reserve.lua` with the same
+//! number of clients, against the same private `redis-server`, in one run.
+//!
+//! ```sh
+//! cargo run --release -p holdfast-engine --example reserve_bench -- --clients 50 --seconds 5
+//! ```
+//!
+//! Prints a Markdown table and one JSON line (for scripts).
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::{Engine, EngineConfig, ReserveOutcome, ReserveRequest};
+
+const SKU: &str = "BENCH-1";
+const STOCK: i64 = 1_000_000_000_000;
+
+struct Args {
+    clients: usize,
+    seconds: u64,
+}
+
+fn args() -> Args {
+    let mut a = Args {
+        clients: 50,
+        seconds: 5,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let value = it.next().unwrap_or_default();
+        match flag.as_str() {
+            "--clients" => a.clients = value.parse().expect("--clients N"),
+            "--seconds" => a.seconds = value.parse().expect("--seconds N"),
+            other => panic!("unknown flag {other}; use --clients N --seconds N"),
+        }
+    }
+    a
+}
+
+/// Latency percentile, in milliseconds, of a sorted sample of nanoseconds.
+fn pct(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    f64::from(sorted[i]) / 1_000_000.0
+}
+
+async fn engine_run(engine: &Engine, clients: usize, seconds: u64) -> (f64, f64, f64) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (engine, stop, next) = (engine.clone(), stop.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(200_000);
+            while !stop.load(Ordering::Relaxed) {
+                let rid = format!("b-{}", next.fetch_add(1, Ordering::Relaxed));
+                let t = Instant::now();
+                let out = engine
+                    .reserve(&ReserveRequest::single(rid, SKU, 1))
+                    .await
+                    .expect("reserve");
+                lat.push(t.elapsed().as_nanos() as u32);
+                assert!(matches!(out, ReserveOutcome::Reserved { .. }), "{out:?}");
+            }
+            lat
+        });
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    while let Some(lat) = tasks.join_next().await {
+        all.extend(lat.expect("client task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    (all.len() as f64 / elapsed, pct(&all, 0.5), pct(&all, 0.99))
+}
+
+/// Runs redis-benchmark EVALSHA of the reserve script; returns (rps, p50 ms, p99 ms).
+fn redis_benchmark_run(
+    redis: &TestRedis,
+    engine: &Engine,
+    clients: usize,
+    requests: u64,
+) -> (f64, f64, f64) {
+    let ks = engine.keyspace();
+    let shard = ks.shard_of(SKU);
+    let sha = engine.scripts().reserve_sha().to_owned();
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-n",
+            &requests.to_string(),
+            "-r",
+            "1000000000",
+            "--csv",
+        ])
+        .args(["EVALSHA", &sha, "6"])
+        .arg(ks.hold(shard, "rb-__rand_int__"))
+        .arg(ks.due(shard))
+        .arg(ks.events(shard))
+        .arg(ks.sku(SKU))
+        .arg(ks.sku_holds(SKU))
+        .arg(ks.buyer(SKU, ""))
+        .args([
+            "rb-__rand_int__",
+            "600000",
+            "",
+            "|BENCH-1=1",
+            "1000000",
+            "604800000",
+            SKU,
+            "1",
+        ]);
+    let out = cmd
+        .output()
+        .expect("run redis-benchmark (package redis-tools)");
+    assert!(
+        out.status.success(),
+        "redis-benchmark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8_lossy(&out.stdout);
+    let row = csv
+        .lines()
+        .find(|l| l.starts_with("\"EVALSHA"))
+        .expect("redis-benchmark CSV row");
+    let cols: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .map(|c| c.trim_matches('"').parse().unwrap_or(0.0))
+        .collect();
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    (cols[0], cols[3], cols[5])
+}
+
+#[tokio::main]
+async fn main() {
+    let a = args();
+    let redis = TestRedis::start();
+    let engine = Engine::new(redis.connection().await, EngineConfig::default());
+    let mut admin = redis.connection().await;
+
+    stock(&engine, SKU, STOCK).await;
+    // Load the script so EVALSHA finds it.
+    let warm_up = engine
+        .reserve(&ReserveRequest::single("warm-up", SKU, 1))
+        .await
+        .unwrap();
+    assert!(matches!(warm_up, ReserveOutcome::Reserved { .. }));
+
+    let (e_rps, e_p50, e_p99) = engine_run(&engine, a.clients, a.seconds).await;
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    stock(&engine, SKU, STOCK).await;
+    engine
+        .reserve(&ReserveRequest::single("warm-up", SKU, 1))
+        .await
+        .unwrap();
+    let requests = (e_rps * a.seconds as f64).max(50_000.0) as u64;
+    let (r_rps, r_p50, r_p99) = redis_benchmark_run(&redis, &engine, a.clients, requests);
+    let ratio = e_rps / r_rps;
+
+    println!("| path | clients | reserves/s | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|");
+    println!(
+        "| engine (Rust, one multiplexed connection) | {} | {:.0} | {:.3} | {:.3} |",
+        a.clients, e_rps, e_p50, e_p99
+    );
+    println!(
+        "| redis-benchmark EVALSHA reserve.lua | {} | {:.0} | {:.3} | {:.3} |",
+        a.clients, r_rps, r_p50, r_p99
+    );
+    println!("\nratio engine / raw EVALSHA: {ratio:.2}");
+    println!(
+        "{{\"bench\":\"reserve_engine_vs_evalsha\",\"clients\":{},\"engine_rps\":{:.0},\"engine_p50_ms\":{:.3},\"engine_p99_ms\":{:.3},\"evalsha_rps\":{:.0},\"evalsha_p50_ms\":{:.3},\"evalsha_p99_ms\":{:.3},\"ratio\":{:.3}}}",
+        a.clients, e_rps, e_p50, e_p99, r_rps, r_p50, r_p99, ratio
+    );
+}

@@ -1,0 +1,328 @@
+//! Reconciliation: measure drift between Redis and PostgreSQL, record it, repair it
+//! toward under-selling.
+//!
+//! Per SKU, `expected = on_hand - reserved - sold_pending + (sold_recorded - settled)`
+//! (the last term is sales PostgreSQL has committed that Redis has not yet settled)
+//! and `drift = available - expected`. Positive drift means Redis could sell units
+//! that do not exist: it is corrected down at once. Negative drift means units are
+//! stranded: it is reported, and corrected up only when asked. Corrections are
+//! compare-and-set (`correct.lua`), so a SKU that moved meanwhile is left for the
+//! next run, and each is a ledger movement.
+//!
+//! The run holds the `reconcile` lock. Every PostgreSQL write carries its fencing
+//! token and is refused if a later holder has written (see [`crate::store::fence`]).
+
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::reply::Reply;
+use crate::store::fence;
+use crate::warmup::{read_counters, stock_page};
+
+/// The lock a reconciliation run holds.
+pub const LOCK: &str = "reconcile";
+
+/// How reconciliation runs.
+#[derive(Debug, Clone)]
+pub struct ReconcileOptions {
+    /// Also correct negative drift (stranded units) up.
+    pub correct_up: bool,
+    /// Who or what started it (`cli`, `schedule`, `dashboard:<user>`), recorded with the run.
+    pub trigger: String,
+    /// SKUs per page.
+    pub page: usize,
+    /// The lease; extended after every page.
+    pub lease: Duration,
+}
+
+impl Default for ReconcileOptions {
+    fn default() -> Self {
+        Self {
+            correct_up: false,
+            trigger: "cli".into(),
+            page: 2_000,
+            lease: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Progress after each page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileProgress {
+    /// SKUs checked so far.
+    pub done: u64,
+    /// SKUs in PostgreSQL when the run started.
+    pub total: u64,
+    /// SKUs with drift so far.
+    pub drifted: u64,
+}
+
+/// What a run found and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ReconcileReport {
+    /// The run's id in `reconciliation_runs`.
+    pub run_id: i64,
+    /// The fencing token the run wrote with.
+    pub fence: i64,
+    /// SKUs checked.
+    pub checked: u64,
+    /// SKUs with non-zero drift.
+    pub drifted: u64,
+    /// Positive drift corrected down.
+    pub corrected_down: u64,
+    /// Negative drift corrected up (only with `correct_up`).
+    pub corrected_up: u64,
+    /// Negative drift reported and left.
+    pub reported: u64,
+    /// SKUs that moved between reading and correcting (left for the next run).
+    pub moved: u64,
+    /// SKUs without a counter in Redis.
+    pub not_warmed: u64,
+    /// Wall time, milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// One drifted SKU of a page.
+struct Finding {
+    sku: String,
+    on_hand: i64,
+    available: i64,
+    reserved: i64,
+    sold_pending: i64,
+    drift: i64,
+    target: Option<i64>,
+}
+
+/// Reconciles every SKU under the `reconcile` lock; [`EngineError::Busy`] when
+/// another run holds it.
+pub async fn reconcile_all(
+    engine: &Engine,
+    pg: &PgPool,
+    options: &ReconcileOptions,
+    progress: impl FnMut(ReconcileProgress),
+) -> Result<ReconcileReport, EngineError> {
+    let Some(lease) = engine.acquire_lock(LOCK, options.lease).await? else {
+        return Err(EngineError::Busy(
+            "a reconciliation is already running (the reconcile lock is held)".into(),
+        ));
+    };
+    let result = run(engine, pg, options, lease.fence, &lease, progress).await;
+    if let Err(e) = engine.release_lock(&lease).await {
+        tracing::warn!(error = %e, "could not release the reconcile lock; it lapses by itself");
+    }
+    result
+}
+
+async fn run(
+    engine: &Engine,
+    pg: &PgPool,
+    options: &ReconcileOptions,
+    token: i64,
+    lease: &crate::locks::Lease,
+    mut progress: impl FnMut(ReconcileProgress),
+) -> Result<ReconcileReport, EngineError> {
+    let started = Instant::now();
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM skus")
+        .fetch_one(pg)
+        .await?;
+    let mut tx = pg.begin().await?;
+    fence(&mut tx, LOCK, token).await?;
+    let run_id: i64 = sqlx::query_scalar(
+        "INSERT INTO reconciliation_runs (trigger, fencing_token) VALUES ($1, $2) RETURNING id",
+    )
+    .bind(&options.trigger)
+    .bind(token)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.commit().await?;
+
+    let mut report = ReconcileReport {
+        run_id,
+        fence: token,
+        ..ReconcileReport::default()
+    };
+    let script = &engine.scripts.correct;
+    script
+        .prepare_invoke()
+        .load_async(&mut engine.conn.clone())
+        .await?;
+    let mut after = String::new();
+    loop {
+        let rows = stock_page(pg, &after, options.page.max(1)).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.sku.clone();
+        let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
+        let counters = read_counters(engine, &skus).await?;
+        let mut findings = Vec::new();
+        for (row, c) in rows.iter().zip(&counters) {
+            report.checked += 1;
+            let Some(available) = c[0] else {
+                report.not_warmed += 1;
+                continue;
+            };
+            let (reserved, sold_pending, settled) =
+                (c[1].unwrap_or(0), c[2].unwrap_or(0), c[3].unwrap_or(0));
+            let expected = row.on_hand - reserved - sold_pending + (row.sold_recorded - settled);
+            let drift = available - expected;
+            if drift == 0 {
+                continue;
+            }
+            report.drifted += 1;
+            let target = (drift > 0 || options.correct_up).then_some(expected.max(0));
+            findings.push(Finding {
+                sku: row.sku.clone(),
+                on_hand: row.on_hand,
+                available,
+                reserved,
+                sold_pending,
+                drift,
+                target,
+            });
+        }
+        if !findings.is_empty() {
+            if !engine.extend_lock(lease, options.lease).await? {
+                return Err(EngineError::LeaseLost(LOCK.into()));
+            }
+            record_page(engine, pg, token, run_id, &findings, &mut report).await?;
+        }
+        progress(ReconcileProgress {
+            done: report.checked,
+            total: total as u64,
+            drifted: report.drifted,
+        });
+    }
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    let mut tx = pg.begin().await?;
+    fence(&mut tx, LOCK, token).await?;
+    sqlx::query(
+        "UPDATE reconciliation_runs SET finished_at = now(), skus_checked = $2, drifted = $3,
+                corrected = $4, not_warmed = $5 WHERE id = $1",
+    )
+    .bind(run_id)
+    .bind(report.checked as i32)
+    .bind(report.drifted as i32)
+    .bind((report.corrected_down + report.corrected_up) as i32)
+    .bind(report.not_warmed as i32)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// Corrects a page's drifted SKUs in Redis and records findings and corrections,
+/// inside one fenced transaction: the fence row stays locked until commit, so a
+/// successor cannot write in between, and a stale holder is refused before it
+/// touches Redis.
+async fn record_page(
+    engine: &Engine,
+    pg: &PgPool,
+    token: i64,
+    run_id: i64,
+    findings: &[Finding],
+    report: &mut ReconcileReport,
+) -> Result<(), EngineError> {
+    let mut tx = pg.begin().await?;
+    fence(&mut tx, LOCK, token).await?;
+
+    let to_fix: Vec<&Finding> = findings.iter().filter(|f| f.target.is_some()).collect();
+    let mut outcomes = Vec::new();
+    if !to_fix.is_empty() {
+        let script = &engine.scripts.correct;
+        let mut pipe = redis::pipe();
+        for f in &to_fix {
+            pipe.invoke_script(
+                script
+                    .key(engine.keys.sku(&f.sku))
+                    .key(engine.keys.events(engine.keys.shard_of(&f.sku)))
+                    .arg(&f.sku)
+                    .arg(f.available)
+                    .arg(f.reserved)
+                    .arg(f.sold_pending)
+                    .arg(f.target.unwrap_or(0))
+                    .arg(engine.config.stream_maxlen),
+            );
+        }
+        let replies: Vec<Vec<Value>> = pipe.query_async(&mut engine.conn.clone()).await?;
+        for reply in replies {
+            outcomes.push(Reply::new(reply).tag()? == "corrected");
+        }
+    }
+
+    let (mut r_sku, mut r_on, mut r_av, mut r_res, mut r_sp, mut r_drift, mut r_action) =
+        (vec![], vec![], vec![], vec![], vec![], vec![], vec![]);
+    let (mut l_sku, mut l_qty, mut l_eid, mut l_note) = (vec![], vec![], vec![], vec![]);
+    let mut fixed = to_fix.iter().zip(&outcomes);
+    for f in findings {
+        let action = match f.target {
+            None => {
+                report.reported += 1;
+                "reported"
+            }
+            Some(target) => {
+                let corrected = fixed.next().is_some_and(|(_, ok)| *ok);
+                if !corrected {
+                    report.moved += 1;
+                    "none"
+                } else {
+                    l_sku.push(f.sku.clone());
+                    l_qty.push(target - f.available);
+                    l_eid.push(format!("run-{run_id}:{}", f.sku));
+                    l_note.push(format!(
+                        "available {} -> {target} (drift {})",
+                        f.available, f.drift
+                    ));
+                    if f.drift > 0 {
+                        report.corrected_down += 1;
+                        "corrected_down"
+                    } else {
+                        report.corrected_up += 1;
+                        "corrected_up"
+                    }
+                }
+            }
+        };
+        r_sku.push(f.sku.clone());
+        r_on.push(f.on_hand);
+        r_av.push(f.available);
+        r_res.push(f.reserved);
+        r_sp.push(f.sold_pending);
+        r_drift.push(f.drift);
+        r_action.push(action);
+    }
+    sqlx::query(
+        "INSERT INTO reconciliation_results (run_id, sku, on_hand, available, reserved, sold_pending, drift, action)
+         SELECT $1, * FROM UNNEST($2::text[], $3::bigint[], $4::bigint[], $5::bigint[], $6::bigint[], $7::bigint[], $8::text[])",
+    )
+    .bind(run_id)
+    .bind(&r_sku)
+    .bind(&r_on)
+    .bind(&r_av)
+    .bind(&r_res)
+    .bind(&r_sp)
+    .bind(&r_drift)
+    .bind(&r_action)
+    .execute(&mut *tx)
+    .await?;
+    if !l_sku.is_empty() {
+        sqlx::query(
+            "INSERT INTO ledger (sku, kind, qty, source, event_id, fencing_token, note)
+             SELECT t.sku, 'correction', t.qty, 'reconcile', t.eid, $5, t.note
+               FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(sku, qty, eid, note)
+             ON CONFLICT (source, event_id) DO NOTHING",
+        )
+        .bind(&l_sku)
+        .bind(&l_qty)
+        .bind(&l_eid)
+        .bind(&l_note)
+        .bind(token)
+        .execute(&mut *tx)
+        .await?;
+    }
+    tx.commit().await?;
+    Ok(())
+}

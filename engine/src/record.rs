@@ -1,0 +1,578 @@
+//! Write-behind: the event streams into PostgreSQL, exactly once in effect.
+//!
+//! A consumer group reads every shard's stream. Each batch (bounded by size and
+//! time) is applied in one transaction of set-based statements whose inserts are
+//! idempotent (`ON CONFLICT DO NOTHING`, the ledger unique per source and event
+//! id); only after the commit are the sales settled in Redis (`settle.lua`, once
+//! per line) and the entries acknowledged. A consumer that dies between commit and
+//! acknowledgement leaves its entries pending: they are read again (by itself, or
+//! reclaimed by another with `XAUTOCLAIM`) and change nothing the second time.
+//! While PostgreSQL is down, entries wait in the stream and the worker backs off.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use redis::streams::{StreamAutoClaimReply, StreamReadReply};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::events::{Event, EventKind};
+
+/// The consumer group every write-behind process joins.
+pub const GROUP: &str = "holdfast-record";
+
+/// How the write-behind batches and recovers.
+#[derive(Debug, Clone)]
+pub struct WriteBehindConfig {
+    /// This consumer's name, unique per process (host and pid).
+    pub consumer: String,
+    /// Most entries per shard per read.
+    pub batch_max: usize,
+    /// How long a read waits for new entries.
+    pub block: Duration,
+    /// Entries pending this long on any consumer are taken over: longer than a
+    /// healthy batch ever takes, so a live consumer is never robbed.
+    pub claim_idle: Duration,
+    /// Longest pause between retries while PostgreSQL or Redis fails.
+    pub max_backoff: Duration,
+    /// Fault injection for tests: fail at this point of every batch, as a crash
+    /// there would. `None` in production.
+    pub fault: Option<Fault>,
+}
+
+/// Where a batch can be made to fail, to prove recovery is exactly-once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    /// After the PostgreSQL commit, before settling in Redis.
+    AfterCommit,
+    /// After settling, before acknowledging the entries.
+    BeforeAck,
+}
+
+impl Default for WriteBehindConfig {
+    fn default() -> Self {
+        Self {
+            consumer: format!("record-{}", std::process::id()),
+            batch_max: 2_000,
+            block: Duration::from_millis(200),
+            claim_idle: Duration::from_secs(30),
+            max_backoff: Duration::from_secs(5),
+            fault: None,
+        }
+    }
+}
+
+/// Counters and health of this process's write-behind.
+#[derive(Debug, Default)]
+pub struct WriteBehindStats {
+    /// Entries committed to PostgreSQL and acknowledged.
+    pub events: AtomicU64,
+    /// Transactions committed.
+    pub batches: AtomicU64,
+    /// Sales recorded (ledger rows of kind `sale` inserted by this process).
+    pub sales: AtomicU64,
+    /// Failed attempts (the batch was retried).
+    pub failures: AtomicU64,
+    /// The last failure, cleared by the next successful batch.
+    pub last_error: Mutex<Option<String>>,
+}
+
+impl WriteBehindStats {
+    /// The last failure, if the most recent attempt failed.
+    pub fn last_error(&self) -> Option<String> {
+        self.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+    }
+
+    fn set_error(&self, e: Option<String>) {
+        if let Ok(mut slot) = self.last_error.lock() {
+            *slot = e;
+        }
+    }
+}
+
+/// How far PostgreSQL is behind Redis.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Lag {
+    /// Entries not yet delivered to the group plus those delivered but unacknowledged.
+    pub entries: u64,
+    /// Age of the oldest such entry, in milliseconds (0 when none).
+    pub oldest_ms: u64,
+}
+
+/// What one batch did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct BatchReport {
+    /// Stream entries in the batch.
+    pub entries: usize,
+    /// Sales newly recorded.
+    pub sales: u64,
+    /// Other movements newly recorded.
+    pub movements: u64,
+}
+
+/// One shard's entries of a batch.
+struct ShardBatch {
+    shard: u16,
+    ids: Vec<String>,
+    events: Vec<Event>,
+}
+
+/// The write-behind worker for one process.
+pub struct WriteBehind {
+    engine: Engine,
+    pg: PgPool,
+    conn: ConnectionManager,
+    config: WriteBehindConfig,
+    stats: Arc<WriteBehindStats>,
+}
+
+impl WriteBehind {
+    /// A worker reading with `conn` (give it its own: reads block) into `pg`.
+    pub fn new(
+        engine: Engine,
+        pg: PgPool,
+        conn: ConnectionManager,
+        config: WriteBehindConfig,
+        stats: Arc<WriteBehindStats>,
+    ) -> Self {
+        Self {
+            engine,
+            pg,
+            conn,
+            config,
+            stats,
+        }
+    }
+
+    /// Creates the consumer group on every shard's stream (idempotent).
+    pub async fn ensure_groups(&mut self) -> Result<(), EngineError> {
+        for key in self.engine.keyspace().all_events() {
+            let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+                .arg("CREATE")
+                .arg(&key)
+                .arg(GROUP)
+                .arg("0")
+                .arg("MKSTREAM")
+                .query_async(&mut self.conn)
+                .await;
+            match created {
+                Ok(()) => {}
+                Err(e) if e.code() == Some("BUSYGROUP") => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Ok(())
+    }
+
+    /// Reads and applies one batch: this consumer's own pending entries first (a
+    /// batch that failed before), then new ones. Returns what it applied.
+    pub async fn run_once(&mut self) -> Result<BatchReport, EngineError> {
+        let mut batches = self.read(false).await?;
+        if batches.iter().all(|b| b.ids.is_empty()) {
+            batches = self.read(true).await?;
+        }
+        self.apply(batches).await
+    }
+
+    /// Takes over entries left pending by dead consumers and applies them.
+    pub async fn reclaim_once(&mut self) -> Result<BatchReport, EngineError> {
+        let mut batches = Vec::new();
+        for shard in 0..self.engine.keyspace().shards() {
+            let key = self.engine.keyspace().events(shard);
+            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+                .arg(&key)
+                .arg(GROUP)
+                .arg(&self.config.consumer)
+                .arg(self.config.claim_idle.as_millis() as u64)
+                .arg("0-0")
+                .arg("COUNT")
+                .arg(self.config.batch_max)
+                .query_async(&mut self.conn)
+                .await?;
+            let mut batch = ShardBatch {
+                shard,
+                ids: Vec::new(),
+                events: Vec::new(),
+            };
+            for entry in reply.claimed {
+                batch.ids.push(entry.id.clone());
+                if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {
+                    batch.events.push(event);
+                }
+            }
+            batches.push(batch);
+        }
+        self.apply(batches).await
+    }
+
+    async fn read(&mut self, new: bool) -> Result<Vec<ShardBatch>, EngineError> {
+        let keys = self.engine.keyspace().all_events();
+        let ids = vec![if new { ">" } else { "0" }; keys.len()];
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.config.consumer)
+            .arg("COUNT")
+            .arg(self.config.batch_max);
+        if new {
+            cmd.arg("BLOCK")
+                .arg(self.config.block.as_millis().max(1) as u64);
+        }
+        cmd.arg("STREAMS").arg(&keys).arg(&ids);
+        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
+        let mut batches = Vec::new();
+        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+            let Some(shard) = keys.iter().position(|k| *k == stream.key) else {
+                continue;
+            };
+            let mut batch = ShardBatch {
+                shard: shard as u16,
+                ids: Vec::new(),
+                events: Vec::new(),
+            };
+            for entry in stream.ids {
+                batch.ids.push(entry.id.clone());
+                if let Some(event) = Event::from_fields(entry.id, shard as u16, &entry.map) {
+                    batch.events.push(event);
+                }
+            }
+            batches.push(batch);
+        }
+        Ok(batches)
+    }
+
+    async fn apply(&mut self, batches: Vec<ShardBatch>) -> Result<BatchReport, EngineError> {
+        let entries: usize = batches.iter().map(|b| b.ids.len()).sum();
+        if entries == 0 {
+            return Ok(BatchReport::default());
+        }
+        let events: Vec<&Event> = batches.iter().flat_map(|b| &b.events).collect();
+        let report = record_events(&self.pg, &events, &batches).await?;
+        let report = BatchReport { entries, ..report };
+        if self.config.fault == Some(Fault::AfterCommit) {
+            return Err(EngineError::UnexpectedReply(
+                "injected fault after commit".into(),
+            ));
+        }
+        self.settle(&events).await?;
+        if self.config.fault == Some(Fault::BeforeAck) {
+            return Err(EngineError::UnexpectedReply(
+                "injected fault before acknowledging".into(),
+            ));
+        }
+        for batch in batches.iter().filter(|b| !b.ids.is_empty()) {
+            redis::cmd("XACK")
+                .arg(self.engine.keyspace().events(batch.shard))
+                .arg(GROUP)
+                .arg(&batch.ids)
+                .query_async::<()>(&mut self.conn)
+                .await?;
+        }
+        self.stats
+            .events
+            .fetch_add(entries as u64, Ordering::Relaxed);
+        self.stats.batches.fetch_add(1, Ordering::Relaxed);
+        self.stats.sales.fetch_add(report.sales, Ordering::Relaxed);
+        Ok(report)
+    }
+
+    /// Takes committed sales out of `sold_pending`, once per reservation line.
+    async fn settle(&mut self, events: &[&Event]) -> Result<(), EngineError> {
+        let sales: Vec<&&Event> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::Confirmed)
+            .collect();
+        if sales.is_empty() {
+            return Ok(());
+        }
+        let script = &self.engine.scripts.settle;
+        script.prepare_invoke().load_async(&mut self.conn).await?;
+        let ks = self.engine.keyspace();
+        let mut pipe = redis::pipe();
+        for e in &sales {
+            let rid = e.reservation_id.as_deref().unwrap_or_default();
+            pipe.invoke_script(
+                script
+                    .key(ks.hold(e.shard, rid))
+                    .key(ks.sku(&e.sku))
+                    .key(ks.events(e.shard))
+                    .arg(rid)
+                    .arg(&e.sku)
+                    .arg(e.qty)
+                    .arg(self.engine.config.stream_maxlen),
+            );
+        }
+        pipe.query_async::<Vec<Value>>(&mut self.conn).await?;
+        Ok(())
+    }
+}
+
+/// Applies `events` to PostgreSQL in one transaction; returns the rows it added.
+async fn record_events(
+    pg: &PgPool,
+    events: &[&Event],
+    batches: &[ShardBatch],
+) -> Result<BatchReport, EngineError> {
+    // Orders and sale movements from confirmations.
+    let mut order_rids = Vec::new();
+    let mut order_at = Vec::new();
+    let (mut line_rid, mut line_sku, mut line_qty) = (Vec::new(), Vec::new(), Vec::new());
+    // Ledger rows: (sku, kind, qty, source, event_id, reservation_id).
+    let (mut l_sku, mut l_kind, mut l_qty, mut l_src, mut l_eid, mut l_rid) = (
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+        Vec::new(),
+    );
+    for e in events {
+        match e.kind {
+            EventKind::Confirmed => {
+                let rid = e.reservation_id.clone().unwrap_or_default();
+                order_rids.push(rid.clone());
+                order_at.push(chrono::DateTime::from_timestamp_millis(e.at_ms).unwrap_or_default());
+                line_rid.push(rid.clone());
+                line_sku.push(e.sku.clone());
+                line_qty.push(e.qty);
+                l_sku.push(e.sku.clone());
+                l_kind.push("sale");
+                l_qty.push(-e.qty);
+                l_src.push("checkout".to_owned());
+                l_eid.push(format!("{rid}:{}", e.sku));
+                l_rid.push(Some(rid));
+            }
+            EventKind::Delta | EventKind::Snapshot if e.qty != 0 => {
+                l_sku.push(e.sku.clone());
+                l_kind.push(if e.kind == EventKind::Delta && e.qty > 0 {
+                    "receipt"
+                } else {
+                    "adjustment"
+                });
+                l_qty.push(e.qty);
+                l_src.push(e.source.clone().unwrap_or_else(|| "feed".to_owned()));
+                l_eid.push(
+                    e.event_id
+                        .clone()
+                        .unwrap_or_else(|| format!("{}:{}", e.shard, e.id)),
+                );
+                l_rid.push(None);
+            }
+            _ => {}
+        }
+    }
+
+    let mut tx = pg.begin().await?;
+    if !order_rids.is_empty() {
+        sqlx::query(
+            "INSERT INTO orders (reservation_id, confirmed_at)
+             SELECT DISTINCT ON (rid) rid, at FROM UNNEST($1::text[], $2::timestamptz[]) AS t(rid, at)
+             ON CONFLICT (reservation_id) DO NOTHING",
+        )
+        .bind(&order_rids)
+        .bind(&order_at)
+        .execute(&mut *tx)
+        .await?;
+        sqlx::query(
+            "INSERT INTO order_lines (reservation_id, sku, qty)
+             SELECT t.rid, t.sku, t.qty FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS t(rid, sku, qty)
+             JOIN skus s ON s.sku = t.sku
+             ON CONFLICT (reservation_id, sku) DO NOTHING",
+        )
+        .bind(&line_rid)
+        .bind(&line_sku)
+        .bind(&line_qty)
+        .execute(&mut *tx)
+        .await?;
+    }
+    let (mut sales, mut movements) = (0u64, 0u64);
+    if !l_sku.is_empty() {
+        let kinds: Vec<&str> = l_kind.clone();
+        let rows: Vec<(String, i64)> = sqlx::query_as(
+            "WITH ins AS (
+                 INSERT INTO ledger (sku, kind, qty, source, event_id, reservation_id)
+                 SELECT t.sku, t.kind, t.qty, t.src, t.eid, t.rid
+                   FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
+                        AS t(sku, kind, qty, src, eid, rid)
+                   JOIN skus s ON s.sku = t.sku
+                 ON CONFLICT (source, event_id) DO NOTHING
+                 RETURNING sku, kind, qty
+             ), moved AS (
+                 UPDATE skus s
+                    SET on_hand = s.on_hand + agg.qty,
+                        sold_recorded = s.sold_recorded + agg.sold,
+                        updated_at = now()
+                   FROM (SELECT sku, sum(qty)::bigint AS qty,
+                                sum(CASE WHEN kind = 'sale' THEN -qty ELSE 0 END)::bigint AS sold
+                           FROM ins GROUP BY sku) agg
+                  WHERE s.sku = agg.sku
+             )
+             SELECT kind, count(*)::bigint FROM ins GROUP BY kind",
+        )
+        .bind(&l_sku)
+        .bind(&kinds)
+        .bind(&l_qty)
+        .bind(&l_src)
+        .bind(&l_eid)
+        .bind(&l_rid)
+        .fetch_all(&mut *tx)
+        .await?;
+        for (kind, n) in rows {
+            if kind == "sale" {
+                sales += n as u64;
+            } else {
+                movements += n as u64;
+            }
+        }
+    }
+    let (mut p_shard, mut p_id, mut p_ms) = (Vec::new(), Vec::new(), Vec::new());
+    for b in batches.iter().filter(|b| !b.ids.is_empty()) {
+        let last = b.ids.last().cloned().unwrap_or_default();
+        let ms: i64 = last
+            .split('-')
+            .next()
+            .and_then(|m| m.parse().ok())
+            .unwrap_or(0);
+        p_shard.push(i32::from(b.shard));
+        p_id.push(last);
+        p_ms.push(ms);
+    }
+    sqlx::query(
+        "INSERT INTO write_behind_progress (shard, last_event_id, last_event_ms, committed_at)
+         SELECT * , now() FROM UNNEST($1::int[], $2::text[], $3::bigint[])
+         ON CONFLICT (shard) DO UPDATE
+            SET last_event_id = EXCLUDED.last_event_id, last_event_ms = EXCLUDED.last_event_ms,
+                committed_at = now()",
+    )
+    .bind(&p_shard)
+    .bind(&p_id)
+    .bind(&p_ms)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(BatchReport {
+        entries: 0,
+        sales,
+        movements,
+    })
+}
+
+/// Runs the write-behind until `shutdown`, reclaiming dead consumers' entries every
+/// `claim_idle`, and backing off (doubling up to `max_backoff`) while a backend fails.
+pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let mut backoff = Duration::from_millis(100);
+    let mut last_claim = Instant::now();
+    loop {
+        let step = async {
+            worker.ensure_groups().await?;
+            if last_claim.elapsed() >= worker.config.claim_idle {
+                last_claim = Instant::now();
+                worker.reclaim_once().await?;
+            }
+            worker.run_once().await
+        };
+        let result = tokio::select! {
+            () = &mut shutdown => break,
+            r = step => r,
+        };
+        match result {
+            Ok(report) => {
+                worker.stats.set_error(None);
+                backoff = Duration::from_millis(100);
+                if report.entries > 0 {
+                    tracing::debug!(
+                        entries = report.entries,
+                        sales = report.sales,
+                        "write-behind batch committed"
+                    );
+                }
+            }
+            Err(e) => {
+                worker.stats.failures.fetch_add(1, Ordering::Relaxed);
+                worker.stats.set_error(Some(e.to_string()));
+                tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "write-behind batch failed; events wait in the stream");
+                tokio::select! {
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep(backoff) => {}
+                }
+                backoff = (backoff * 2).min(worker.config.max_backoff);
+            }
+        }
+    }
+}
+
+impl Engine {
+    /// How far the write-behind group is behind, over every shard.
+    pub async fn write_behind_lag(&self) -> Result<Lag, EngineError> {
+        let mut conn = self.conn.clone();
+        let now_ms = chrono::Utc::now().timestamp_millis();
+        let mut lag = Lag::default();
+        for shard in 0..self.keys.shards() {
+            let key = self.keys.events(shard);
+            let groups: redis::RedisResult<Vec<BTreeMap<String, Value>>> = redis::cmd("XINFO")
+                .arg("GROUPS")
+                .arg(&key)
+                .query_async(&mut conn)
+                .await;
+            let Ok(groups) = groups else { continue }; // no stream yet
+            let Some(group) = groups.iter().find(|g| {
+                g.get("name")
+                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                    .as_deref()
+                    == Some(GROUP)
+            }) else {
+                continue;
+            };
+            let int = |k: &str| {
+                group
+                    .get(k)
+                    .and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
+                    .unwrap_or(0)
+            };
+            lag.entries += int("pending") + int("lag");
+            // The oldest unfinished entry: the first pending one, else the first undelivered.
+            let last_delivered = group
+                .get("last-delivered-id")
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+                .unwrap_or_else(|| "0-0".into());
+            let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(&key)
+                .arg(GROUP)
+                .arg("-")
+                .arg("+")
+                .arg(1)
+                .query_async(&mut conn)
+                .await?;
+            let oldest = match pending.first() {
+                Some((id, ..)) => Some(id.clone()),
+                None if int("lag") > 0 => {
+                    let next: Vec<(String, Value)> = redis::cmd("XRANGE")
+                        .arg(&key)
+                        .arg(format!("({last_delivered}"))
+                        .arg("+")
+                        .arg("COUNT")
+                        .arg(1)
+                        .query_async(&mut conn)
+                        .await?;
+                    next.into_iter().next().map(|(id, _)| id)
+                }
+                None => None,
+            };
+            if let Some(ms) =
+                oldest.and_then(|id| id.split('-').next().and_then(|m| m.parse::<i64>().ok()))
+            {
+                lag.oldest_ms = lag.oldest_ms.max((now_ms - ms).max(0) as u64);
+            }
+        }
+        Ok(lag)
+    }
+}

@@ -1,0 +1,197 @@
+//! Warm-up: rebuilding Redis counters from PostgreSQL, pipelined, in pages.
+//!
+//! A missing counter is rebuilt as `on_hand` less the units of any holds that
+//! outlived it; an existing one is left alone unless forced, because a live
+//! counter is the truth for open holds. Safe to run again and again.
+
+use std::time::Instant;
+
+use redis::Value;
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::reply::Reply;
+
+/// How warm-up runs.
+#[derive(Debug, Clone, Copy)]
+pub struct WarmOptions {
+    /// Rewrite `available` of existing counters too (from PostgreSQL and their live
+    /// reserved, pending and settled figures).
+    pub force: bool,
+    /// SKUs per PostgreSQL page and Redis pipeline.
+    pub page: usize,
+}
+
+impl Default for WarmOptions {
+    fn default() -> Self {
+        Self {
+            force: false,
+            page: 2_000,
+        }
+    }
+}
+
+/// Progress after each page.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WarmProgress {
+    /// SKUs looked at so far.
+    pub done: u64,
+    /// SKUs in PostgreSQL when the run started.
+    pub total: u64,
+    /// Counters written so far.
+    pub warmed: u64,
+}
+
+/// What a warm-up did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct WarmReport {
+    /// SKUs looked at.
+    pub skus: u64,
+    /// Counters written.
+    pub warmed: u64,
+    /// Counters that existed and were left alone.
+    pub existing: u64,
+    /// Wall time, milliseconds.
+    pub elapsed_ms: u64,
+}
+
+/// One SKU row as warm-up and reconciliation read it.
+#[derive(sqlx::FromRow)]
+pub(crate) struct StockRow {
+    pub(crate) sku: String,
+    pub(crate) on_hand: i64,
+    pub(crate) sold_recorded: i64,
+    pub(crate) per_buyer_limit: Option<i32>,
+}
+
+/// The next page of SKUs after `after`, in code order (keyset paging).
+pub(crate) async fn stock_page(
+    pg: &PgPool,
+    after: &str,
+    page: usize,
+) -> Result<Vec<StockRow>, EngineError> {
+    Ok(sqlx::query_as::<_, StockRow>(
+        "SELECT sku, on_hand, sold_recorded, per_buyer_limit FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+    )
+    .bind(after)
+    .bind(page as i64)
+    .fetch_all(pg)
+    .await?)
+}
+
+/// Live counter fields of `skus`, pipelined: `[available, reserved, sold_pending, settled]`.
+pub(crate) async fn read_counters(
+    engine: &Engine,
+    skus: &[&str],
+) -> Result<Vec<Vec<Option<i64>>>, EngineError> {
+    let mut pipe = redis::pipe();
+    for sku in skus {
+        pipe.cmd("HMGET").arg(engine.keys.sku(sku)).arg(&[
+            "available",
+            "reserved",
+            "sold_pending",
+            "settled",
+        ]);
+    }
+    Ok(pipe.query_async(&mut engine.conn.clone()).await?)
+}
+
+/// Warms every SKU in PostgreSQL, calling `progress` after each page.
+pub async fn warm_all(
+    engine: &Engine,
+    pg: &PgPool,
+    options: WarmOptions,
+    mut progress: impl FnMut(WarmProgress),
+) -> Result<WarmReport, EngineError> {
+    let started = Instant::now();
+    let total: i64 = sqlx::query_scalar("SELECT count(*) FROM skus")
+        .fetch_one(pg)
+        .await?;
+    let mut report = WarmReport::default();
+    let mut after = String::new();
+    let script = &engine.scripts.warm;
+    script
+        .prepare_invoke()
+        .load_async(&mut engine.conn.clone())
+        .await?;
+    loop {
+        let rows = stock_page(pg, &after, options.page.max(1)).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.sku.clone();
+        let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
+        let current = read_counters(engine, &skus).await?;
+        let mut pipe = redis::pipe();
+        let mut sent = 0;
+        for (row, cur) in rows.iter().zip(&current) {
+            let (available, reserved) = match cur[0] {
+                Some(_) if !options.force => {
+                    report.existing += 1;
+                    continue;
+                }
+                Some(_) => {
+                    let (r, sp, settled) = (
+                        cur[1].unwrap_or(0),
+                        cur[2].unwrap_or(0),
+                        cur[3].unwrap_or(0),
+                    );
+                    (row.on_hand - r - sp + (row.sold_recorded - settled), r)
+                }
+                None => {
+                    let orphaned = orphaned_units(engine, &row.sku).await?;
+                    (row.on_hand - orphaned, orphaned)
+                }
+            };
+            pipe.invoke_script(
+                script
+                    .key(engine.keys.sku(&row.sku))
+                    .key(engine.keys.events(engine.keys.shard_of(&row.sku)))
+                    .arg(&row.sku)
+                    .arg(available)
+                    .arg(reserved)
+                    .arg(row.sold_recorded)
+                    .arg(row.per_buyer_limit.unwrap_or(0))
+                    .arg(if options.force { "1" } else { "0" })
+                    .arg(engine.config.stream_maxlen),
+            );
+            sent += 1;
+        }
+        if sent > 0 {
+            let replies: Vec<Vec<Value>> = pipe.query_async(&mut engine.conn.clone()).await?;
+            for reply in replies {
+                match Reply::new(reply).tag()?.as_str() {
+                    "warmed" => report.warmed += 1,
+                    _ => report.existing += 1,
+                }
+            }
+        }
+        report.skus += rows.len() as u64;
+        progress(WarmProgress {
+            done: report.skus,
+            total: total as u64,
+            warmed: report.warmed,
+        });
+    }
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
+}
+
+/// Units held by open holds on `sku` whose counter is missing (normally none:
+/// a Redis that lost its counters lost its holds too).
+async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> {
+    let open: u64 = redis::cmd("ZCARD")
+        .arg(engine.keys.sku_holds(sku))
+        .query_async(&mut engine.conn.clone())
+        .await?;
+    if open == 0 {
+        return Ok(0);
+    }
+    let holds = engine.holds_of(sku, open as usize).await?;
+    Ok(holds
+        .iter()
+        .flat_map(|h| &h.lines)
+        .filter(|l| l.sku == sku)
+        .map(|l| l.qty)
+        .sum())
+}

@@ -1,0 +1,517 @@
+//! The system of record: write-behind exactly once through crashes and outages,
+//! warm-up after a Redis loss, fencing, and reconciliation.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_engine::reconcile::{self, ReconcileOptions};
+use holdfast_engine::record::{
+    Fault, WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind,
+};
+use holdfast_engine::testkit::{TestPostgres, TestRedis};
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{Engine, EngineError, ReserveOutcome, ReserveRequest, store};
+use sqlx::PgPool;
+
+async fn add_sku(pg: &PgPool, sku: &str, on_hand: i64) {
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
+        .bind(sku)
+        .bind(on_hand)
+        .execute(pg)
+        .await
+        .unwrap();
+}
+
+async fn sell(engine: &Engine, prefix: &str, sku: &str, n: usize) {
+    for i in 0..n {
+        let rid = format!("{prefix}-{i}");
+        let r = engine
+            .reserve(&ReserveRequest::single(&rid, sku, 1))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{rid}: {r:?}");
+        assert_eq!(
+            engine.confirm(&rid).await.unwrap(),
+            holdfast_engine::ConfirmOutcome::Confirmed
+        );
+    }
+}
+
+fn worker(
+    engine: &Engine,
+    pg: &PgPool,
+    conn: redis::aio::ConnectionManager,
+    config: WriteBehindConfig,
+) -> WriteBehind {
+    WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        conn,
+        config,
+        Arc::new(WriteBehindStats::default()),
+    )
+}
+
+fn config(name: &str) -> WriteBehindConfig {
+    WriteBehindConfig {
+        consumer: name.into(),
+        block: Duration::from_millis(20),
+        ..WriteBehindConfig::default()
+    }
+}
+
+async fn counts(pg: &PgPool, sku: &str) -> (i64, i64, i64, i64) {
+    let orders: i64 = sqlx::query_scalar("SELECT count(*) FROM order_lines WHERE sku = $1")
+        .bind(sku)
+        .fetch_one(pg)
+        .await
+        .unwrap();
+    let sales: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ledger WHERE sku = $1 AND kind = 'sale'")
+            .bind(sku)
+            .fetch_one(pg)
+            .await
+            .unwrap();
+    let (on_hand, sold): (i64, i64) =
+        sqlx::query_as("SELECT on_hand, sold_recorded FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_one(pg)
+            .await
+            .unwrap();
+    (orders, sales, on_hand, sold)
+}
+
+/// Drains the write-behind with `w` until the group has nothing left.
+async fn drain(engine: &Engine, w: &mut WriteBehind) {
+    w.ensure_groups().await.unwrap();
+    for _ in 0..200 {
+        w.run_once().await.unwrap();
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            return;
+        }
+    }
+    panic!("write-behind did not drain");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "WB-1", 100).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    sell(&engine, "o", "WB-1", 20).await;
+    assert_eq!(
+        engine.figures("WB-1").await.unwrap().unwrap().sold_pending,
+        20
+    );
+
+    // A commits, then dies before settling.
+    let mut a = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            fault: Some(Fault::AfterCommit),
+            ..config("a")
+        },
+    );
+    a.ensure_groups().await.unwrap();
+    assert!(a.run_once().await.is_err(), "a fails after its commit");
+    assert_eq!(
+        counts(&pg, "WB-1").await,
+        (20, 20, 80, 20),
+        "committed once"
+    );
+    let lag = engine.write_behind_lag().await.unwrap();
+    assert_eq!(
+        lag.entries, 41,
+        "the warm-up, 20 reservations and 20 confirmations wait unacknowledged: {lag:?}"
+    );
+
+    // B takes A's entries over, commits again (a no-op) and settles, then dies before acknowledging.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut b = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            fault: Some(Fault::BeforeAck),
+            claim_idle: Duration::from_millis(1),
+            ..config("b")
+        },
+    );
+    assert!(
+        b.reclaim_once().await.is_err(),
+        "b fails before acknowledging"
+    );
+    assert_eq!(
+        counts(&pg, "WB-1").await,
+        (20, 20, 80, 20),
+        "still committed once"
+    );
+    assert_eq!(
+        engine.figures("WB-1").await.unwrap().unwrap().sold_pending,
+        0,
+        "settled by b"
+    );
+
+    // C takes over what they left pending.
+    let mut c = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            claim_idle: Duration::from_millis(1),
+            ..config("c")
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    c.reclaim_once().await.unwrap();
+    drain(&engine, &mut c).await;
+    assert_eq!(
+        counts(&pg, "WB-1").await,
+        (20, 20, 80, 20),
+        "still exactly once"
+    );
+    let f = engine.figures("WB-1").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved, f.sold_pending),
+        (80, 0, 0),
+        "settled once"
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn two_consumers_record_each_sale_once(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "WB-2", 500).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let seller = {
+        let engine = engine.clone();
+        tokio::spawn(async move { sell(&engine, "two", "WB-2", 150).await })
+    };
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut workers = Vec::new();
+    for name in ["x", "y"] {
+        let w = worker(&engine, &pg, redis.connection().await, config(name));
+        let mut rx = rx.clone();
+        workers.push(tokio::spawn(run_write_behind(w, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })));
+    }
+    seller.await.unwrap();
+    for _ in 0..100 {
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tx.send(true).unwrap();
+    for w in workers {
+        w.await.unwrap();
+    }
+    assert_eq!(counts(&pg, "WB-2").await, (150, 150, 350, 150));
+    assert_eq!(
+        engine.figures("WB-2").await.unwrap().unwrap().sold_pending,
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postgres_stopped_mid_sale_loses_nothing() {
+    let mut postgres = TestPostgres::start();
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let pg = store::connect_and_migrate(&postgres.url("holdfast"), 4)
+        .await
+        .unwrap();
+    add_sku(&pg, "PG-1", 300).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+
+    let stats = Arc::new(WriteBehindStats::default());
+    let w = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            max_backoff: Duration::from_millis(200),
+            ..config("pgdown")
+        },
+        stats.clone(),
+    );
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run_write_behind(w, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+
+    sell(&engine, "before", "PG-1", 30).await;
+    postgres.stop();
+    // The sale goes on: Redis decides, events wait in the stream.
+    sell(&engine, "during", "PG-1", 40).await;
+    let mut saw_failure = false;
+    for _ in 0..50 {
+        if stats.last_error().is_some() {
+            saw_failure = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(saw_failure, "the write-behind reports PostgreSQL down");
+    assert!(
+        engine.write_behind_lag().await.unwrap().entries > 0,
+        "events wait in the stream"
+    );
+
+    postgres.start_again();
+    sell(&engine, "after", "PG-1", 10).await;
+    let mut drained = false;
+    for _ in 0..100 {
+        if engine.write_behind_lag().await.unwrap().entries == 0 && stats.last_error().is_none() {
+            drained = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tx.send(true).unwrap();
+    task.await.unwrap();
+    assert!(drained, "the backlog drained after PostgreSQL came back");
+    assert_eq!(
+        counts(&pg, "PG-1").await,
+        (80, 80, 220, 80),
+        "every order exactly once"
+    );
+    let ledger_sum: i64 = sqlx::query_scalar("SELECT coalesce(sum(qty), 0)::bigint FROM ledger WHERE sku = 'PG-1' AND kind <> 'correction'")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert_eq!(300 + ledger_sum, 220, "ledger and on_hand agree");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn after_redis_loses_everything_warm_up_resumes_the_sale_without_oversell(pg: PgPool) {
+    let mut redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "RL-1", 50).await;
+    let first = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((first.warmed, first.existing), (1, 0));
+    sell(&engine, "pre", "RL-1", 10).await;
+    let mut w = worker(&engine, &pg, redis.connection().await, config("rl"));
+    drain(&engine, &mut w).await;
+
+    redis.restart();
+    let mut answer = None;
+    for _ in 0..50 {
+        if let Ok(o) = engine
+            .reserve(&ReserveRequest::single("cold", "RL-1", 1))
+            .await
+        {
+            answer = Some(o);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(
+        answer,
+        Some(ReserveOutcome::NotWarmed { sku: "RL-1".into() })
+    );
+
+    let mut progress = Vec::new();
+    let report = warm_all(&engine, &pg, WarmOptions::default(), |p| progress.push(p))
+        .await
+        .unwrap();
+    assert_eq!(report.warmed, 1);
+    assert_eq!(progress.last().map(|p| (p.done, p.total)), Some((1, 1)));
+    let again = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((again.warmed, again.existing), (0, 1), "idempotent");
+
+    let mut sold = 0;
+    for i in 0..60 {
+        match engine
+            .reserve(&ReserveRequest::single(format!("post-{i}"), "RL-1", 1))
+            .await
+            .unwrap()
+        {
+            ReserveOutcome::Reserved { .. } => sold += 1,
+            ReserveOutcome::SoldOut { .. } => {}
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(sold, 40, "exactly what PostgreSQL says is left");
+    let f = engine.figures("RL-1").await.unwrap().unwrap();
+    assert_eq!(
+        f.available + f.reserved + f.sold_pending,
+        40,
+        "conservation against on_hand 40"
+    );
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn a_paused_lock_holder_cannot_write_with_its_old_fence(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let a = engine
+        .acquire_lock("reconcile", Duration::from_millis(200))
+        .await
+        .unwrap()
+        .unwrap();
+    // A pauses past its lease (as a stopped process would); B takes over and writes.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let b = engine
+        .acquire_lock("reconcile", Duration::from_secs(5))
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(b.fence > a.fence);
+    let mut tx = pg.begin().await.unwrap();
+    store::fence(&mut tx, "reconcile", b.fence).await.unwrap();
+    tx.commit().await.unwrap();
+
+    // A wakes up and tries to write with its old token.
+    let mut tx = pg.begin().await.unwrap();
+    let stale = store::fence(&mut tx, "reconcile", a.fence).await;
+    assert!(
+        matches!(stale, Err(EngineError::StaleFence { token, .. }) if token == a.fence),
+        "{stale:?}"
+    );
+
+    // And a whole reconciliation cannot start while B holds the lock.
+    let busy = reconcile::reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {}).await;
+    assert!(matches!(busy, Err(EngineError::Busy(_))), "{busy:?}");
+}
+
+#[sqlx::test(migrator = "store::MIGRATOR")]
+async fn reconciliation_corrects_down_at_once_and_up_only_when_asked(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    for (sku, on_hand) in [
+        ("RC-HIGH", 100),
+        ("RC-LOW", 50),
+        ("RC-OK", 10),
+        ("RC-COLD", 5),
+    ] {
+        add_sku(&pg, sku, on_hand).await;
+    }
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let mut admin = redis.connection().await;
+    let ks = engine.keyspace();
+    redis::cmd("HSET")
+        .arg(ks.sku("RC-HIGH"))
+        .arg("available")
+        .arg(130)
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(ks.sku("RC-LOW"))
+        .arg("available")
+        .arg(44)
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    redis::cmd("DEL")
+        .arg(ks.sku("RC-COLD"))
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    // A sale committed in PostgreSQL but not yet settled in Redis is not drift.
+    sell(&engine, "inflight", "RC-OK", 3).await;
+    let mut w = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            fault: Some(Fault::AfterCommit),
+            ..config("rc")
+        },
+    );
+    w.ensure_groups().await.unwrap();
+    assert!(w.run_once().await.is_err());
+
+    let report = reconcile::reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            report.checked,
+            report.drifted,
+            report.corrected_down,
+            report.reported,
+            report.not_warmed
+        ),
+        (4, 2, 1, 1, 1),
+        "{report:?}"
+    );
+    assert_eq!(
+        engine.figures("RC-HIGH").await.unwrap().unwrap().available,
+        100,
+        "corrected down at once"
+    );
+    assert_eq!(
+        engine.figures("RC-LOW").await.unwrap().unwrap().available,
+        44,
+        "stranded units only reported"
+    );
+    assert_eq!(
+        engine.figures("RC-OK").await.unwrap().unwrap().available,
+        7,
+        "in-flight sale untouched"
+    );
+    let ledger: (String, i64, Option<i64>) =
+        sqlx::query_as("SELECT kind, qty, fencing_token FROM ledger WHERE sku = 'RC-HIGH' AND source = 'reconcile'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(
+        ledger,
+        ("correction".into(), -30, Some(report.fence)),
+        "the correction is in the ledger"
+    );
+    let results: Vec<(String, i64, String)> = sqlx::query_as(
+        "SELECT sku, drift, action FROM reconciliation_results WHERE run_id = $1 ORDER BY sku",
+    )
+    .bind(report.run_id)
+    .fetch_all(&pg)
+    .await
+    .unwrap();
+    assert_eq!(
+        results,
+        vec![
+            ("RC-HIGH".into(), 30, "corrected_down".into()),
+            ("RC-LOW".into(), -6, "reported".into())
+        ]
+    );
+
+    let up = reconcile::reconcile_all(
+        &engine,
+        &pg,
+        &ReconcileOptions {
+            correct_up: true,
+            ..ReconcileOptions::default()
+        },
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((up.drifted, up.corrected_up), (1, 1), "{up:?}");
+    assert_eq!(
+        engine.figures("RC-LOW").await.unwrap().unwrap().available,
+        50
+    );
+    assert!(
+        up.fence > report.fence,
+        "each run fences with a newer token"
+    );
+}

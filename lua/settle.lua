@@ -1,0 +1,29 @@
+-- settle.lua: after PostgreSQL committed a sale, take it out of sold_pending, once,
+-- and count it in `settled` (compared with PostgreSQL's skus.sold_recorded by
+-- reconciliation, so a sale between commit and settle is never taken for drift).
+--
+-- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>   (remembers which lines are settled)
+-- KEYS[2]  SKU counters hash    hf:{hfN}:sku:<sku>
+-- KEYS[3]  shard event stream   hf:{hfN}:events
+--
+-- ARGV[1] reservation id   ARGV[2] sku   ARGV[3] qty   ARGV[4] stream MAXLEN
+--
+-- Returns {'settled', sold_pending}, {'already'} (settled before: nothing moves), or
+-- {'no_hold'} (the hold's record has lapsed; reconciliation will see the
+-- difference as stranded units and never oversell).
+local rid, sku, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
+if redis.call('EXISTS', KEYS[1]) == 0 then return {'no_hold'} end
+if redis.call('HSETNX', KEYS[1], 'settled:' .. sku, '1') == 0 then return {'already'} end
+if redis.call('EXISTS', KEYS[2]) == 0 then return {'settled', 0} end
+redis.call('HINCRBY', KEYS[2], 'settled', qty)
+local pending = redis.call('HINCRBY', KEYS[2], 'sold_pending', -qty)
+if pending < 0 then
+  redis.call('HSET', KEYS[2], 'sold_pending', 0)
+  pending = 0
+end
+local c = redis.call('HMGET', KEYS[2], 'available', 'reserved')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'settled', 'sku', sku,
+  'qty', qty, 'rid', rid, 'available', c[1], 'reserved', c[2], 'sold_pending', pending, 'ts', now)
+return {'settled', pending}

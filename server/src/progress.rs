@@ -1,0 +1,98 @@
+//! A small terminal progress bar for long operator commands.
+
+use std::io::{IsTerminal, Write};
+use std::time::Instant;
+
+/// Draws `label [#####-----] 50% 5,000/10,000` on stderr: redrawn in place on a
+/// terminal, and as a line per quarter when stderr is a file or pipe.
+pub struct Progress {
+    label: &'static str,
+    tty: bool,
+    last_quarter: u64,
+    started: Instant,
+}
+
+impl Progress {
+    /// A bar titled `label`.
+    pub fn new(label: &'static str) -> Self {
+        Self {
+            label,
+            tty: std::io::stderr().is_terminal(),
+            last_quarter: 0,
+            started: Instant::now(),
+        }
+    }
+
+    /// Shows `done` of `total`.
+    pub fn update(&mut self, done: u64, total: u64) {
+        let pct = if total == 0 { 100 } else { done * 100 / total };
+        let mut err = std::io::stderr().lock();
+        if self.tty {
+            let filled = (pct / 5) as usize;
+            let _ = write!(
+                err,
+                "\r{} [{}{}] {:>3}% {}/{} ",
+                self.label,
+                "#".repeat(filled),
+                "-".repeat(20 - filled),
+                pct,
+                thousands(done),
+                thousands(total)
+            );
+            let _ = err.flush();
+        } else if pct / 25 > self.last_quarter || done == total {
+            self.last_quarter = pct / 25;
+            let _ = writeln!(
+                err,
+                "{}: {}% ({}/{})",
+                self.label,
+                pct,
+                thousands(done),
+                thousands(total)
+            );
+        }
+    }
+
+    /// Ends the bar's line and returns the time since it was created.
+    pub fn finish(self) -> std::time::Duration {
+        if self.tty {
+            let _ = writeln!(std::io::stderr());
+        }
+        self.started.elapsed()
+    }
+}
+
+/// `1234567` as `1,234,567`.
+pub fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::with_capacity(s.len() + s.len() / 3);
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// Prints `rows` as a two-column table on stdout.
+pub fn table(rows: &[(&str, String)]) {
+    let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
+    for (k, v) in rows {
+        println!("  {k:<width$}  {v}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::thousands;
+
+    #[test]
+    fn groups_thousands() {
+        assert_eq!(thousands(0), "0");
+        assert_eq!(thousands(999), "999");
+        assert_eq!(thousands(1_000), "1,000");
+        assert_eq!(thousands(100_000), "100,000");
+        assert_eq!(thousands(1_234_567), "1,234,567");
+    }
+}

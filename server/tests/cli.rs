@@ -1,0 +1,81 @@
+//! `holdfast warm` and `holdfast reconcile` as an operator runs them.
+
+mod common;
+
+use std::process::Command;
+
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::{Engine, EngineConfig, catalog, kv};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(args)
+        .env("REDIS_URL", redis)
+        .env("DATABASE_URL", pg)
+        .env("HOLDFAST_LOG", "warn")
+        .output()
+        .expect("run holdfast");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pg_url = common::pg_url(&opts);
+    let pg = pool.connect_with(opts).await.unwrap();
+    catalog::load_demo_drop(&pg).await.unwrap();
+    let redis = TestRedis::start();
+
+    let (ok, out, err) = holdfast(&["warm"], &redis.url(), &pg_url);
+    assert!(ok, "warm failed: {err}");
+    assert!(out.contains("warm-up finished"), "{out}");
+    assert!(
+        out.contains("counters written") && out.contains("  6"),
+        "six demo SKUs warmed:\n{out}"
+    );
+    assert!(
+        err.contains("warming: 100%"),
+        "progress shown on stderr: {err}"
+    );
+
+    let (ok, out, _) = holdfast(&["warm"], &redis.url(), &pg_url);
+    assert!(ok);
+    assert!(
+        out.lines()
+            .any(|l| l.contains("already warm") && l.trim_end().ends_with('6')),
+        "idempotent:\n{out}"
+    );
+
+    // Corrupt one counter upward by hand: reconciliation must bring it down.
+    let engine = Engine::new(
+        kv::connect(&redis.url()).await.unwrap(),
+        EngineConfig::default(),
+    );
+    let mut conn = kv::connect(&redis.url()).await.unwrap();
+    redis::cmd("HSET")
+        .arg(engine.keyspace().sku("DROP-005"))
+        .arg("available")
+        .arg(99)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let (ok, out, err) = holdfast(&["reconcile"], &redis.url(), &pg_url);
+    assert!(ok, "reconcile failed: {err}");
+    assert!(out.contains("reconciliation run"), "{out}");
+    let row = |name: &str| {
+        out.lines()
+            .find(|l| l.contains(name))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(row("SKUs checked").trim_end().ends_with('6'), "{out}");
+    assert!(row("corrected down").trim_end().ends_with('1'), "{out}");
+    assert_eq!(
+        engine.figures("DROP-005").await.unwrap().unwrap().available,
+        25
+    );
+}
