@@ -63,10 +63,12 @@ say "lints (clippy, warnings are errors)"
 cargo clippy --workspace --exclude holdfast-frontend --all-targets -- -D warnings
 cargo clippy -p holdfast-frontend --target wasm32-unknown-unknown -- -D warnings
 
-build_site
-
 say "unit and integration tests (Redis: $REDIS_URL)"
 cargo test --workspace --exclude holdfast-frontend
+
+# Built after the tests so the browser tests run the binary cargo-leptos made
+# together with the WASM bundle.
+build_site
 
 say "end-to-end tests in headless Chromium"
 run_e2e

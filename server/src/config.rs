@@ -2,7 +2,8 @@
 
 use std::net::SocketAddr;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::builder::BoolishValueParser;
+use clap::{ArgAction, Args, Parser, Subcommand, ValueEnum};
 
 /// Holdfast keeps stock honest during flash sales: Redis decides every reservation
 /// atomically, PostgreSQL keeps the record, and a live dashboard shows it all.
@@ -44,7 +45,7 @@ pub struct GlobalArgs {
     pub log_format: LogFormat,
     /// Start even if Redis may evict keys (`maxmemory-policy allkeys-*`). Evicted
     /// counters read as "not warmed" and evicted holds leak reserved units.
-    #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", global = true)]
+    #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue, global = true)]
     pub allow_evicting_redis: bool,
     /// Reservation rules.
     #[command(flatten)]
@@ -146,7 +147,7 @@ pub struct ServeArgs {
     #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site")]
     pub site_root: String,
     /// Load the demo drop into PostgreSQL if it is not there yet (never overwrites).
-    #[arg(long, env = "HOLDFAST_DEMO")]
+    #[arg(long, env = "HOLDFAST_DEMO", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub demo: bool,
     /// Most PostgreSQL connections this process opens.
     #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16)]
@@ -162,7 +163,7 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_RECONCILE_EVERY_SECS", default_value_t = 60)]
     pub reconcile_every_secs: u64,
     /// Let scheduled runs correct negative drift (stranded units) up, too.
-    #[arg(long, env = "HOLDFAST_RECONCILE_CORRECT_UP")]
+    #[arg(long, env = "HOLDFAST_RECONCILE_CORRECT_UP", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub reconcile_correct_up: bool,
     /// Most stream entries per shard in one write-behind transaction.
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000)]
