@@ -25,7 +25,7 @@ impl Progress {
 
     /// Shows `done` of `total`.
     pub fn update(&mut self, done: u64, total: u64) {
-        let pct = if total == 0 { 100 } else { done * 100 / total };
+        let pct = (done * 100).checked_div(total).unwrap_or(100);
         let mut err = std::io::stderr().lock();
         if self.tty {
             let filled = (pct / 5) as usize;
@@ -67,7 +67,7 @@ pub fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::with_capacity(s.len() + s.len() / 3);
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
