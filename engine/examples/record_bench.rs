@@ -1,0 +1,156 @@
+//! Benchmark: warm-up and reconciliation of 100,000 SKUs, write-behind throughput
+//! into PostgreSQL, and its lag while a drop is running.
+//!
+//! Uses a private `redis-server` and a fresh database `holdfast_bench` on the
+//! PostgreSQL in `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`).
+//!
+//! ```sh
+//! cargo run --release -p holdfast-engine --example record_bench -- --skus 100000 --sales 20000
+//! ```
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest, store};
+use sqlx::{Executor, PgPool};
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+async fn fresh_db() -> PgPool {
+    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin_url = format!("{}/postgres", base.rsplit_once('/').map_or(base.as_str(), |(b, _)| b));
+    let admin = PgPool::connect(&admin_url).await.expect("connect to PostgreSQL");
+    admin.execute("DROP DATABASE IF EXISTS holdfast_bench WITH (FORCE)").await.unwrap();
+    let url = format!("{}/holdfast_bench", admin_url.rsplit_once('/').unwrap().0);
+    store::connect_and_migrate(&url, 8).await.expect("create the bench database")
+}
+
+/// Runs `n` reserve+confirm pairs over `clients` tasks on `sku_count` SKUs.
+async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefix: &str) {
+    let mut tasks = tokio::task::JoinSet::new();
+    for c in 0..clients {
+        let engine = engine.clone();
+        let prefix = prefix.to_owned();
+        tasks.spawn(async move {
+            let mut i = c;
+            while i < n {
+                let rid = format!("{prefix}-{i}");
+                let sku = format!("B-{:06}", i % sku_count);
+                let r = engine.reserve(&ReserveRequest::single(&rid, &sku, 1)).await.unwrap();
+                assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+                assert_eq!(engine.confirm(&rid).await.unwrap(), ConfirmOutcome::Confirmed);
+                i += clients;
+            }
+        });
+    }
+    while tasks.join_next().await.is_some() {}
+}
+
+#[tokio::main]
+async fn main() {
+    let skus = arg("--skus", 100_000);
+    let sales = arg("--sales", 20_000);
+    let redis = TestRedis::start();
+    let engine = Engine::new(redis.connection().await, EngineConfig::default());
+    let pg = fresh_db().await;
+
+    let t = Instant::now();
+    sqlx::query(
+        "INSERT INTO skus (sku, title, product, on_hand)
+         SELECT 'B-' || lpad(i::text, 6, '0'), 'Bench ' || i, 'Bench', 1000 FROM generate_series(0, $1 - 1) i",
+    )
+    .bind(skus as i64)
+    .execute(&pg)
+    .await
+    .unwrap();
+    eprintln!("loaded {skus} SKUs into PostgreSQL in {} ms", t.elapsed().as_millis());
+
+    let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {}).await.unwrap();
+    assert_eq!(warm.warmed, skus);
+
+    // Corrupt 1% of counters upward so reconciliation has real work.
+    let mut conn = redis.connection().await;
+    let mut pipe = redis::pipe();
+    for i in (0..skus).step_by(100) {
+        pipe.cmd("HINCRBY").arg(engine.keyspace().sku(&format!("B-{i:06}"))).arg("available").arg(5);
+    }
+    pipe.query_async::<()>(&mut conn).await.unwrap();
+    let rec = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {}).await.unwrap();
+    assert_eq!(rec.corrected_down, skus.div_ceil(100));
+
+    // Write-behind throughput: a backlog of sales, then drain it with one worker.
+    drop_sales(&engine, sales, 50, skus.min(2_000), "tp").await;
+    let stats = Arc::new(WriteBehindStats::default());
+    let mut worker = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig { consumer: "bench".into(), ..WriteBehindConfig::default() },
+        stats.clone(),
+    );
+    worker.ensure_groups().await.unwrap();
+    let backlog = engine.write_behind_lag().await.unwrap().entries;
+    let t = Instant::now();
+    while engine.write_behind_lag().await.unwrap().entries > 0 {
+        worker.run_once().await.unwrap();
+    }
+    let drain = t.elapsed().as_secs_f64();
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'").fetch_one(&pg).await.unwrap();
+    assert_eq!(recorded as u64, sales);
+
+    // Lag during a drop: the worker runs while shoppers buy; sample the lag.
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run_write_behind(worker, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let sampler = {
+        let (engine, sampling) = (engine.clone(), sampling.clone());
+        tokio::spawn(async move {
+            let (mut worst_ms, mut worst_entries) = (0u64, 0u64);
+            while sampling.load(std::sync::atomic::Ordering::Relaxed) {
+                let lag = engine.write_behind_lag().await.unwrap();
+                worst_ms = worst_ms.max(lag.oldest_ms);
+                worst_entries = worst_entries.max(lag.entries);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            (worst_ms, worst_entries)
+        })
+    };
+    let t = Instant::now();
+    drop_sales(&engine, sales, 50, 50, "drop").await;
+    let drop_secs = t.elapsed().as_secs_f64();
+    while engine.write_behind_lag().await.unwrap().entries > 0 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let caught_up = t.elapsed().as_secs_f64() - drop_secs;
+    sampling.store(false, std::sync::atomic::Ordering::Relaxed);
+    let (worst_ms, worst_entries) = sampler.await.unwrap();
+    tx.send(true).unwrap();
+    task.await.unwrap();
+
+    println!("| measure | result | budget |");
+    println!("|---|---|---|");
+    println!("| warm-up of {skus} SKUs | {} ms | < 5,000 ms |", warm.elapsed_ms);
+    println!("| reconciliation of {skus} SKUs ({} corrected) | {} ms | < 10,000 ms |", rec.corrected_down, rec.elapsed_ms);
+    println!(
+        "| write-behind drain: {backlog} stream entries ({sales} sales) | {:.0} entries/s ({:.0} sales/s) | >= 10,000 events/s |",
+        backlog as f64 / drain,
+        sales as f64 / drain
+    );
+    println!(
+        "| lag during a drop of {sales} sales in {drop_secs:.2} s ({:.0} sales/s), write-behind running | worst {:.2} s ({worst_entries} entries); caught up {caught_up:.2} s after the last sale | < 2 s |",
+        sales as f64 / drop_secs,
+        worst_ms as f64 / 1000.0
+    );
+}

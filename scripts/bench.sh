@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Reruns every benchmark in release mode and prints the results as Markdown, with
+# the machine they ran on, for BENCHMARKS.md. Also saved to bench/output/latest.md.
+# Each benchmark starts its own redis-server; PostgreSQL is reused or started as
+# for the other scripts. Run it on an otherwise idle machine.
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ensure_service_binaries
+ensure_postgres
+command -v redis-benchmark >/dev/null || apt_install redis-tools
+
+out="$HOLDFAST_ROOT/bench/output"
+mkdir -p "$out"
+say "building the benchmarks (release)"
+cargo build --release -p holdfast-engine --examples
+
+run() {
+    say "$*"
+    "$CARGO_TARGET_DIR/release/examples/$@"
+}
+
+{
+    echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(free -g | awk '/^Mem:/ {print $2}') GiB;" \
+        "$(redis-server --version | cut -d' ' -f1-3), PostgreSQL $(psql --version | awk '{print $3}'), $(rustc --version | cut -d' ' -f1-2)."
+    echo
+    echo "### Reserve: engine vs raw EVALSHA of reserve.lua (one hot SKU)"
+    echo
+    for clients in 50 100; do
+        run reserve_bench --clients "$clients" --seconds 5
+        echo
+    done
+    echo "### System of record"
+    echo
+    run record_bench --skus 100000 --sales 20000
+} | tee "$out/latest.md"
