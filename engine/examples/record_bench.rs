@@ -15,7 +15,9 @@ use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
 use holdfast_engine::testkit::TestRedis;
 use holdfast_engine::warmup::{WarmOptions, warm_all};
-use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest, store};
+use holdfast_engine::{
+    ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest, store,
+};
 use sqlx::{Executor, PgPool};
 
 fn arg(name: &str, default: u64) -> u64 {
@@ -27,12 +29,23 @@ fn arg(name: &str, default: u64) -> u64 {
 }
 
 async fn fresh_db() -> PgPool {
-    let base = std::env::var("DATABASE_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let admin_url = format!("{}/postgres", base.rsplit_once('/').map_or(base.as_str(), |(b, _)| b));
-    let admin = PgPool::connect(&admin_url).await.expect("connect to PostgreSQL");
-    admin.execute("DROP DATABASE IF EXISTS holdfast_bench WITH (FORCE)").await.unwrap();
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let admin_url = format!(
+        "{}/postgres",
+        base.rsplit_once('/').map_or(base.as_str(), |(b, _)| b)
+    );
+    let admin = PgPool::connect(&admin_url)
+        .await
+        .expect("connect to PostgreSQL");
+    admin
+        .execute("DROP DATABASE IF EXISTS holdfast_bench WITH (FORCE)")
+        .await
+        .unwrap();
     let url = format!("{}/holdfast_bench", admin_url.rsplit_once('/').unwrap().0);
-    store::connect_and_migrate(&url, 8).await.expect("create the bench database")
+    store::connect_and_migrate(&url, 8)
+        .await
+        .expect("create the bench database")
 }
 
 /// Runs `n` reserve+confirm pairs over `clients` tasks on `sku_count` SKUs.
@@ -46,9 +59,15 @@ async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefi
             while i < n {
                 let rid = format!("{prefix}-{i}");
                 let sku = format!("B-{:06}", i % sku_count);
-                let r = engine.reserve(&ReserveRequest::single(&rid, &sku, 1)).await.unwrap();
+                let r = engine
+                    .reserve(&ReserveRequest::single(&rid, &sku, 1))
+                    .await
+                    .unwrap();
                 assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
-                assert_eq!(engine.confirm(&rid).await.unwrap(), ConfirmOutcome::Confirmed);
+                assert_eq!(
+                    engine.confirm(&rid).await.unwrap(),
+                    ConfirmOutcome::Confirmed
+                );
                 i += clients;
             }
         });
@@ -73,19 +92,29 @@ async fn main() {
     .execute(&pg)
     .await
     .unwrap();
-    eprintln!("loaded {skus} SKUs into PostgreSQL in {} ms", t.elapsed().as_millis());
+    eprintln!(
+        "loaded {skus} SKUs into PostgreSQL in {} ms",
+        t.elapsed().as_millis()
+    );
 
-    let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {}).await.unwrap();
+    let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
     assert_eq!(warm.warmed, skus);
 
     // Corrupt 1% of counters upward so reconciliation has real work.
     let mut conn = redis.connection().await;
     let mut pipe = redis::pipe();
     for i in (0..skus).step_by(100) {
-        pipe.cmd("HINCRBY").arg(engine.keyspace().sku(&format!("B-{i:06}"))).arg("available").arg(5);
+        pipe.cmd("HINCRBY")
+            .arg(engine.keyspace().sku(&format!("B-{i:06}")))
+            .arg("available")
+            .arg(5);
     }
     pipe.query_async::<()>(&mut conn).await.unwrap();
-    let rec = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {}).await.unwrap();
+    let rec = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
     assert_eq!(rec.corrected_down, skus.div_ceil(100));
 
     // Write-behind throughput: a backlog of sales, then drain it with one worker.
@@ -95,7 +124,10 @@ async fn main() {
         engine.clone(),
         pg.clone(),
         redis.connection().await,
-        WriteBehindConfig { consumer: "bench".into(), ..WriteBehindConfig::default() },
+        WriteBehindConfig {
+            consumer: "bench".into(),
+            ..WriteBehindConfig::default()
+        },
         stats.clone(),
     );
     worker.ensure_groups().await.unwrap();
@@ -105,7 +137,10 @@ async fn main() {
         worker.run_once().await.unwrap();
     }
     let drain = t.elapsed().as_secs_f64();
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'").fetch_one(&pg).await.unwrap();
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
     assert_eq!(recorded as u64, sales);
 
     // Lag during a drop: the worker runs while shoppers buy; sample the lag.
@@ -141,8 +176,14 @@ async fn main() {
 
     println!("| measure | result | budget |");
     println!("|---|---|---|");
-    println!("| warm-up of {skus} SKUs | {} ms | < 5,000 ms |", warm.elapsed_ms);
-    println!("| reconciliation of {skus} SKUs ({} corrected) | {} ms | < 10,000 ms |", rec.corrected_down, rec.elapsed_ms);
+    println!(
+        "| warm-up of {skus} SKUs | {} ms | < 5,000 ms |",
+        warm.elapsed_ms
+    );
+    println!(
+        "| reconciliation of {skus} SKUs ({} corrected) | {} ms | < 10,000 ms |",
+        rec.corrected_down, rec.elapsed_ms
+    );
     println!(
         "| write-behind drain: {backlog} stream entries ({sales} sales) | {:.0} entries/s ({:.0} sales/s) | >= 10,000 events/s |",
         backlog as f64 / drain,

@@ -43,6 +43,7 @@
 //! - [`scripts`]: the embedded Lua scripts, called by SHA.
 //! - [`store`], [`kv`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
+//! - [`tokens`]: API tokens (hashed) and their scopes.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
 pub mod catalog;

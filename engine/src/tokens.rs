@@ -1,0 +1,129 @@
+//! API tokens: created and revoked by operators, shown once, stored as SHA-256.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::error::EngineError;
+
+/// What a token may do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scope {
+    /// Reserve, confirm and release (the checkout service).
+    Checkout,
+    /// Push supplier and ERP webhooks.
+    Ingest,
+    /// Read stock and reservations.
+    Read,
+}
+
+impl Scope {
+    /// The name used in the database and on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Checkout => "checkout",
+            Self::Ingest => "ingest",
+            Self::Read => "read",
+        }
+    }
+
+    /// Parses a scope name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "checkout" => Some(Self::Checkout),
+            "ingest" => Some(Self::Ingest),
+            "read" => Some(Self::Read),
+            _ => None,
+        }
+    }
+}
+
+/// A token as listed (never the secret).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenInfo {
+    /// Its id.
+    pub id: i64,
+    /// A name for people ("checkout-prod").
+    pub name: String,
+    /// What it may do.
+    pub scopes: Vec<Scope>,
+    /// When it was created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// When it was revoked, if it was.
+    pub revoked_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl TokenInfo {
+    /// Whether the token carries `scope`.
+    pub fn allows(&self, scope: Scope) -> bool {
+        self.scopes.contains(&scope)
+    }
+}
+
+/// A token just created: the only time its secret is available.
+#[derive(Debug, Clone)]
+pub struct NewToken {
+    /// The stored record.
+    pub info: TokenInfo,
+    /// The bearer secret, `hf_…`; show it once and forget it.
+    pub secret: String,
+}
+
+/// SHA-256 of a bearer secret, as stored.
+pub fn digest(secret: &str) -> Vec<u8> {
+    Sha256::digest(secret.as_bytes()).to_vec()
+}
+
+type Row = (i64, String, Vec<String>, chrono::DateTime<chrono::Utc>, Option<chrono::DateTime<chrono::Utc>>);
+
+fn info((id, name, scopes, created_at, revoked_at): Row) -> TokenInfo {
+    TokenInfo { id, name, scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(), created_at, revoked_at }
+}
+
+/// Creates a token named `name` with `scopes`.
+pub async fn create(pg: &PgPool, name: &str, scopes: &[Scope]) -> Result<NewToken, EngineError> {
+    let secret = format!("hf_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
+    let row: Row = sqlx::query_as(
+        "INSERT INTO api_tokens (name, token_sha256, scopes) VALUES ($1, $2, $3)
+         RETURNING id, name, scopes, created_at, revoked_at",
+    )
+    .bind(name)
+    .bind(digest(&secret))
+    .bind(&scopes)
+    .fetch_one(pg)
+    .await?;
+    Ok(NewToken { info: info(row), secret })
+}
+
+/// Revokes token `id`; `false` when there is no such live token.
+pub async fn revoke(pg: &PgPool, id: i64) -> Result<bool, EngineError> {
+    let done = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
+        .bind(id)
+        .execute(pg)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+/// Every token, newest first.
+pub async fn list(pg: &PgPool) -> Result<Vec<TokenInfo>, EngineError> {
+    let rows: Vec<Row> = sqlx::query_as(
+        "SELECT id, name, scopes, created_at, revoked_at FROM api_tokens ORDER BY id DESC",
+    )
+    .fetch_all(pg)
+    .await?;
+    Ok(rows.into_iter().map(info).collect())
+}
+
+/// The live (not revoked) token whose secret is `secret`.
+pub async fn verify(pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, EngineError> {
+    let row: Option<Row> = sqlx::query_as(
+        "SELECT id, name, scopes, created_at, revoked_at FROM api_tokens
+          WHERE token_sha256 = $1 AND revoked_at IS NULL",
+    )
+    .bind(digest(secret))
+    .fetch_optional(pg)
+    .await?;
+    Ok(row.map(info))
+}
