@@ -63,6 +63,7 @@ pub mod stock;
 pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+pub mod tokens;
 pub mod warmup;
 
 pub use engine::{Engine, EngineConfig};

@@ -75,15 +75,31 @@ pub fn digest(secret: &str) -> Vec<u8> {
     Sha256::digest(secret.as_bytes()).to_vec()
 }
 
-type Row = (i64, String, Vec<String>, chrono::DateTime<chrono::Utc>, Option<chrono::DateTime<chrono::Utc>>);
+type Row = (
+    i64,
+    String,
+    Vec<String>,
+    chrono::DateTime<chrono::Utc>,
+    Option<chrono::DateTime<chrono::Utc>>,
+);
 
 fn info((id, name, scopes, created_at, revoked_at): Row) -> TokenInfo {
-    TokenInfo { id, name, scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(), created_at, revoked_at }
+    TokenInfo {
+        id,
+        name,
+        scopes: scopes.iter().filter_map(|s| Scope::parse(s)).collect(),
+        created_at,
+        revoked_at,
+    }
 }
 
 /// Creates a token named `name` with `scopes`.
 pub async fn create(pg: &PgPool, name: &str, scopes: &[Scope]) -> Result<NewToken, EngineError> {
-    let secret = format!("hf_{}{}", uuid::Uuid::new_v4().simple(), uuid::Uuid::new_v4().simple());
+    let secret = format!(
+        "hf_{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    );
     let scopes: Vec<&str> = scopes.iter().map(|s| s.as_str()).collect();
     let row: Row = sqlx::query_as(
         "INSERT INTO api_tokens (name, token_sha256, scopes) VALUES ($1, $2, $3)
@@ -94,15 +110,20 @@ pub async fn create(pg: &PgPool, name: &str, scopes: &[Scope]) -> Result<NewToke
     .bind(&scopes)
     .fetch_one(pg)
     .await?;
-    Ok(NewToken { info: info(row), secret })
+    Ok(NewToken {
+        info: info(row),
+        secret,
+    })
 }
 
 /// Revokes token `id`; `false` when there is no such live token.
 pub async fn revoke(pg: &PgPool, id: i64) -> Result<bool, EngineError> {
-    let done = sqlx::query("UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL")
-        .bind(id)
-        .execute(pg)
-        .await?;
+    let done = sqlx::query(
+        "UPDATE api_tokens SET revoked_at = now() WHERE id = $1 AND revoked_at IS NULL",
+    )
+    .bind(id)
+    .execute(pg)
+    .await?;
     Ok(done.rows_affected() == 1)
 }
 

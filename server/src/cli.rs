@@ -14,7 +14,9 @@ use holdfast_engine::record::WriteBehindConfig;
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use tokio::net::TcpListener;
 
-use crate::config::{Cli, Command, GlobalArgs, ReconcileArgs, ServeArgs, WarmArgs};
+use holdfast_engine::tokens::{self, Scope};
+
+use crate::config::{Cli, Command, GlobalArgs, ReconcileArgs, ServeArgs, TokenCommand, WarmArgs};
 use crate::progress::{Progress, table, thousands};
 use crate::state::{AppState, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
@@ -26,7 +28,63 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         None => serve(&cli.global, ServeArgs::from_env()).await,
         Some(Command::Warm(args)) => warm(&cli.global, args).await,
         Some(Command::Reconcile(args)) => reconcile(&cli.global, args).await,
+        Some(Command::Token(cmd)) => token(&cli.global, cmd).await,
     }
+}
+
+async fn token(global: &GlobalArgs, cmd: TokenCommand) -> anyhow::Result<()> {
+    let pg = holdfast_engine::store::connect_and_migrate(&global.database_url, 2).await?;
+    match cmd {
+        TokenCommand::Create { name, scopes } => {
+            let scopes = scopes
+                .iter()
+                .map(|s| {
+                    Scope::parse(s.trim()).ok_or_else(|| {
+                        anyhow::anyhow!("unknown scope '{s}': use checkout, ingest or read")
+                    })
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?;
+            let new = tokens::create(&pg, &name, &scopes).await?;
+            println!(
+                "token {} ({}) created with scopes {}",
+                new.info.id,
+                new.info.name,
+                scope_list(&new.info.scopes)
+            );
+            println!("{}", new.secret);
+            eprintln!("this secret is shown once; store it now (only its SHA-256 is kept)");
+        }
+        TokenCommand::List => {
+            for t in tokens::list(&pg).await? {
+                let state = t.revoked_at.map_or("active".to_owned(), |at| {
+                    format!("revoked {}", at.format("%Y-%m-%d %H:%M"))
+                });
+                println!(
+                    "{:>5}  {:<24} {:<24} {}",
+                    t.id,
+                    t.name,
+                    scope_list(&t.scopes),
+                    state
+                );
+            }
+        }
+        TokenCommand::Revoke { id } => {
+            if tokens::revoke(&pg, id).await? {
+                println!("token {id} revoked");
+            } else {
+                anyhow::bail!("no active token {id}");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn scope_list(scopes: &[Scope]) -> String {
+    scopes
+        .iter()
+        .map(|s| s.as_str())
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 async fn connect(global: &GlobalArgs, pg_max_connections: u32) -> anyhow::Result<Backends> {
@@ -137,12 +195,17 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
     };
     let workers = Workers::start(&backends, &global.redis_url, config, &stats).await?;
     let state = AppState {
-        leptos: leptos_options(&args.site_root, addr),
-        backends,
         workers: stats,
+        ..AppState::new(leptos_options(&args.site_root, addr), backends)
     };
+    let (stop_live, live_rx) = tokio::sync::watch::channel(false);
+    let live = crate::start_live(&state, &global.redis_url, live_rx);
     println!("Holdfast is serving at http://{addr}");
     crate::serve(listener, crate::router(state), shutdown_signal()).await?;
+    let _ = stop_live.send(true);
+    for task in live {
+        let _ = task.await;
+    }
     workers.stop().await;
     tracing::info!("stopped");
     Ok(())

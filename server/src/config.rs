@@ -117,6 +117,30 @@ pub enum Command {
     Warm(WarmArgs),
     /// Measure drift between Redis and PostgreSQL, record it, and correct it.
     Reconcile(ReconcileArgs),
+    /// Create, list and revoke API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+}
+
+/// `holdfast token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print its secret (shown only this once).
+    Create {
+        /// A name for people, e.g. `checkout-prod`.
+        #[arg(long)]
+        name: String,
+        /// Comma-separated scopes: checkout, ingest, read.
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id; it stops working within seconds.
+    Revoke {
+        /// The token's id, as `list` shows it.
+        id: i64,
+    },
 }
 
 /// Settings for `holdfast warm`.

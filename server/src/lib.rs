@@ -2,8 +2,10 @@
 //! the operator commands. `main.rs` only parses arguments and calls [`cli::run`];
 //! tests build the same router from an [`state::AppState`] and serve it on port 0.
 
+pub mod api;
 pub mod cli;
 pub mod config;
+pub mod feed;
 pub mod progress;
 pub mod routes;
 pub mod startup;
@@ -28,6 +30,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     Router::new()
         .merge(routes::health::routes())
+        .merge(api::routes())
         .leptos_routes_with_context(
             &state,
             routes,
@@ -49,4 +52,45 @@ pub async fn serve(
     axum::serve(listener, router)
         .with_graceful_shutdown(shutdown)
         .await
+}
+
+/// Starts the live side of a server over `state`: the event feed (one stream
+/// reader for the process) and the listener that clears the sold-out cache when
+/// stock comes back. Both stop when `stop` turns `true`.
+pub fn start_live(
+    state: &AppState,
+    redis_url: &str,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let feed = state.feed.clone();
+    let keys = state.backends.engine.keyspace();
+    let events = feed.subscribe();
+    vec![
+        tokio::spawn(feed.run(redis_url.to_owned(), keys, stopped(stop.clone()))),
+        tokio::spawn(clear_sold_out(events, state.api.clone(), stopped(stop))),
+    ]
+}
+
+async fn clear_sold_out(
+    mut events: tokio::sync::broadcast::Receiver<std::sync::Arc<holdfast_engine::events::Event>>,
+    api: std::sync::Arc<api::ApiState>,
+    shutdown: impl Future<Output = ()>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            event = events.recv() => match event {
+                Ok(e) if e.available.is_some_and(|a| a > 0) => api.sold_out.clear(&e.sku),
+                Ok(_) => {}
+                // Missed events: any entry may be stale, so forget them all.
+                Err(RecvError::Lagged(_)) => api.sold_out.clear_all(),
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
 }

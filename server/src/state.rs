@@ -6,6 +6,8 @@ use axum::extract::FromRef;
 use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
 
+use crate::api::ApiState;
+use crate::feed::Feed;
 use crate::workers::WorkerStats;
 
 /// Shared, cheaply clonable state behind the router.
@@ -17,6 +19,23 @@ pub struct AppState {
     pub backends: Backends,
     /// The background workers' counters and health.
     pub workers: Arc<WorkerStats>,
+    /// The API's per-process state (token cache, sold-out cache).
+    pub api: Arc<ApiState>,
+    /// Live events from Redis, for every listener in this process.
+    pub feed: Feed,
+}
+
+impl AppState {
+    /// State over `backends` serving the site in `leptos`, with fresh counters and caches.
+    pub fn new(leptos: LeptosOptions, backends: Backends) -> Self {
+        Self {
+            leptos,
+            backends,
+            workers: Arc::default(),
+            api: Arc::default(),
+            feed: Feed::new(4_096),
+        }
+    }
 }
 
 impl FromRef<AppState> for LeptosOptions {

@@ -79,3 +79,45 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
         25
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pg_url = common::pg_url(&opts);
+    let redis = TestRedis::start();
+    let (ok, out, err) = holdfast(
+        &[
+            "token",
+            "create",
+            "--name",
+            "checkout-prod",
+            "--scopes",
+            "checkout,read",
+        ],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(ok, "{err}");
+    let secret = out.lines().nth(1).unwrap_or_default();
+    assert!(secret.starts_with("hf_") && secret.len() > 40, "{out}");
+    assert!(err.contains("shown once"), "{err}");
+    let (ok, listed, _) = holdfast(&["token", "list"], &redis.url(), &pg_url);
+    assert!(ok);
+    assert!(
+        listed.contains("checkout-prod")
+            && listed.contains("checkout,read")
+            && listed.contains("active"),
+        "{listed}"
+    );
+    assert!(!listed.contains(secret), "the secret is never listed");
+    let (ok, _, err) = holdfast(
+        &["token", "create", "--name", "x", "--scopes", "admin"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(!ok && err.contains("unknown scope 'admin'"), "{err}");
+    let id = listed.split_whitespace().next().unwrap();
+    let (ok, out, _) = holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
+    assert!(ok && out.contains("revoked"), "{out}");
+    let (ok, _, err) = holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
+    assert!(!ok && err.contains("no active token"), "{err}");
+}

@@ -21,15 +21,34 @@ impl TestServer {
     }
 }
 
+/// Serves the full router over `backends` on port 0, with the live event feed
+/// reading the Redis at `redis_url`.
+pub async fn spawn_live(backends: Backends, redis_url: &str) -> TestServer {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
+    let addr = listener.local_addr().expect("local addr");
+    let state = AppState::new(leptos_options("target/site", addr), backends);
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    holdfast_server::start_live(&state, redis_url, rx);
+    // Live until the test's runtime ends.
+    std::mem::forget(stop);
+    let router = holdfast_server::router(state);
+    tokio::spawn(holdfast_server::serve(
+        listener,
+        router,
+        std::future::pending(),
+    ));
+    // Give the feed a moment to position itself at the streams' end.
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    TestServer {
+        base: format!("http://{addr}"),
+    }
+}
+
 /// Serves the full router over `backends` on port 0.
 pub async fn spawn(backends: Backends) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let addr = listener.local_addr().expect("local addr");
-    let state = AppState {
-        leptos: leptos_options("target/site", addr),
-        backends,
-        workers: Default::default(),
-    };
+    let state = AppState::new(leptos_options("target/site", addr), backends);
     let router = holdfast_server::router(state);
     tokio::spawn(holdfast_server::serve(
         listener,

@@ -25,3 +25,5 @@ pub struct DropOverview {
     /// The drop's SKUs in display order.
     pub skus: Vec<SkuSummary>,
 }
+
+pub mod api;

@@ -1,0 +1,345 @@
+//! `/api/v1/reservations`: create (one SKU or a cart), read, confirm, release.
+
+use axum::Json;
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use holdfast_app::dto::api::{CreateReservation, LineView, ReservationView};
+use holdfast_engine::tokens::Scope;
+use holdfast_engine::{ConfirmOutcome, Hold, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest};
+use sha2::{Digest, Sha256};
+
+use super::auth::Caller;
+use super::error::ApiError;
+use super::idempotency::{self, Begin};
+use crate::state::AppState;
+
+/// The reservation id for `key` under token `token_id`: scoped per token, so two
+/// clients' keys never collide, and usable in Redis keys and URLs.
+pub fn reservation_id(token_id: i64, key: &str) -> String {
+    let safe = key.len() <= 100
+        && key
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@' | '+'));
+    if safe {
+        format!("t{token_id}-{key}")
+    } else {
+        format!(
+            "t{token_id}-h{}",
+            &hex::encode(Sha256::digest(key.as_bytes()))[..32]
+        )
+    }
+}
+
+fn rfc3339(ms: i64) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}
+
+fn view(hold: &Hold) -> ReservationView {
+    ReservationView {
+        id: hold.reservation_id.clone(),
+        state: hold.state.as_str().into(),
+        expires_at: (hold.state == holdfast_engine::HoldState::Held)
+            .then(|| rfc3339(hold.expires_at_ms))
+            .flatten(),
+        lines: hold
+            .lines
+            .iter()
+            .map(|l| LineView {
+                sku: l.sku.clone(),
+                qty: l.qty,
+                available_after: None,
+            })
+            .collect(),
+        buyer: hold.buyer.clone(),
+    }
+}
+
+fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_json::Value) {
+    (status, serde_json::to_value(body).unwrap_or_default())
+}
+
+fn error_json(e: ApiError) -> (StatusCode, serde_json::Value, Option<u64>) {
+    (
+        e.status,
+        serde_json::to_value(&e.body).unwrap_or_default(),
+        e.retry_after,
+    )
+}
+
+fn respond(status: StatusCode, body: serde_json::Value, retry_after: Option<u64>) -> Response {
+    let mut response = (status, Json(body)).into_response();
+    if let Some(secs) = retry_after
+        && let Ok(v) = secs.to_string().parse()
+    {
+        response
+            .headers_mut()
+            .insert(axum::http::header::RETRY_AFTER, v);
+    }
+    response
+}
+
+/// Runs `work` under the request's `Idempotency-Key` (if any): a repeat with the
+/// same request is answered from the store, a different request with the key is 422.
+async fn idempotent<F>(
+    state: &AppState,
+    caller: &Caller,
+    key: Option<String>,
+    fp: String,
+    work: F,
+) -> Response
+where
+    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+{
+    let Some(key) = key else {
+        return match work.await {
+            Ok((s, b)) => respond(s, b, None),
+            Err(e) => e.into_response(),
+        };
+    };
+    match idempotency::begin(state, caller.0.id, &key, &fp).await {
+        Err(e) => return e.into_response(),
+        Ok(Begin::Replay(status, body)) => return respond(status, body, None),
+        Ok(Begin::Fresh) => {}
+    }
+    let (status, body, retry) = match work.await {
+        Ok((s, b)) => (s, b, None),
+        Err(e) => error_json(e),
+    };
+    idempotency::finish(state, caller.0.id, &key, &fp, status, &body).await;
+    respond(status, body, retry)
+}
+
+/// `POST /api/v1/reservations`: 201 held, 200 for a retry, 409 sold out, 503 not warmed.
+pub async fn create(
+    State(state): State<AppState>,
+    caller: Caller,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    if let Err(e) = caller.require(Scope::Checkout) {
+        return e.into_response();
+    }
+    let key = match idempotency::key(&headers) {
+        Ok(Some(key)) => key,
+        Ok(None) => {
+            return ApiError::new(
+                StatusCode::BAD_REQUEST,
+                "idempotency_key_required",
+                "send an Idempotency-Key header: it names the reservation, so a retry never holds stock twice",
+            )
+            .field("Idempotency-Key")
+            .into_response();
+        }
+        Err(e) => return e.into_response(),
+    };
+    let fp = idempotency::fingerprint("POST", "/api/v1/reservations", &body);
+    let rid = reservation_id(caller.0.id, &key);
+    let work = create_inner(&state, rid, body);
+    idempotent(&state, &caller, Some(key), fp, work).await
+}
+
+async fn create_inner(
+    state: &AppState,
+    rid: String,
+    body: Bytes,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    let req: CreateReservation = serde_json::from_slice(&body).map_err(|e| {
+        ApiError::new(
+            StatusCode::BAD_REQUEST,
+            "bad_request",
+            format!("the body is not a valid reservation request: {e}"),
+        )
+    })?;
+    let lines = match (req.sku, req.qty, req.lines) {
+        (Some(sku), qty, None) => vec![Line {
+            sku,
+            qty: qty.unwrap_or(1),
+        }],
+        (None, None, Some(lines)) => lines
+            .into_iter()
+            .map(|l| Line {
+                sku: l.sku,
+                qty: l.qty,
+            })
+            .collect(),
+        (None, Some(_), None) => return Err(ApiError::invalid("sku", "qty needs a sku")),
+        (None, None, None) => return Err(ApiError::invalid("sku", "give sku and qty, or lines")),
+        _ => {
+            return Err(ApiError::invalid(
+                "lines",
+                "give either sku and qty, or lines, not both",
+            ));
+        }
+    };
+    // Shed load after a sell-out: answer from memory while the SKU is known empty.
+    if let Some(line) = lines
+        .iter()
+        .find(|l| state.api.sold_out.is_sold_out(&l.sku))
+    {
+        return Err(ApiError::sold_out(&line.sku, 0));
+    }
+    let request = ReserveRequest {
+        reservation_id: rid,
+        lines,
+        buyer: req.buyer,
+        ttl_ms: req.ttl_ms,
+    };
+    match state.backends.engine.reserve(&request).await? {
+        ReserveOutcome::Reserved { reservation_id, expires_at_ms, available_after } => Ok(json(
+            StatusCode::CREATED,
+            &ReservationView {
+                id: reservation_id,
+                state: "held".into(),
+                expires_at: rfc3339(expires_at_ms),
+                lines: request
+                    .lines
+                    .iter()
+                    .map(|l| LineView {
+                        sku: l.sku.clone(),
+                        qty: l.qty,
+                        available_after: available_after.iter().find(|(s, _)| *s == l.sku).map(|(_, a)| *a),
+                    })
+                    .collect(),
+                buyer: request.buyer.clone(),
+            },
+        )),
+        ReserveOutcome::AlreadyReserved { reservation_id, .. } => {
+            let hold = state.backends.engine.hold(&reservation_id).await?;
+            let hold = hold.ok_or_else(|| ApiError::not_found("that reservation has ended and is forgotten"))?;
+            Ok(json(StatusCode::OK, &view(&hold)))
+        }
+        ReserveOutcome::SoldOut { sku, available } => {
+            if available == 0 {
+                state.api.sold_out.mark(&sku);
+            }
+            Err(ApiError::sold_out(&sku, available))
+        }
+        ReserveOutcome::NotWarmed { sku } => Err(ApiError::not_warmed(&sku)),
+        ReserveOutcome::Conflict { .. } => Err(ApiError::new(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "idempotency_key_reused",
+            "this reservation id was used for a different request; use a new Idempotency-Key",
+        )
+        .field("Idempotency-Key")),
+        ReserveOutcome::LimitExceeded { sku, limit, already } => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "buyer_limit_reached",
+            format!("{sku} is limited to {limit} per buyer and this buyer already holds or bought {already}"),
+        )
+        .sku(sku)),
+        ReserveOutcome::Invalid(inv) => Err(ApiError::invalid(&inv.field, inv.message)),
+    }
+}
+
+/// A token only sees the reservations it made.
+fn own(caller: &Caller, id: &str) -> Result<(), ApiError> {
+    if id.starts_with(&format!("t{}-", caller.0.id)) {
+        Ok(())
+    } else {
+        Err(ApiError::not_found(format!("no reservation {id}")))
+    }
+}
+
+/// `GET /api/v1/reservations/{id}`.
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<ReservationView>, ApiError> {
+    if !caller.0.allows(Scope::Read) {
+        caller.require(Scope::Checkout)?;
+    }
+    own(&caller, &id)?;
+    let hold = state.backends.engine.hold(&id).await?;
+    hold.map(|h| Json(view(&h)))
+        .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))
+}
+
+/// `POST /api/v1/reservations/{id}/confirm`: 200 confirmed, 410 when the hold had
+/// ended (a late payment: a remediation record is written), 404 unknown.
+pub async fn confirm(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let key = match caller
+        .require(Scope::Checkout)
+        .and_then(|()| own(&caller, &id))
+        .and_then(|()| idempotency::key(&headers))
+    {
+        Ok(key) => key,
+        Err(e) => return e.into_response(),
+    };
+    let fp = idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/confirm"), b"");
+    let work = async {
+        let engine = &state.backends.engine;
+        match engine.confirm(&id).await? {
+            ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
+                let hold = engine
+                    .hold(&id)
+                    .await?
+                    .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
+                Ok(json(StatusCode::OK, &view(&hold)))
+            }
+            ConfirmOutcome::Expired { state: ended } => {
+                sqlx::query(
+                    "INSERT INTO remediations (reservation_id, hold_state, reason) VALUES ($1, $2, $3)
+                     ON CONFLICT (reservation_id) DO NOTHING",
+                )
+                .bind(&id)
+                .bind(ended.as_str())
+                .bind("payment confirmed after the hold ended; no stock was taken")
+                .execute(&state.backends.pg)
+                .await
+                .map_err(holdfast_engine::EngineError::from)?;
+                Err(ApiError::new(
+                    StatusCode::GONE,
+                    "hold_expired",
+                    format!(
+                        "the hold was {} before payment was confirmed; no stock was taken. \
+                         A remediation record was written: refund or re-reserve",
+                        ended.as_str()
+                    ),
+                ))
+            }
+            ConfirmOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
+        }
+    };
+    idempotent(&state, &caller, key, fp, work).await
+}
+
+/// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
+pub async fn release(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    headers: HeaderMap,
+) -> Response {
+    let key = match caller
+        .require(Scope::Checkout)
+        .and_then(|()| own(&caller, &id))
+        .and_then(|()| idempotency::key(&headers))
+    {
+        Ok(key) => key,
+        Err(e) => return e.into_response(),
+    };
+    let fp = idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/release"), b"");
+    let work = async {
+        let engine = &state.backends.engine;
+        match engine.release(&id).await? {
+            ReleaseOutcome::Released | ReleaseOutcome::AlreadyGone { .. } => {
+                let hold = engine
+                    .hold(&id)
+                    .await?
+                    .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
+                Ok(json(StatusCode::OK, &view(&hold)))
+            }
+            ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
+        }
+    };
+    idempotent(&state, &caller, key, fp, work).await
+}

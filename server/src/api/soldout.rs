@@ -1,0 +1,77 @@
+//! Hot-key shedding: a per-process memory of SKUs that just sold out, so a flood
+//! of shoppers after the sell-out is answered 409 without a Redis round trip. An
+//! entry lasts a short time and is cleared as soon as the event stream shows stock
+//! coming back (a release, an expiry, a receipt).
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// SKUs known to be sold out, with when that was seen.
+#[derive(Debug)]
+pub struct SoldOutCache {
+    entries: Mutex<HashMap<String, Instant>>,
+    ttl: Duration,
+}
+
+impl SoldOutCache {
+    /// A cache whose entries last `ttl`.
+    pub fn new(ttl: Duration) -> Self {
+        Self {
+            entries: Mutex::new(HashMap::new()),
+            ttl,
+        }
+    }
+
+    /// Whether `sku` sold out less than `ttl` ago and has not come back since.
+    pub fn is_sold_out(&self, sku: &str) -> bool {
+        self.entries
+            .lock()
+            .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl))
+    }
+
+    /// Remembers that `sku` has nothing left.
+    pub fn mark(&self, sku: &str) {
+        if let Ok(mut e) = self.entries.lock() {
+            e.insert(sku.to_owned(), Instant::now());
+        }
+    }
+
+    /// Forgets `sku` (stock came back).
+    pub fn clear(&self, sku: &str) {
+        if let Ok(mut e) = self.entries.lock() {
+            e.remove(sku);
+        }
+    }
+
+    /// Forgets everything (the event feed missed events, so any entry may be stale).
+    pub fn clear_all(&self) {
+        if let Ok(mut e) = self.entries.lock() {
+            e.clear();
+        }
+    }
+}
+
+impl Default for SoldOutCache {
+    fn default() -> Self {
+        Self::new(Duration::from_secs(2))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entries_expire_and_clear() {
+        let cache = SoldOutCache::new(Duration::from_millis(30));
+        assert!(!cache.is_sold_out("A"));
+        cache.mark("A");
+        assert!(cache.is_sold_out("A"));
+        cache.clear("A");
+        assert!(!cache.is_sold_out("A"));
+        cache.mark("B");
+        std::thread::sleep(Duration::from_millis(40));
+        assert!(!cache.is_sold_out("B"), "lapses after the ttl");
+    }
+}

@@ -1,0 +1,90 @@
+//! `/api/v1/stock`: live figures for one SKU or many.
+
+use axum::Json;
+use axum::extract::{Path, Query, State};
+use holdfast_app::dto::api::StockView;
+use holdfast_engine::tokens::Scope;
+use serde::Deserialize;
+
+use super::auth::Caller;
+use super::error::ApiError;
+use crate::state::AppState;
+
+/// Most SKUs one `GET /api/v1/stock?skus=` may ask for.
+pub const MAX_SKUS: usize = 100;
+
+fn readable(caller: &Caller) -> Result<(), ApiError> {
+    if caller.0.allows(Scope::Read) {
+        Ok(())
+    } else {
+        caller.require(Scope::Checkout)
+    }
+}
+
+async fn one(state: &AppState, sku: &str) -> Result<StockView, ApiError> {
+    if !holdfast_engine::engine::valid_sku(sku) {
+        return Err(ApiError::invalid(
+            "sku",
+            format!("'{sku}' is not a valid SKU code"),
+        ));
+    }
+    let f = state
+        .backends
+        .engine
+        .figures(sku)
+        .await?
+        .ok_or_else(|| ApiError::not_warmed(sku))?;
+    Ok(StockView {
+        sku: sku.to_owned(),
+        available: f.available,
+        reserved: f.reserved,
+        sold_pending: f.sold_pending,
+    })
+}
+
+/// `GET /api/v1/stock/{sku}`.
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(sku): Path<String>,
+) -> Result<Json<StockView>, ApiError> {
+    readable(&caller)?;
+    Ok(Json(one(&state, &sku).await?))
+}
+
+/// Query of `GET /api/v1/stock`.
+#[derive(Debug, Deserialize)]
+pub struct ManyQuery {
+    /// Comma-separated SKU codes.
+    pub skus: String,
+}
+
+/// `GET /api/v1/stock?skus=A,B`: every listed SKU that is warmed.
+pub async fn many(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(q): Query<ManyQuery>,
+) -> Result<Json<Vec<StockView>>, ApiError> {
+    readable(&caller)?;
+    let skus: Vec<&str> = q
+        .skus
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if skus.is_empty() || skus.len() > MAX_SKUS {
+        return Err(ApiError::invalid(
+            "skus",
+            format!("give 1 to {MAX_SKUS} comma-separated SKU codes"),
+        ));
+    }
+    let mut out = Vec::with_capacity(skus.len());
+    for sku in skus {
+        match one(&state, sku).await {
+            Ok(v) => out.push(v),
+            Err(e) if e.body.code == "not_warmed" => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(Json(out))
+}

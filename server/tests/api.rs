@@ -1,0 +1,487 @@
+//! The checkout API through HTTP: every status code path, idempotency, scopes and
+//! the sold-out cache, against real Redis and PostgreSQL.
+
+mod common;
+
+use std::time::Duration;
+
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::tokens::{self, Scope};
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+struct Api {
+    http: Client,
+    server: common::TestServer,
+    token: String,
+}
+
+impl Api {
+    async fn post(
+        &self,
+        path: &str,
+        key: Option<&str>,
+        body: Value,
+    ) -> (StatusCode, Value, Option<String>) {
+        let mut req = self
+            .http
+            .post(self.server.url(path))
+            .bearer_auth(&self.token)
+            .json(&body);
+        if let Some(k) = key {
+            req = req.header("Idempotency-Key", k);
+        }
+        let res = req.send().await.unwrap();
+        let retry = res
+            .headers()
+            .get("retry-after")
+            .map(|v| v.to_str().unwrap().to_owned());
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null), retry)
+    }
+
+    async fn get(&self, path: &str) -> (StatusCode, Value) {
+        let res = self
+            .http
+            .get(self.server.url(path))
+            .bearer_auth(&self.token)
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+}
+
+async fn setup(pool: PgPool, scopes: &[Scope]) -> (Api, TestRedis, holdfast_engine::Engine) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let engine = backends.engine.clone();
+    let server = common::spawn_live(backends, &redis.url()).await;
+    let token = tokens::create(&pool, "test-checkout", scopes)
+        .await
+        .unwrap()
+        .secret;
+    (
+        Api {
+            http: Client::new(),
+            server,
+            token,
+        },
+        redis,
+        engine,
+    )
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn tokens_and_scopes_are_checked(pool: PgPool) {
+    let (api, _redis, _engine) = setup(pool.clone(), &[Scope::Read]).await;
+    let body = json!({"sku": "A-1", "qty": 1});
+    let none = api
+        .http
+        .post(api.server.url("/api/v1/reservations"))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status(), 401);
+    let err: Value = none.json().await.unwrap();
+    assert_eq!(err["code"], "unauthorized");
+    let bad = api
+        .http
+        .post(api.server.url("/api/v1/reservations"))
+        .bearer_auth("hf_nope")
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 401);
+    let (status, err, _) = api.post("/api/v1/reservations", Some("k1"), body).await;
+    assert_eq!(status, 403, "a read token cannot reserve");
+    assert_eq!(err["code"], "forbidden");
+
+    // A revoked token stops working (after the short verification cache).
+    let id = tokens::list(&pool).await.unwrap()[0].id;
+    assert!(tokens::revoke(&pool, id).await.unwrap());
+    tokio::time::sleep(holdfast_server::api::auth::TOKEN_CACHE_TTL + Duration::from_millis(100))
+        .await;
+    let (status, _) = api.get("/api/v1/stock/A-1").await;
+    assert_eq!(status, 401);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn reserve_answers_every_outcome_with_its_status(pool: PgPool) {
+    let (api, _redis, engine) = setup(pool, &[Scope::Checkout]).await;
+    stock(&engine, "A-1", 3).await;
+
+    let (s, b, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r1"),
+            json!({"sku": "A-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(s, 201, "{b}");
+    assert_eq!(b["state"], "held");
+    assert_eq!(b["lines"][0]["available_after"], 1);
+    let id = b["id"].as_str().unwrap().to_owned();
+    assert!(b["expires_at"].is_string());
+
+    let (s, replay, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r1"),
+            json!({"sku": "A-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(
+        (s, &replay),
+        (StatusCode::CREATED, &b),
+        "same key, same body: the stored response"
+    );
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r1"),
+            json!({"sku": "A-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 422, "same key, different body");
+    assert_eq!(e["code"], "idempotency_key_reused");
+
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r2"),
+            json!({"sku": "A-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(s, 409);
+    assert_eq!(
+        (
+            e["code"].as_str(),
+            e["available"].as_i64(),
+            e["sku"].as_str()
+        ),
+        (Some("sold_out"), Some(1), Some("A-1"))
+    );
+    stock(&engine, "A-1", 5).await;
+    let (s, again, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r2"),
+            json!({"sku": "A-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(
+        (s, again),
+        (StatusCode::CONFLICT, e),
+        "a 409 is replayed for its key"
+    );
+
+    let (s, e, retry) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r3"),
+            json!({"sku": "COLD-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 503, "not warmed is never a 409");
+    assert_eq!(e["code"], "not_warmed");
+    assert_eq!(retry.as_deref(), Some("5"));
+    stock(&engine, "COLD-1", 1).await;
+    let (s, _, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r3"),
+            json!({"sku": "COLD-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "after a 503 the same key runs again and succeeds");
+
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            None,
+            json!({"sku": "A-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("Idempotency-Key"))
+    );
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r4"),
+            json!({"sku": "A-1", "qty": 0}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str(), e["field"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("invalid"),
+            Some("qty")
+        )
+    );
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("r5"),
+            json!({"sku": "bad sku"}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("sku"))
+    );
+    let (s, e, _) = api
+        .post("/api/v1/reservations", Some("r6"), json!({"skew": "A-1"}))
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::BAD_REQUEST, Some("bad_request"))
+    );
+    let raw = api
+        .http
+        .post(api.server.url("/api/v1/reservations"))
+        .bearer_auth(&api.token)
+        .header("Idempotency-Key", "r7")
+        .header("content-type", "application/json")
+        .body("{not json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(raw.status(), 400);
+    let huge = api
+        .http
+        .post(api.server.url("/api/v1/reservations"))
+        .bearer_auth(&api.token)
+        .header("Idempotency-Key", "r8")
+        .body(vec![b' '; 64 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(huge.status(), 413, "bodies are limited");
+
+    // Read, confirm, release.
+    let (s, got) = api.get(&format!("/api/v1/reservations/{id}")).await;
+    assert_eq!((s, got["state"].as_str()), (StatusCode::OK, Some("held")));
+    let (s, c, _) = api
+        .post(
+            &format!("/api/v1/reservations/{id}/confirm"),
+            None,
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (s, c["state"].as_str()),
+        (StatusCode::OK, Some("confirmed"))
+    );
+    let (s, c, _) = api
+        .post(
+            &format!("/api/v1/reservations/{id}/confirm"),
+            None,
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (s, c["state"].as_str()),
+        (StatusCode::OK, Some("confirmed")),
+        "confirming twice is fine"
+    );
+    let (s, _, _) = api
+        .post("/api/v1/reservations/t999-x/confirm", None, json!({}))
+        .await;
+    assert_eq!(s, 404, "another token's (or no) reservation");
+    let (s, stockv) = api.get("/api/v1/stock/A-1").await;
+    assert_eq!(
+        (s, stockv["sold_pending"].as_i64()),
+        (StatusCode::OK, Some(2))
+    );
+    let (s, many) = api.get("/api/v1/stock?skus=A-1,COLD-1,NOPE-1").await;
+    assert_eq!(
+        (s, many.as_array().map(Vec::len)),
+        (StatusCode::OK, Some(2)),
+        "unwarmed SKUs are left out"
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_late_confirm_is_410_and_records_a_remediation(pool: PgPool) {
+    let (api, _redis, engine) = setup(pool.clone(), &[Scope::Checkout]).await;
+    stock(&engine, "L-1", 2).await;
+    let (s, b, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("late"),
+            json!({"sku": "L-1", "qty": 1, "ttl_ms": 1000}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let id = b["id"].as_str().unwrap().to_owned();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let (s, e, _) = api
+        .post(
+            &format!("/api/v1/reservations/{id}/confirm"),
+            None,
+            json!({}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::GONE, Some("hold_expired"))
+    );
+    let state: String =
+        sqlx::query_scalar("SELECT hold_state FROM remediations WHERE reservation_id = $1")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(state, "expired");
+    assert_eq!(
+        engine.figures("L-1").await.unwrap().unwrap().available,
+        2,
+        "no stock taken"
+    );
+
+    let (s, b, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("rel"),
+            json!({"sku": "L-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let id = b["id"].as_str().unwrap().to_owned();
+    for _ in 0..2 {
+        let (s, r, _) = api
+            .post(
+                &format!("/api/v1/reservations/{id}/release"),
+                None,
+                json!({}),
+            )
+            .await;
+        assert_eq!((s, r["state"].as_str()), (StatusCode::OK, Some("released")));
+    }
+    assert_eq!(engine.figures("L-1").await.unwrap().unwrap().available, 2);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPool) {
+    let (api, redis, engine) = setup(pool, &[Scope::Checkout]).await;
+    stock(&engine, "HOT-9", 1).await;
+    let (s, b, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("first"),
+            json!({"sku": "HOT-9", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 201);
+    let id = b["id"].as_str().unwrap().to_owned();
+    let (s, _, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("second"),
+            json!({"sku": "HOT-9", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 409);
+
+    let mut admin = redis.connection().await;
+    let evalsha_calls = |info: String| -> u64 {
+        info.lines()
+            .find(|l| l.starts_with("cmdstat_evalsha:"))
+            .and_then(|l| l.split("calls=").nth(1))
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+    };
+    let before = evalsha_calls(
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut admin)
+            .await
+            .unwrap(),
+    );
+    for i in 0..20 {
+        let (s, e, _) = api
+            .post(
+                "/api/v1/reservations",
+                Some(&format!("flood-{i}")),
+                json!({"sku": "HOT-9", "qty": 1}),
+            )
+            .await;
+        assert_eq!(
+            (s, e["available"].as_i64()),
+            (StatusCode::CONFLICT, Some(0))
+        );
+    }
+    let after = evalsha_calls(
+        redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut admin)
+            .await
+            .unwrap(),
+    );
+    assert_eq!(
+        after, before,
+        "rejections after a sell-out never reached Redis' scripts"
+    );
+
+    // Stock comes back: the event stream clears the cache at once.
+    let (s, _, _) = api
+        .post(
+            &format!("/api/v1/reservations/{id}/release"),
+            None,
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, 200);
+    let mut reserved = false;
+    for i in 0..20 {
+        let (s, _, _) = api
+            .post(
+                "/api/v1/reservations",
+                Some(&format!("back-{i}")),
+                json!({"sku": "HOT-9", "qty": 1}),
+            )
+            .await;
+        if s == 201 {
+            reserved = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(reserved, "a released unit is sold again within a second");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
+    let (api, _redis, engine) = setup(pool, &[Scope::Checkout]).await;
+    stock(&engine, "C-1", 5).await;
+    stock(&engine, "C-2", 0).await;
+    let cart =
+        json!({"lines": [{"sku": "C-1", "qty": 2}, {"sku": "C-2", "qty": 1}], "buyer": "ann"});
+    let (s, e, _) = api.post("/api/v1/reservations", Some("cart-1"), cart).await;
+    assert_eq!((s, e["sku"].as_str()), (StatusCode::CONFLICT, Some("C-2")));
+    assert_eq!(
+        engine.figures("C-1").await.unwrap().unwrap().available,
+        5,
+        "nothing held"
+    );
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("cart-2"),
+            json!({"sku": "C-1", "lines": []}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("lines"))
+    );
+}
