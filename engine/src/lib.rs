@@ -44,16 +44,19 @@
 //! - [`store`], [`kv`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
 //! - [`tokens`]: API tokens (hashed) and their scopes.
+//! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
 pub mod catalog;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod ingest;
 pub mod keys;
 pub mod kv;
 pub mod locks;
 pub mod model;
+pub mod payload;
 pub mod reaper;
 pub mod reconcile;
 pub mod record;

@@ -16,8 +16,14 @@ use tokio::net::TcpListener;
 
 use holdfast_engine::tokens::{self, Scope};
 
-use crate::config::{Cli, Command, GlobalArgs, ReconcileArgs, ServeArgs, TokenCommand, WarmArgs};
+use holdfast_engine::ingest::{LANES, LaneConfig};
+
+use crate::config::{
+    Cli, Command, DeadLetterCommand, GlobalArgs, LaneCommand, ReconcileArgs, ServeArgs,
+    TokenCommand, WarmArgs,
+};
 use crate::progress::{Progress, table, thousands};
+use crate::routes::ingest::IngestConfig;
 use crate::state::{AppState, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
 
@@ -29,7 +35,76 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Warm(args)) => warm(&cli.global, args).await,
         Some(Command::Reconcile(args)) => reconcile(&cli.global, args).await,
         Some(Command::Token(cmd)) => token(&cli.global, cmd).await,
+        Some(Command::Lane(cmd)) => lane(&cli.global, cmd).await,
+        Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
     }
+}
+
+async fn lane(global: &GlobalArgs, cmd: LaneCommand) -> anyhow::Result<()> {
+    let mut conn = holdfast_engine::kv::connect(&global.redis_url).await?;
+    let check = |lane: &str| {
+        if LANES.contains(&lane) {
+            Ok(())
+        } else {
+            Err(anyhow::anyhow!(
+                "no lane '{lane}': use {}",
+                LANES.join(" or ")
+            ))
+        }
+    };
+    match cmd {
+        LaneCommand::Status => {
+            for lane in LANES {
+                let s = holdfast_engine::ingest::status(&mut conn, lane).await?;
+                let state = if s.paused { "paused" } else { "running" };
+                println!(
+                    "{:<8} {:<8} backlog {:>8}  pending {:>6}",
+                    s.lane,
+                    state,
+                    thousands(s.backlog),
+                    s.pending
+                );
+            }
+        }
+        LaneCommand::Pause { lane } => {
+            check(&lane)?;
+            holdfast_engine::ingest::pause(&mut conn, &lane).await?;
+            println!(
+                "lane {lane} paused: payloads queue until it is resumed (or its cap is reached)"
+            );
+        }
+        LaneCommand::Resume { lane } => {
+            check(&lane)?;
+            holdfast_engine::ingest::resume(&mut conn, &lane).await?;
+            println!("lane {lane} resumed");
+        }
+    }
+    Ok(())
+}
+
+async fn dead_letters(global: &GlobalArgs, cmd: DeadLetterCommand) -> anyhow::Result<()> {
+    let mut conn = holdfast_engine::kv::connect(&global.redis_url).await?;
+    match cmd {
+        DeadLetterCommand::List { count } => {
+            let letters = holdfast_engine::ingest::dead_letters(&mut conn, count).await?;
+            if letters.is_empty() {
+                println!("no dead letters");
+            }
+            for d in letters {
+                println!(
+                    "{}  {}/{}  {}\n    {}",
+                    d.id, d.lane, d.source, d.reason, d.body
+                );
+            }
+        }
+        DeadLetterCommand::Replay { id } => {
+            match holdfast_engine::ingest::replay(&mut conn, &id).await? {
+                Some(new_id) => println!("dead letter {id} is back on its lane as {new_id}"),
+                None => anyhow::bail!("no dead letter {id}"),
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn token(global: &GlobalArgs, cmd: TokenCommand) -> anyhow::Result<()> {
@@ -179,7 +254,9 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}", args.listen))?;
     let addr = listener.local_addr()?;
-    let stats = Arc::new(WorkerStats::default());
+    let ingest = IngestConfig::parse(&args.ingest_sources)
+        .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?;
+    let stats = Arc::new(WorkerStats::new());
     let config = WorkerConfig {
         reaper: ReaperConfig {
             interval: Duration::from_millis(args.reaper_interval_ms),
@@ -192,10 +269,21 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
         reconcile_every: (args.reconcile_every_secs > 0)
             .then(|| Duration::from_secs(args.reconcile_every_secs)),
         reconcile_correct_up: args.reconcile_correct_up,
+        lanes: LANES
+            .iter()
+            .map(|lane| {
+                let mut cfg = LaneConfig::default_for(lane);
+                if *lane == "feeds" {
+                    cfg.rate_per_sec = args.feeds_rate;
+                }
+                cfg
+            })
+            .collect(),
     };
     let workers = Workers::start(&backends, &global.redis_url, config, &stats).await?;
     let state = AppState {
         workers: stats,
+        ingest: Arc::new(ingest),
         ..AppState::new(leptos_options(&args.site_root, addr), backends)
     };
     let (stop_live, live_rx) = tokio::sync::watch::channel(false);

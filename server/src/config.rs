@@ -120,6 +120,45 @@ pub enum Command {
     /// Create, list and revoke API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
+    /// Pause, resume and inspect ingestion lanes.
+    #[command(subcommand)]
+    Lane(LaneCommand),
+    /// Inspect and replay webhook payloads that could not be applied.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(DeadLetterCommand),
+}
+
+/// `holdfast lane …`.
+#[derive(Debug, Subcommand)]
+pub enum LaneCommand {
+    /// Show every lane's backlog, pending payloads and state.
+    Status,
+    /// Stop a lane's consumers (payloads still queue, up to the lane's cap).
+    Pause {
+        /// `orders` or `feeds`.
+        lane: String,
+    },
+    /// Let a paused lane's consumers run again.
+    Resume {
+        /// `orders` or `feeds`.
+        lane: String,
+    },
+}
+
+/// `holdfast dead-letters …`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// Show the newest dead letters with their reasons.
+    List {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        count: usize,
+    },
+    /// Put a dead letter back on its lane (after fixing its cause).
+    Replay {
+        /// Its id, as `list` shows it.
+        id: String,
+    },
 }
 
 /// `holdfast token …`.
@@ -192,6 +231,18 @@ pub struct ServeArgs {
     /// Most stream entries per shard in one write-behind transaction.
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000)]
     pub write_behind_batch: usize,
+    /// Webhook sources, `name=lane:secret` (lane `orders` or `feeds`; secret of 16+
+    /// characters), comma-separated in the environment. None by default.
+    #[arg(
+        long = "ingest-source",
+        env = "HOLDFAST_INGEST_SOURCES",
+        value_delimiter = ','
+    )]
+    pub ingest_sources: Vec<String>,
+    /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
+    /// out checkout); 0 for no limit.
+    #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]
+    pub feeds_rate: u32,
 }
 
 impl ServeArgs {

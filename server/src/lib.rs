@@ -31,6 +31,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(routes::health::routes())
         .merge(api::routes())
+        .merge(routes::ingest::routes())
         .leptos_routes_with_context(
             &state,
             routes,

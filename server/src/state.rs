@@ -8,6 +8,7 @@ use leptos::config::LeptosOptions;
 
 use crate::api::ApiState;
 use crate::feed::Feed;
+use crate::routes::ingest::IngestConfig;
 use crate::workers::WorkerStats;
 
 /// Shared, cheaply clonable state behind the router.
@@ -23,6 +24,8 @@ pub struct AppState {
     pub api: Arc<ApiState>,
     /// Live events from Redis, for every listener in this process.
     pub feed: Feed,
+    /// Webhook sources and lane caps.
+    pub ingest: Arc<IngestConfig>,
 }
 
 impl AppState {
@@ -34,6 +37,7 @@ impl AppState {
             workers: Arc::default(),
             api: Arc::default(),
             feed: Feed::new(4_096),
+            ingest: Arc::new(IngestConfig::parse(&[]).unwrap_or_default()),
         }
     }
 }

@@ -1,9 +1,11 @@
 //! Background workers that run beside the HTTP server: the reaper, the
 //! write-behind to PostgreSQL, and scheduled reconciliation.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use holdfast_engine::ingest::{LANES, LaneConfig, LaneConsumer, LaneStats, run_consumer};
 use holdfast_engine::reaper::{ReaperConfig, ReaperStats, run_reaper};
 use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
@@ -22,6 +24,8 @@ pub struct WorkerConfig {
     pub reconcile_every: Option<Duration>,
     /// Whether scheduled runs correct stranded units up.
     pub reconcile_correct_up: bool,
+    /// The ingestion lanes to consume.
+    pub lanes: Vec<LaneConfig>,
 }
 
 /// Counters every worker keeps, shared with `/readyz` and the dashboard.
@@ -31,6 +35,21 @@ pub struct WorkerStats {
     pub reaper: Arc<ReaperStats>,
     /// The write-behind's.
     pub write_behind: Arc<WriteBehindStats>,
+    /// Each ingestion lane's.
+    pub lanes: HashMap<String, Arc<LaneStats>>,
+}
+
+impl WorkerStats {
+    /// Counters with an entry for every lane.
+    pub fn new() -> Self {
+        Self {
+            lanes: LANES
+                .iter()
+                .map(|l| ((*l).to_owned(), Arc::default()))
+                .collect(),
+            ..Self::default()
+        }
+    }
 }
 
 /// The running workers and the means to stop them.
@@ -63,6 +82,19 @@ impl Workers {
             stats.write_behind.clone(),
         );
         tasks.push(tokio::spawn(run_write_behind(writer, stopped(rx.clone()))));
+        for lane in &config.lanes {
+            let stats = stats.lanes.get(&lane.name).cloned().unwrap_or_default();
+            for n in 0..lane.concurrency.max(1) {
+                let consumer = LaneConsumer::new(
+                    backends.engine.clone(),
+                    kv::connect(redis_url).await?,
+                    lane.clone(),
+                    format!("{}-{}-{n}", lane.name, std::process::id()),
+                    stats.clone(),
+                );
+                tasks.push(tokio::spawn(run_consumer(consumer, stopped(rx.clone()))));
+            }
+        }
         if let Some(every) = config.reconcile_every {
             tasks.push(tokio::spawn(reconcile_loop(
                 backends.clone(),

@@ -1,3 +1,4 @@
 //! HTTP routes, one file per area.
 
 pub mod health;
+pub mod ingest;

@@ -1,0 +1,522 @@
+//! Ingestion lanes: signed webhooks land in a Redis Stream per lane (`orders` for
+//! marketplace order webhooks, `feeds` for bulk supplier and ERP syncs), and each
+//! lane has its own consumers, concurrency and rate, so a huge catalogue sync
+//! cannot slow checkout. A lane can be paused (bulk feeds during a drop); a lane
+//! over its cap refuses new payloads instead of growing without bound. Events are
+//! applied once per source and event id (the Lua guards); payloads and events that
+//! cannot be applied go to a dead-letter stream with the reason, and can be replayed.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use redis::aio::ConnectionManager;
+use redis::streams::StreamReadReply;
+use serde::Serialize;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::payload::{self, Change, FeedEvent};
+use crate::stock::{DeltaOutcome, SnapshotOutcome};
+
+/// The consumer group of every lane.
+pub const GROUP: &str = "holdfast-ingest";
+/// The lanes, by name.
+pub const LANES: [&str; 2] = ["orders", "feeds"];
+
+/// The stream of lane `lane`.
+pub fn lane_key(lane: &str) -> String {
+    format!("hf:ingest:{{{lane}}}")
+}
+
+fn paused_key(lane: &str) -> String {
+    format!("hf:ingest:{{{lane}}}:paused")
+}
+
+/// The dead-letter stream.
+pub const DEAD_KEY: &str = "hf:ingest:{dead}";
+
+/// How one lane runs.
+#[derive(Debug, Clone)]
+pub struct LaneConfig {
+    /// `orders` or `feeds`.
+    pub name: String,
+    /// Most payloads waiting before new ones are refused.
+    pub cap: u64,
+    /// Consumer tasks.
+    pub concurrency: usize,
+    /// Most events applied per second by the whole lane (0: unlimited).
+    pub rate_per_sec: u32,
+    /// Payloads read per consumer per call.
+    pub batch: usize,
+}
+
+impl LaneConfig {
+    /// The defaults for lane `name`: orders are small and urgent, feeds big and patient.
+    pub fn default_for(name: &str) -> Self {
+        match name {
+            "orders" => Self {
+                name: name.into(),
+                cap: 100_000,
+                concurrency: 2,
+                rate_per_sec: 0,
+                batch: 50,
+            },
+            _ => Self {
+                name: name.into(),
+                cap: 20_000,
+                concurrency: 1,
+                rate_per_sec: 5_000,
+                batch: 10,
+            },
+        }
+    }
+}
+
+/// The answer to a payload offered to a lane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Intake {
+    /// Appended; the id is the stream entry id.
+    Accepted(String),
+    /// The lane holds `backlog` payloads, at or over its cap: retry later.
+    Full {
+        /// Payloads waiting.
+        backlog: u64,
+    },
+}
+
+/// Appends a raw payload from `source` to `lane`, unless the lane is full.
+pub async fn enqueue(
+    conn: &mut ConnectionManager,
+    lane: &str,
+    source: &str,
+    body: &[u8],
+    cap: u64,
+) -> Result<Intake, EngineError> {
+    let backlog: u64 = redis::cmd("XLEN")
+        .arg(lane_key(lane))
+        .query_async(conn)
+        .await?;
+    if backlog >= cap {
+        return Ok(Intake::Full { backlog });
+    }
+    let id: String = redis::cmd("XADD")
+        .arg(lane_key(lane))
+        .arg("*")
+        .arg("source")
+        .arg(source)
+        .arg("body")
+        .arg(body)
+        .query_async(conn)
+        .await?;
+    Ok(Intake::Accepted(id))
+}
+
+/// Stops `lane`'s consumers (payloads still queue, up to the cap).
+pub async fn pause(conn: &mut ConnectionManager, lane: &str) -> Result<(), EngineError> {
+    Ok(redis::cmd("SET")
+        .arg(paused_key(lane))
+        .arg("1")
+        .query_async(conn)
+        .await?)
+}
+
+/// Lets `lane`'s consumers run again.
+pub async fn resume(conn: &mut ConnectionManager, lane: &str) -> Result<(), EngineError> {
+    Ok(redis::cmd("DEL")
+        .arg(paused_key(lane))
+        .query_async(conn)
+        .await?)
+}
+
+/// A lane as operators see it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct LaneStatus {
+    /// The lane.
+    pub lane: String,
+    /// Payloads waiting or being processed.
+    pub backlog: u64,
+    /// Payloads delivered to a consumer and not yet finished.
+    pub pending: u64,
+    /// Whether its consumers are paused.
+    pub paused: bool,
+}
+
+/// The state of `lane`.
+pub async fn status(conn: &mut ConnectionManager, lane: &str) -> Result<LaneStatus, EngineError> {
+    let (backlog, paused): (u64, bool) = redis::pipe()
+        .cmd("XLEN")
+        .arg(lane_key(lane))
+        .cmd("EXISTS")
+        .arg(paused_key(lane))
+        .query_async(conn)
+        .await?;
+    let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
+        .arg(lane_key(lane))
+        .arg(GROUP)
+        .query_async(conn)
+        .await;
+    let pending = pending
+        .ok()
+        .and_then(|v| {
+            v.first()
+                .and_then(|c| redis::from_redis_value_ref::<u64>(c).ok())
+        })
+        .unwrap_or(0);
+    Ok(LaneStatus {
+        lane: lane.to_owned(),
+        backlog,
+        pending,
+        paused,
+    })
+}
+
+/// A payload or event that could not be applied.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DeadLetter {
+    /// Its id in the dead-letter stream.
+    pub id: String,
+    /// The lane it came through.
+    pub lane: String,
+    /// The source that sent it.
+    pub source: String,
+    /// The payload (for a single refused event of a batch, that event alone).
+    pub body: String,
+    /// Why it was not applied.
+    pub reason: String,
+}
+
+async fn bury(
+    conn: &mut ConnectionManager,
+    lane: &str,
+    source: &str,
+    body: &str,
+    reason: &str,
+) -> Result<(), EngineError> {
+    redis::cmd("XADD")
+        .arg(DEAD_KEY)
+        .arg("MAXLEN")
+        .arg("~")
+        .arg(100_000)
+        .arg("*")
+        .arg("lane")
+        .arg(lane)
+        .arg("source")
+        .arg(source)
+        .arg("body")
+        .arg(body)
+        .arg("reason")
+        .arg(reason)
+        .query_async::<()>(conn)
+        .await?;
+    Ok(())
+}
+
+/// The newest `count` dead letters, newest first.
+pub async fn dead_letters(
+    conn: &mut ConnectionManager,
+    count: usize,
+) -> Result<Vec<DeadLetter>, EngineError> {
+    let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
+        .arg(DEAD_KEY)
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(count.max(1))
+        .query_async(conn)
+        .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(id, mut f)| DeadLetter {
+            id,
+            lane: f.remove("lane").unwrap_or_default(),
+            source: f.remove("source").unwrap_or_default(),
+            body: f.remove("body").unwrap_or_default(),
+            reason: f.remove("reason").unwrap_or_default(),
+        })
+        .collect())
+}
+
+/// Puts dead letter `id` back on its lane (after the cause was fixed, e.g. the SKU
+/// was created and warmed); returns the new lane entry id, or `None` if unknown.
+pub async fn replay(conn: &mut ConnectionManager, id: &str) -> Result<Option<String>, EngineError> {
+    let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(DEAD_KEY)
+        .arg(id)
+        .arg(id)
+        .query_async(conn)
+        .await?;
+    let Some((_, f)) = rows.into_iter().next() else {
+        return Ok(None);
+    };
+    let lane = f.get("lane").cloned().unwrap_or_else(|| "feeds".into());
+    let new_id: String = redis::cmd("XADD")
+        .arg(lane_key(&lane))
+        .arg("*")
+        .arg("source")
+        .arg(f.get("source").cloned().unwrap_or_default())
+        .arg("body")
+        .arg(f.get("body").cloned().unwrap_or_default())
+        .query_async(conn)
+        .await?;
+    redis::cmd("XDEL")
+        .arg(DEAD_KEY)
+        .arg(id)
+        .query_async::<()>(conn)
+        .await?;
+    Ok(Some(new_id))
+}
+
+/// What a lane's consumers did.
+#[derive(Debug, Default)]
+pub struct LaneStats {
+    /// Events applied.
+    pub applied: AtomicU64,
+    /// Events seen before (same source and id): skipped.
+    pub duplicates: AtomicU64,
+    /// Snapshots refused as stale.
+    pub stale: AtomicU64,
+    /// Payloads or events dead-lettered.
+    pub dead: AtomicU64,
+}
+
+/// What one consumer call did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Processed {
+    /// Payloads read.
+    pub payloads: u64,
+    /// Events applied.
+    pub applied: u64,
+}
+
+fn documented(e: &FeedEvent) -> String {
+    let v = match e.change {
+        Change::Delta(d) => {
+            serde_json::json!({"event_id": e.event_id, "type": "delta", "sku": e.sku, "delta": d})
+        }
+        Change::Snapshot { on_hand, version } => serde_json::json!({
+            "event_id": e.event_id, "type": "snapshot", "sku": e.sku, "on_hand": on_hand, "version": version
+        }),
+    };
+    v.to_string()
+}
+
+/// One consumer of one lane.
+pub struct LaneConsumer {
+    engine: Engine,
+    conn: ConnectionManager,
+    lane: LaneConfig,
+    name: String,
+    stats: Arc<LaneStats>,
+}
+
+impl LaneConsumer {
+    /// Consumer `name` of `lane`, reading with `conn` (its own: reads block).
+    pub fn new(
+        engine: Engine,
+        conn: ConnectionManager,
+        lane: LaneConfig,
+        name: String,
+        stats: Arc<LaneStats>,
+    ) -> Self {
+        Self {
+            engine,
+            conn,
+            lane,
+            name,
+            stats,
+        }
+    }
+
+    async fn ensure_group(&mut self) -> Result<(), EngineError> {
+        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+            .arg("CREATE")
+            .arg(lane_key(&self.lane.name))
+            .arg(GROUP)
+            .arg("0")
+            .arg("MKSTREAM")
+            .query_async(&mut self.conn)
+            .await;
+        match created {
+            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// Reads and applies up to one batch of payloads (its own unfinished ones first).
+    /// Does nothing while the lane is paused.
+    pub async fn process_once(&mut self, block: Duration) -> Result<Processed, EngineError> {
+        self.ensure_group().await?;
+        let paused: bool = redis::cmd("EXISTS")
+            .arg(paused_key(&self.lane.name))
+            .query_async(&mut self.conn)
+            .await?;
+        if paused {
+            tokio::time::sleep(block).await;
+            return Ok(Processed::default());
+        }
+        let mut entries = self.read("0", None).await?;
+        if entries.is_empty() {
+            entries = self.read(">", Some(block)).await?;
+        }
+        let mut done = Processed::default();
+        for (id, source, body) in entries {
+            done.payloads += 1;
+            done.applied += self.apply(&source, &body).await?;
+            redis::pipe()
+                .cmd("XACK")
+                .arg(lane_key(&self.lane.name))
+                .arg(GROUP)
+                .arg(&id)
+                .cmd("XDEL")
+                .arg(lane_key(&self.lane.name))
+                .arg(&id)
+                .query_async::<()>(&mut self.conn)
+                .await?;
+        }
+        Ok(done)
+    }
+
+    async fn read(
+        &mut self,
+        from: &str,
+        block: Option<Duration>,
+    ) -> Result<Vec<(String, String, Vec<u8>)>, EngineError> {
+        let mut cmd = redis::cmd("XREADGROUP");
+        cmd.arg("GROUP")
+            .arg(GROUP)
+            .arg(&self.name)
+            .arg("COUNT")
+            .arg(self.lane.batch.max(1));
+        if let Some(b) = block {
+            cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
+        }
+        cmd.arg("STREAMS").arg(lane_key(&self.lane.name)).arg(from);
+        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
+        let mut out = Vec::new();
+        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+            for entry in stream.ids {
+                let source = entry.get::<String>("source").unwrap_or_default();
+                let body = entry.get::<Vec<u8>>("body").unwrap_or_default();
+                out.push((entry.id, source, body));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Applies one payload; returns how many events it applied.
+    async fn apply(&mut self, source: &str, body: &[u8]) -> Result<u64, EngineError> {
+        let lane = self.lane.name.clone();
+        let events = match payload::parse(body) {
+            Ok(events) => events,
+            Err(e) => {
+                self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                bury(
+                    &mut self.conn,
+                    &lane,
+                    source,
+                    &String::from_utf8_lossy(body),
+                    &e.to_string(),
+                )
+                .await?;
+                return Ok(0);
+            }
+        };
+        let mut applied = 0;
+        for event in events {
+            let refused = match event.change {
+                Change::Delta(delta) => match self
+                    .engine
+                    .apply_delta(&event.sku, delta, source, &event.event_id)
+                    .await?
+                {
+                    DeltaOutcome::Applied { .. } => None,
+                    DeltaOutcome::Duplicate => {
+                        self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                        continue;
+                    }
+                    DeltaOutcome::NotWarmed => Some(format!(
+                        "{} has no stock counter (unknown SKU, or not warmed)",
+                        event.sku
+                    )),
+                },
+                Change::Snapshot { on_hand, version } => {
+                    match self
+                        .engine
+                        .apply_snapshot(&event.sku, on_hand, version, source, &event.event_id)
+                        .await?
+                    {
+                        SnapshotOutcome::Applied { .. } => None,
+                        SnapshotOutcome::Duplicate => {
+                            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                            continue;
+                        }
+                        SnapshotOutcome::Stale { current_version } => {
+                            self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                            Some(format!(
+                                "stale snapshot: version {version} is not newer than {current_version}"
+                            ))
+                        }
+                        SnapshotOutcome::NotWarmed => Some(format!(
+                            "{} has no stock counter (unknown SKU, or not warmed)",
+                            event.sku
+                        )),
+                    }
+                }
+            };
+            match refused {
+                None => {
+                    applied += 1;
+                    self.stats.applied.fetch_add(1, Ordering::Relaxed);
+                }
+                Some(reason) => {
+                    self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                    bury(&mut self.conn, &lane, source, &documented(&event), &reason).await?;
+                }
+            }
+        }
+        Ok(applied)
+    }
+}
+
+/// Runs `consumer` until `shutdown`, keeping the lane under its rate, backing off on errors.
+pub async fn run_consumer(mut consumer: LaneConsumer, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    let share =
+        (consumer.lane.rate_per_sec as f64 / consumer.lane.concurrency.max(1) as f64).max(0.0);
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let started = Instant::now();
+        let step = consumer.process_once(Duration::from_millis(500));
+        let result = tokio::select! {
+            () = &mut shutdown => return,
+            r = step => r,
+        };
+        let pause = match result {
+            Ok(done) => {
+                backoff = Duration::from_millis(100);
+                // Rate limit: this batch may take no less than applied / share seconds.
+                if share > 0.0 && done.applied > 0 {
+                    Duration::from_secs_f64(done.applied as f64 / share)
+                        .saturating_sub(started.elapsed())
+                } else {
+                    Duration::ZERO
+                }
+            }
+            Err(e) => {
+                tracing::warn!(lane = %consumer.lane.name, error = %e, "ingestion consumer failed; retrying");
+                backoff = (backoff * 2).min(Duration::from_secs(5));
+                backoff
+            }
+        };
+        if !pause.is_zero() {
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = tokio::time::sleep(pause) => {}
+            }
+        }
+    }
+}

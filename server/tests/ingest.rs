@@ -1,0 +1,326 @@
+//! Signed webhooks through the lanes: signatures, replays, stale snapshots, dead
+//! letters, pausing and back-pressure, against real Redis.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use holdfast_engine::ingest::{self, LaneConfig, LaneConsumer, LaneStats};
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::{Engine, ReserveRequest};
+use holdfast_server::routes::ingest::{IngestConfig, sign};
+use holdfast_server::state::{AppState, leptos_options};
+use reqwest::StatusCode;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+use tokio::net::TcpListener;
+
+const SECRET: &str = "erp-secret-0123456789";
+
+struct Hook {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Hook {
+    async fn send(
+        &self,
+        source: &str,
+        body: &[u8],
+        ts: i64,
+        signature: &str,
+    ) -> (StatusCode, Value) {
+        let res = self
+            .http
+            .post(format!("{}/ingest/{source}", self.base))
+            .header("X-Holdfast-Timestamp", ts.to_string())
+            .header("X-Holdfast-Signature", signature)
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        let status = res.status();
+        (status, res.json().await.unwrap_or(Value::Null))
+    }
+
+    async fn signed(&self, body: &Value) -> (StatusCode, Value) {
+        let body = body.to_string().into_bytes();
+        let ts = chrono::Utc::now().timestamp();
+        self.send("erp", &body, ts, &sign(SECRET, ts, &body)).await
+    }
+}
+
+async fn setup(pool: PgPool, cap: u64) -> (Hook, TestRedis, Engine) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let engine = backends.engine.clone();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut ingest = IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap();
+    ingest.caps.insert("feeds".into(), cap);
+    let state = AppState {
+        ingest: Arc::new(ingest),
+        ..AppState::new(leptos_options("target/site", addr), backends)
+    };
+    tokio::spawn(holdfast_server::serve(
+        listener,
+        holdfast_server::router(state),
+        std::future::pending(),
+    ));
+    (
+        Hook {
+            base: format!("http://{addr}"),
+            http: reqwest::Client::new(),
+        },
+        redis,
+        engine,
+    )
+}
+
+async fn consumer(engine: &Engine, redis: &TestRedis) -> (LaneConsumer, Arc<LaneStats>) {
+    let stats = Arc::new(LaneStats::default());
+    let c = LaneConsumer::new(
+        engine.clone(),
+        redis.connection().await,
+        LaneConfig::default_for("feeds"),
+        "t".into(),
+        stats.clone(),
+    );
+    (c, stats)
+}
+
+async fn drain(c: &mut LaneConsumer, redis: &TestRedis) {
+    let mut conn = redis.connection().await;
+    for _ in 0..100 {
+        c.process_once(Duration::from_millis(20)).await.unwrap();
+        if ingest::status(&mut conn, "feeds").await.unwrap().backlog == 0 {
+            return;
+        }
+    }
+    panic!("the lane did not drain");
+}
+
+async fn backlog(redis: &TestRedis) -> u64 {
+    ingest::status(&mut redis.connection().await, "feeds")
+        .await
+        .unwrap()
+        .backlog
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn bad_signatures_stale_timestamps_and_tampered_bodies_are_refused(pool: PgPool) {
+    let (hook, redis, _engine) = setup(pool, 1_000).await;
+    let body = json!({"event_id": "e1", "type": "delta", "sku": "F-1", "delta": 5})
+        .to_string()
+        .into_bytes();
+    let now = chrono::Utc::now().timestamp();
+
+    let (s, e) = hook
+        .send(
+            "erp",
+            &body,
+            now,
+            &sign("another-secret-xxxxxxx", now, &body),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("bad_signature"))
+    );
+    let old = now - 301;
+    let (s, e) = hook
+        .send("erp", &body, old, &sign(SECRET, old, &body))
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::UNAUTHORIZED, Some("stale_timestamp"))
+    );
+    let mut tampered = body.clone();
+    tampered[10] ^= 1;
+    let (s, _) = hook
+        .send("erp", &tampered, now, &sign(SECRET, now, &body))
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::UNAUTHORIZED,
+        "a one-byte change breaks the signature"
+    );
+    let (s, _) = hook.send("erp", &body, now, "sha256=zz").await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    let (s, _) = hook
+        .send("nobody", &body, now, &sign(SECRET, now, &body))
+        .await;
+    assert_eq!(s, StatusCode::NOT_FOUND);
+    assert_eq!(backlog(&redis).await, 0, "nothing was enqueued");
+
+    let (s, ok) = hook
+        .send("erp", &body, now, &sign(SECRET, now, &body))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    assert!(
+        ok["event_id"].as_str().is_some_and(|id| id.contains('-')),
+        "{ok}"
+    );
+    assert_eq!(ok["lane"], "feeds");
+    assert_eq!(backlog(&redis).await, 1);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_webhook_delivered_twice_is_applied_once(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 1_000).await;
+    stock(&engine, "F-2", 10).await;
+    let body = json!({"event_id": "recv-77", "type": "delta", "sku": "F-2", "delta": 50, "reason": "received"});
+    assert_eq!(hook.signed(&body).await.0, StatusCode::ACCEPTED);
+    assert_eq!(
+        hook.signed(&body).await.0,
+        StatusCode::ACCEPTED,
+        "the second delivery is accepted too"
+    );
+    let (mut c, stats) = consumer(&engine, &redis).await;
+    drain(&mut c, &redis).await;
+    assert_eq!(
+        engine.figures("F-2").await.unwrap().unwrap().available,
+        60,
+        "applied once"
+    );
+    assert_eq!(stats.applied.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert_eq!(
+        stats.duplicates.load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_stale_snapshot_during_a_sale_changes_nothing_and_is_dead_lettered(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 1_000).await;
+    stock(&engine, "F-3", 100).await;
+    engine
+        .reserve(&ReserveRequest::single("sale-1", "F-3", 5))
+        .await
+        .unwrap();
+    hook.signed(
+        &json!({"event_id": "s9", "type": "snapshot", "sku": "F-3", "on_hand": 90, "version": 9}),
+    )
+    .await;
+    let (mut c, stats) = consumer(&engine, &redis).await;
+    drain(&mut c, &redis).await;
+    let f = engine.figures("F-3").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved),
+        (85, 5),
+        "on_hand 90 less the 5 held"
+    );
+
+    hook.signed(
+        &json!({"event_id": "s8", "type": "snapshot", "sku": "F-3", "on_hand": 500, "version": 8}),
+    )
+    .await;
+    drain(&mut c, &redis).await;
+    let f = engine.figures("F-3").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved),
+        (85, 5),
+        "the stale snapshot changed nothing"
+    );
+    assert_eq!(stats.stale.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let dead = ingest::dead_letters(&mut redis.connection().await, 10)
+        .await
+        .unwrap();
+    assert_eq!(dead.len(), 1);
+    assert!(
+        dead[0].reason.contains("stale snapshot: version 8"),
+        "{:?}",
+        dead[0]
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn bad_payloads_and_unknown_skus_are_dead_lettered_and_can_be_replayed(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 1_000).await;
+    let body = b"{\"event_id\": 12".to_vec();
+    let ts = chrono::Utc::now().timestamp();
+    assert_eq!(
+        hook.send("erp", &body, ts, &sign(SECRET, ts, &body))
+            .await
+            .0,
+        StatusCode::ACCEPTED
+    );
+    hook.signed(&json!({"events": [
+        {"event_id": "a1", "type": "delta", "sku": "NEW-1", "delta": 7},
+    ]}))
+    .await;
+    let (mut c, stats) = consumer(&engine, &redis).await;
+    drain(&mut c, &redis).await;
+    let mut conn = redis.connection().await;
+    let dead = ingest::dead_letters(&mut conn, 10).await.unwrap();
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    assert!(
+        dead[0].reason.contains("NEW-1 has no stock counter"),
+        "{:?}",
+        dead[0]
+    );
+    assert!(
+        dead[1].reason.starts_with("not a valid payload"),
+        "{:?}",
+        dead[1]
+    );
+    assert_eq!(stats.dead.load(std::sync::atomic::Ordering::Relaxed), 2);
+
+    // The SKU is created and warmed; the dead letter is replayed and applies.
+    stock(&engine, "NEW-1", 0).await;
+    assert!(
+        ingest::replay(&mut conn, &dead[0].id)
+            .await
+            .unwrap()
+            .is_some()
+    );
+    drain(&mut c, &redis).await;
+    assert_eq!(engine.figures("NEW-1").await.unwrap().unwrap().available, 7);
+    assert_eq!(ingest::dead_letters(&mut conn, 10).await.unwrap().len(), 1);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_paused_lane_queues_and_a_full_lane_answers_429(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 3).await;
+    stock(&engine, "F-4", 0).await;
+    let mut conn = redis.connection().await;
+    ingest::pause(&mut conn, "feeds").await.unwrap();
+    for i in 0..3 {
+        let (s, _) = hook
+            .signed(
+                &json!({"event_id": format!("p{i}"), "type": "delta", "sku": "F-4", "delta": 1}),
+            )
+            .await;
+        assert_eq!(s, StatusCode::ACCEPTED);
+    }
+    let res = hook
+        .http
+        .post(format!("{}/ingest/erp", hook.base))
+        .header(
+            "X-Holdfast-Timestamp",
+            chrono::Utc::now().timestamp().to_string(),
+        )
+        .header("X-Holdfast-Signature", {
+            let ts = chrono::Utc::now().timestamp();
+            sign(SECRET, ts, b"{}")
+        })
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "over the cap");
+    assert!(res.headers().contains_key("retry-after"));
+
+    let (mut c, _) = consumer(&engine, &redis).await;
+    c.process_once(Duration::from_millis(20)).await.unwrap();
+    assert_eq!(
+        engine.figures("F-4").await.unwrap().unwrap().available,
+        0,
+        "paused: nothing applied"
+    );
+    assert!(ingest::status(&mut conn, "feeds").await.unwrap().paused);
+    ingest::resume(&mut conn, "feeds").await.unwrap();
+    drain(&mut c, &redis).await;
+    assert_eq!(engine.figures("F-4").await.unwrap().unwrap().available, 3);
+}
