@@ -122,9 +122,10 @@ pub async fn warm_all(
         after = last.sku.clone();
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
+        let orphans = open_holds(engine, &rows, &current).await?;
         let mut pipe = redis::pipe();
         let mut sent = 0;
-        for (row, cur) in rows.iter().zip(&current) {
+        for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
             let (available, reserved) = match cur[0] {
                 Some(_) if !options.force => {
                     report.existing += 1;
@@ -139,7 +140,11 @@ pub async fn warm_all(
                     (row.on_hand - r - sp + (row.sold_recorded - settled), r)
                 }
                 None => {
-                    let orphaned = orphaned_units(engine, &row.sku).await?;
+                    let orphaned = if *open > 0 {
+                        orphaned_units(engine, &row.sku).await?
+                    } else {
+                        0
+                    };
                     (row.on_hand - orphaned, orphaned)
                 }
             };
@@ -177,17 +182,36 @@ pub async fn warm_all(
     Ok(report)
 }
 
-/// Units held by open holds on `sku` whose counter is missing (normally none:
-/// a Redis that lost its counters lost its holds too).
-async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> {
-    let open: u64 = redis::cmd("ZCARD")
-        .arg(engine.keys.sku_holds(sku))
-        .query_async(&mut engine.conn.clone())
-        .await?;
-    if open == 0 {
-        return Ok(0);
+/// Open holds per row whose counter is missing (0 for rows with a counter), in
+/// one pipelined round trip: normally all 0, as a Redis that lost its counters
+/// lost its holds too.
+async fn open_holds(
+    engine: &Engine,
+    rows: &[StockRow],
+    current: &[Vec<Option<i64>>],
+) -> Result<Vec<u64>, EngineError> {
+    let mut pipe = redis::pipe();
+    let mut asked = Vec::new();
+    for (i, (row, cur)) in rows.iter().zip(current).enumerate() {
+        if cur[0].is_none() {
+            pipe.cmd("ZCARD").arg(engine.keys.sku_holds(&row.sku));
+            asked.push(i);
+        }
     }
-    let holds = engine.holds_of(sku, open as usize).await?;
+    let mut open = vec![0; rows.len()];
+    if asked.is_empty() {
+        return Ok(open);
+    }
+    let counts: Vec<u64> = pipe.query_async(&mut engine.conn.clone()).await?;
+    for (i, n) in asked.into_iter().zip(counts) {
+        open[i] = n;
+    }
+    Ok(open)
+}
+
+/// Units held by the open holds on `sku` (whose counter is missing).
+async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> {
+    let holds = engine.holds_of(sku, 100_000).await?;
     Ok(holds
         .iter()
         .flat_map(|h| &h.lines)
