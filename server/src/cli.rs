@@ -236,9 +236,18 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
     let backends = connect(global, args.pg_max_connections).await?;
     if args.demo {
         let load = catalog::load_demo_drop(&backends.pg).await?;
+        // The demo should sell at once: warm whatever counters are missing.
+        let warm = warm_all(
+            &backends.engine,
+            &backends.pg,
+            WarmOptions::default(),
+            |_| {},
+        )
+        .await?;
         tracing::info!(
             inserted = load.inserted,
             skus = load.total,
+            counters_warmed = warm.warmed,
             "demo drop loaded"
         );
     }

@@ -209,7 +209,8 @@ pub struct ServeArgs {
     /// Folder holding the built site (`pkg/holdfast.js`, `.wasm`, `.css`).
     #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site")]
     pub site_root: String,
-    /// Load the demo drop into PostgreSQL if it is not there yet (never overwrites).
+    /// Load the demo drop into PostgreSQL if it is not there yet (never overwrites),
+    /// and warm any stock counters missing in Redis.
     #[arg(long, env = "HOLDFAST_DEMO", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub demo: bool,
     /// Most PostgreSQL connections this process opens.

@@ -121,3 +121,45 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
     let (ok, _, err) = holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
     assert!(!ok && err.contains("no active token"), "{err}");
 }
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: PgConnectOptions) {
+    use std::io::{BufRead, BufReader};
+    let pg_url = common::pg_url(&opts);
+    let redis = TestRedis::start();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", &pg_url)
+        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
+        .env("HOLDFAST_DEMO", "1")
+        .env("HOLDFAST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start holdfast serve");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let url = line
+        .trim()
+        .strip_prefix("Holdfast is serving at ")
+        .unwrap_or_default()
+        .to_owned();
+    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+
+    let html = reqwest::get(&url).await.unwrap().text().await.unwrap();
+    assert!(html.contains("Winter Launch Drop"));
+    let engine = Engine::new(
+        kv::connect(&redis.url()).await.unwrap(),
+        EngineConfig::default(),
+    );
+    let f = engine.figures("DROP-001").await.unwrap();
+    assert_eq!(
+        f.map(|f| (f.available, f.per_buyer_limit)),
+        Some((2_000, 2)),
+        "warmed with its limit"
+    );
+    let _ = child.kill();
+    let _ = child.wait();
+}
