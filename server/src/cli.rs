@@ -293,6 +293,10 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         workers: stats,
         ingest: Arc::new(ingest),
+        api: Arc::new(crate::api::ApiState::with_limits(
+            args.api_rate,
+            args.ingest_rate,
+        )),
         ..AppState::new(leptos_options(&args.site_root, addr), backends)
     };
     let (stop_live, live_rx) = tokio::sync::watch::channel(false);

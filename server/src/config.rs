@@ -240,6 +240,12 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub ingest_sources: Vec<String>,
+    /// Most API requests per second per token (bursts of twice that); 0 for no limit.
+    #[arg(long, env = "HOLDFAST_API_RATE", default_value_t = crate::api::DEFAULT_TOKEN_RATE)]
+    pub api_rate: u32,
+    /// Most webhooks per second per source (bursts of twice that); 0 for no limit.
+    #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::api::DEFAULT_SOURCE_RATE)]
+    pub ingest_rate: u32,
     /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
     /// out checkout); 0 for no limit.
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]

@@ -4,6 +4,7 @@ use serde::{Deserialize, Serialize};
 
 /// One line of a reservation request.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct LineRequest {
     /// The SKU code.
     pub sku: String,
@@ -14,6 +15,7 @@ pub struct LineRequest {
 /// `POST /api/v1/reservations`. Either `sku` and `qty` (one SKU) or `lines` (a cart,
 /// all or nothing). The reservation id comes from the `Idempotency-Key` header.
 #[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]
 pub struct CreateReservation {
     /// The SKU, for a one-SKU reservation.
@@ -30,6 +32,7 @@ pub struct CreateReservation {
 
 /// A line of a reservation as the API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct LineView {
     /// The SKU code.
     pub sku: String,
@@ -42,6 +45,7 @@ pub struct LineView {
 
 /// A reservation as the API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct ReservationView {
     /// The reservation id (derived from the idempotency key).
     pub id: String,
@@ -58,6 +62,7 @@ pub struct ReservationView {
 
 /// A SKU's live stock as the API reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct StockView {
     /// The SKU code.
     pub sku: String,
@@ -71,6 +76,7 @@ pub struct StockView {
 
 /// The error body of every API failure.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "ssr", derive(utoipa::ToSchema))]
 pub struct ErrorBody {
     /// A stable machine-readable code (`sold_out`, `not_warmed`, `invalid`, …).
     pub code: String,

@@ -75,9 +75,14 @@ impl FromRequestParts<AppState> for Caller {
             .map(str::trim)
             .filter(|s| s.starts_with("hf_"))
             .ok_or_else(ApiError::unauthorized)?;
-        match state.api.tokens.verify(state, secret).await? {
-            Some(info) => Ok(Self(info)),
-            None => Err(ApiError::unauthorized()),
-        }
+        let Some(info) = state.api.tokens.verify(state, secret).await? else {
+            return Err(ApiError::unauthorized());
+        };
+        state
+            .api
+            .per_token
+            .check(&format!("t{}", info.id))
+            .map_err(super::too_many)?;
+        Ok(Self(info))
     }
 }

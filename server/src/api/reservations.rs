@@ -5,7 +5,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
-use holdfast_app::dto::api::{CreateReservation, LineView, ReservationView};
+use holdfast_app::dto::api::{CreateReservation, ErrorBody, LineView, ReservationView};
 use holdfast_engine::tokens::Scope;
 use holdfast_engine::{ConfirmOutcome, Hold, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest};
 use sha2::{Digest, Sha256};
@@ -113,6 +113,24 @@ where
 }
 
 /// `POST /api/v1/reservations`: 201 held, 200 for a retry, 409 sold out, 503 not warmed.
+#[utoipa::path(
+    post, path = "/api/v1/reservations", tag = "reservations",
+    request_body = CreateReservation,
+    params(("Idempotency-Key" = String, Header, description = "Names the reservation; a retry with the same key and body returns the stored answer")),
+    responses(
+        (status = 201, description = "Held", body = ReservationView),
+        (status = 200, description = "A retry of the same reservation", body = ReservationView),
+        (status = 400, description = "No Idempotency-Key, or malformed JSON", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 409, description = "Sold out (with what is left), per-buyer limit, or same key in progress", body = ErrorBody),
+        (status = 413, description = "Body over 16 KiB"),
+        (status = 422, description = "Invalid field, or the key was used for another request", body = ErrorBody),
+        (status = 429, description = "Rate limited", body = ErrorBody),
+        (status = 503, description = "Counter not warmed (never a 409), or a backend unavailable", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn create(
     State(state): State<AppState>,
     caller: Caller,
@@ -244,6 +262,17 @@ fn own(caller: &Caller, id: &str) -> Result<(), ApiError> {
 }
 
 /// `GET /api/v1/reservations/{id}`.
+#[utoipa::path(
+    get, path = "/api/v1/reservations/{id}", tag = "reservations",
+    params(("id" = String, Path, description = "The reservation id")),
+    responses(
+        (status = 200, description = "The reservation", body = ReservationView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 404, description = "No such reservation for this token", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -260,6 +289,18 @@ pub async fn get(
 
 /// `POST /api/v1/reservations/{id}/confirm`: 200 confirmed, 410 when the hold had
 /// ended (a late payment: a remediation record is written), 404 unknown.
+#[utoipa::path(
+    post, path = "/api/v1/reservations/{id}/confirm", tag = "reservations",
+    params(("id" = String, Path, description = "The reservation id")),
+    responses(
+        (status = 200, description = "Confirmed (now or before)", body = ReservationView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 404, description = "No such reservation for this token", body = ErrorBody),
+        (status = 410, description = "The hold had ended: no stock taken, remediation recorded", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn confirm(
     State(state): State<AppState>,
     caller: Caller,
@@ -313,6 +354,17 @@ pub async fn confirm(
 }
 
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
+#[utoipa::path(
+    post, path = "/api/v1/reservations/{id}/release", tag = "reservations",
+    params(("id" = String, Path, description = "The reservation id")),
+    responses(
+        (status = 200, description = "Released (now or before)", body = ReservationView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 404, description = "No such reservation for this token", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn release(
     State(state): State<AppState>,
     caller: Caller,

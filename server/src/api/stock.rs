@@ -2,7 +2,7 @@
 
 use axum::Json;
 use axum::extract::{Path, Query, State};
-use holdfast_app::dto::api::StockView;
+use holdfast_app::dto::api::{ErrorBody, StockView};
 use holdfast_engine::tokens::Scope;
 use serde::Deserialize;
 
@@ -43,6 +43,18 @@ async fn one(state: &AppState, sku: &str) -> Result<StockView, ApiError> {
 }
 
 /// `GET /api/v1/stock/{sku}`.
+#[utoipa::path(
+    get, path = "/api/v1/stock/{sku}", tag = "stock",
+    params(("sku" = String, Path, description = "The SKU code")),
+    responses(
+        (status = 200, description = "Live figures", body = StockView),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 422, description = "Not a valid SKU code", body = ErrorBody),
+        (status = 503, description = "Counter not warmed", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
@@ -60,6 +72,17 @@ pub struct ManyQuery {
 }
 
 /// `GET /api/v1/stock?skus=A,B`: every listed SKU that is warmed.
+#[utoipa::path(
+    get, path = "/api/v1/stock", tag = "stock",
+    params(("skus" = String, Query, description = "Comma-separated SKU codes (1 to 100)")),
+    responses(
+        (status = 200, description = "Live figures of the warmed ones", body = Vec<StockView>),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token lacks the scope", body = ErrorBody),
+        (status = 422, description = "No SKUs, too many, or an invalid code", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
 pub async fn many(
     State(state): State<AppState>,
     caller: Caller,

@@ -153,6 +153,9 @@ async fn receive(
     if let Err(e) = verify(&src.secret, &headers, &body) {
         return e.into_response();
     }
+    if let Err(secs) = state.api.per_source.check(&source) {
+        return crate::api::too_many(secs).into_response();
+    }
     let cap = state
         .ingest
         .caps

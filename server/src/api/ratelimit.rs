@@ -1,0 +1,95 @@
+//! Per-process token-bucket rate limits, answering 429 with `Retry-After`.
+//!
+//! API calls are limited per token, webhooks per source: both are identities the
+//! server has verified, so a client cannot dodge its limit by changing address,
+//! and shoppers behind one NAT do not share one.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+/// A refill rate and burst size.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Limit {
+    /// Sustained requests per second.
+    pub per_sec: f64,
+    /// Most requests at once after a quiet spell.
+    pub burst: f64,
+}
+
+impl Limit {
+    /// `per_sec` sustained with a burst of twice that (at least 1).
+    pub fn per_second(per_sec: u32) -> Self {
+        Self {
+            per_sec: f64::from(per_sec),
+            burst: f64::from(per_sec.max(1)) * 2.0,
+        }
+    }
+}
+
+/// Buckets by key.
+#[derive(Debug)]
+pub struct RateLimiter {
+    limit: Limit,
+    buckets: Mutex<HashMap<String, (f64, Instant)>>,
+}
+
+impl RateLimiter {
+    /// A limiter applying `limit` to every key.
+    pub fn new(limit: Limit) -> Self {
+        Self {
+            limit,
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one request from `key`'s bucket; `Err(seconds)` to wait when empty.
+    pub fn check(&self, key: &str) -> Result<(), u64> {
+        if self.limit.per_sec <= 0.0 {
+            return Ok(());
+        }
+        let Ok(mut buckets) = self.buckets.lock() else {
+            return Ok(());
+        };
+        let now = Instant::now();
+        if buckets.len() > 100_000 {
+            let burst = self.limit.burst;
+            let rate = self.limit.per_sec;
+            buckets.retain(|_, (tokens, at)| *tokens + at.elapsed().as_secs_f64() * rate < burst);
+        }
+        let (tokens, at) = buckets
+            .entry(key.to_owned())
+            .or_insert((self.limit.burst, now));
+        *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.limit.per_sec)
+            .min(self.limit.burst);
+        *at = now;
+        if *tokens >= 1.0 {
+            *tokens -= 1.0;
+            Ok(())
+        } else {
+            Err(((1.0 - *tokens) / self.limit.per_sec).ceil().max(1.0) as u64)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn allows_the_burst_then_refuses_then_refills() {
+        let limiter = RateLimiter::new(Limit {
+            per_sec: 20.0,
+            burst: 3.0,
+        });
+        assert!((0..3).all(|_| limiter.check("a").is_ok()));
+        assert_eq!(limiter.check("a"), Err(1));
+        assert!(limiter.check("b").is_ok(), "keys are independent");
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert!(limiter.check("a").is_ok(), "refilled");
+        assert!(
+            RateLimiter::new(Limit::per_second(0)).check("x").is_ok(),
+            "0 means unlimited"
+        );
+    }
+}
