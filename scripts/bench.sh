@@ -11,8 +11,9 @@ command -v redis-benchmark >/dev/null || apt_install redis-tools
 
 out="$HOLDFAST_ROOT/bench/output"
 mkdir -p "$out"
-say "building the benchmarks (release)"
+say "building the benchmarks and the server (release)"
 cargo build --release -p holdfast-engine --examples
+cargo build --release -p holdfast-server --bin holdfast --examples
 
 run() {
     say "$*"
@@ -34,4 +35,8 @@ run() {
     echo "### System of record"
     echo
     run record_bench --skus 100000 --sales 20000
+    echo
+    echo "### Checkout through HTTP, alone and during a bulk feed"
+    echo
+    run checkout_bench --rate 2000 --seconds 10
 } | tee "$out/latest.md"

@@ -15,10 +15,7 @@ use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
 use holdfast_engine::testkit::TestRedis;
 use holdfast_engine::warmup::{WarmOptions, warm_all};
-use holdfast_engine::{
-    ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest, store,
-};
-use sqlx::{Executor, PgPool};
+use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest};
 
 fn arg(name: &str, default: u64) -> u64 {
     let args: Vec<String> = std::env::args().collect();
@@ -26,26 +23,6 @@ fn arg(name: &str, default: u64) -> u64 {
         .position(|a| a == name)
         .and_then(|i| args.get(i + 1))
         .map_or(default, |v| v.parse().expect("a number"))
-}
-
-async fn fresh_db() -> PgPool {
-    let base = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
-    let admin_url = format!(
-        "{}/postgres",
-        base.rsplit_once('/').map_or(base.as_str(), |(b, _)| b)
-    );
-    let admin = PgPool::connect(&admin_url)
-        .await
-        .expect("connect to PostgreSQL");
-    admin
-        .execute("DROP DATABASE IF EXISTS holdfast_bench WITH (FORCE)")
-        .await
-        .unwrap();
-    let url = format!("{}/holdfast_bench", admin_url.rsplit_once('/').unwrap().0);
-    store::connect_and_migrate(&url, 8)
-        .await
-        .expect("create the bench database")
 }
 
 /// Runs `n` reserve+confirm pairs over `clients` tasks on `sku_count` SKUs.
@@ -81,7 +58,7 @@ async fn main() {
     let sales = arg("--sales", 20_000);
     let redis = TestRedis::start();
     let engine = Engine::new(redis.connection().await, EngineConfig::default());
-    let pg = fresh_db().await;
+    let (pg, _) = holdfast_engine::testkit::fresh_database("holdfast_bench").await;
 
     let t = Instant::now();
     sqlx::query(

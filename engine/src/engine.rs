@@ -401,26 +401,9 @@ impl Engine {
         }
         let mut outcome = ConfirmOutcome::AlreadyConfirmed;
         for (shard, hold) in &parts {
-            let keys = self.hold_keys(
-                *shard,
-                rid,
-                &hold.lines,
-                hold.buyer.as_deref().unwrap_or(""),
-            );
-            let mut inv = self.scripts.confirm.prepare_invoke();
-            for key in keys {
-                inv.key(key);
-            }
-            inv.arg(rid)
-                .arg(self.config.stream_maxlen)
-                .arg(self.config.tombstone_ttl.as_millis() as u64);
-            for line in &hold.lines {
-                inv.arg(&line.sku);
-            }
-            let reply = Reply::new(
-                inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                    .await?,
-            );
+            let reply = self
+                .run_on_hold(&self.scripts.confirm, *shard, hold, None)
+                .await?;
             let part = match reply.tag()?.as_str() {
                 "confirmed" => ConfirmOutcome::Confirmed,
                 "already_confirmed" => ConfirmOutcome::AlreadyConfirmed,
@@ -474,23 +457,9 @@ impl Engine {
         hold: &Hold,
         reason: HoldState,
     ) -> Result<ReleaseOutcome, EngineError> {
-        let rid = &hold.reservation_id;
-        let keys = self.hold_keys(shard, rid, &hold.lines, hold.buyer.as_deref().unwrap_or(""));
-        let mut inv = self.scripts.release.prepare_invoke();
-        for key in keys {
-            inv.key(key);
-        }
-        inv.arg(rid)
-            .arg(reason.as_str())
-            .arg(self.config.stream_maxlen)
-            .arg(self.config.tombstone_ttl.as_millis() as u64);
-        for line in &hold.lines {
-            inv.arg(&line.sku);
-        }
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
+        let reply = self
+            .run_on_hold(&self.scripts.release, shard, hold, Some(reason.as_str()))
+            .await?;
         Ok(match reply.tag()?.as_str() {
             "released" => ReleaseOutcome::Released,
             "gone" => ReleaseOutcome::AlreadyGone {
@@ -503,6 +472,36 @@ impl Engine {
             },
             other => return Err(EngineError::UnexpectedReply(format!("release: {other}"))),
         })
+    }
+
+    /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
+    /// its lines; ARGV the id, `extra` (release's reason), the stream cap, the
+    /// tombstone lifetime, then each line's SKU (checked against the hold).
+    async fn run_on_hold(
+        &self,
+        script: &redis::Script,
+        shard: u16,
+        hold: &Hold,
+        extra: Option<&str>,
+    ) -> Result<Reply, EngineError> {
+        let rid = &hold.reservation_id;
+        let mut inv = script.prepare_invoke();
+        for key in self.hold_keys(shard, rid, &hold.lines, hold.buyer.as_deref().unwrap_or("")) {
+            inv.key(key);
+        }
+        inv.arg(rid);
+        if let Some(extra) = extra {
+            inv.arg(extra);
+        }
+        inv.arg(self.config.stream_maxlen)
+            .arg(self.config.tombstone_ttl.as_millis() as u64);
+        for line in &hold.lines {
+            inv.arg(&line.sku);
+        }
+        Ok(Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        ))
     }
 
     /// One reaper pass: in each shard, lists up to `batch` holds past their deadline

@@ -309,3 +309,32 @@ fn is_root() -> bool {
             .output()
             .is_ok_and(|o| o.stdout.starts_with(b"0"))
 }
+
+/// A fresh, migrated database `name` on the PostgreSQL of `DATABASE_URL` (default
+/// `postgres://postgres@127.0.0.1:5432/postgres`), dropped first if it exists; for
+/// benchmarks. Returns the pool and the database's URL.
+///
+/// # Panics
+/// When PostgreSQL cannot be reached.
+pub async fn fresh_database(name: &str) -> (sqlx::PgPool, String) {
+    use sqlx::Executor;
+    let base = std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into());
+    let server = base.split('?').next().unwrap_or(&base);
+    let server = server
+        .rsplit_once('/')
+        .map_or(server, |(b, _)| b)
+        .to_owned();
+    let admin = sqlx::PgPool::connect(&format!("{server}/postgres"))
+        .await
+        .expect("connect to PostgreSQL");
+    admin
+        .execute(format!("DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)").as_str())
+        .await
+        .expect("drop the old database");
+    let url = format!("{server}/{name}");
+    let pool = crate::store::connect_and_migrate(&url, 8)
+        .await
+        .expect("create the database");
+    (pool, url)
+}

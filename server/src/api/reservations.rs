@@ -252,6 +252,30 @@ async fn create_inner(
     }
 }
 
+/// For confirm and release: the token's scope and ownership, and the optional
+/// `Idempotency-Key` with the request's fingerprint.
+fn action_guard(
+    caller: &Caller,
+    id: &str,
+    action: &str,
+    headers: &HeaderMap,
+) -> Result<(Option<String>, String), ApiError> {
+    caller.require(Scope::Checkout)?;
+    own(caller, id)?;
+    let key = idempotency::key(headers)?;
+    Ok((
+        key,
+        idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/{action}"), b""),
+    ))
+}
+
+/// The reservation as it is now, answered with 200.
+async fn current(state: &AppState, id: &str) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    let hold = state.backends.engine.hold(id).await?;
+    let hold = hold.ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
+    Ok(json(StatusCode::OK, &view(&hold)))
+}
+
 /// A token only sees the reservations it made.
 fn own(caller: &Caller, id: &str) -> Result<(), ApiError> {
     if id.starts_with(&format!("t{}-", caller.0.id)) {
@@ -307,24 +331,15 @@ pub async fn confirm(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let key = match caller
-        .require(Scope::Checkout)
-        .and_then(|()| own(&caller, &id))
-        .and_then(|()| idempotency::key(&headers))
-    {
-        Ok(key) => key,
+    let (key, fp) = match action_guard(&caller, &id, "confirm", &headers) {
+        Ok(guard) => guard,
         Err(e) => return e.into_response(),
     };
-    let fp = idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/confirm"), b"");
     let work = async {
         let engine = &state.backends.engine;
         match engine.confirm(&id).await? {
             ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
-                let hold = engine
-                    .hold(&id)
-                    .await?
-                    .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
-                Ok(json(StatusCode::OK, &view(&hold)))
+                current(&state, &id).await
             }
             ConfirmOutcome::Expired { state: ended } => {
                 sqlx::query(
@@ -371,24 +386,15 @@ pub async fn release(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let key = match caller
-        .require(Scope::Checkout)
-        .and_then(|()| own(&caller, &id))
-        .and_then(|()| idempotency::key(&headers))
-    {
-        Ok(key) => key,
+    let (key, fp) = match action_guard(&caller, &id, "release", &headers) {
+        Ok(guard) => guard,
         Err(e) => return e.into_response(),
     };
-    let fp = idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/release"), b"");
     let work = async {
         let engine = &state.backends.engine;
         match engine.release(&id).await? {
             ReleaseOutcome::Released | ReleaseOutcome::AlreadyGone { .. } => {
-                let hold = engine
-                    .hold(&id)
-                    .await?
-                    .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
-                Ok(json(StatusCode::OK, &view(&hold)))
+                current(&state, &id).await
             }
             ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
         }

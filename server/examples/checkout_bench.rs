@@ -1,0 +1,224 @@
+//! Benchmark: checkout reserve latency through the HTTP API at a fixed arrival
+//! rate, alone and while a 100,000-line bulk feed is ingested through the `feeds`
+//! lane at the same time.
+//!
+//! Starts a private `redis-server`, a fresh database `holdfast_bench_api` on the
+//! PostgreSQL of `DATABASE_URL`, and the release `holdfast` binary; then drives it
+//! open-loop (latency counts from each request's scheduled time, so a stall cannot
+//! hide behind fewer requests).
+//!
+//! ```sh
+//! cargo build --release -p holdfast-server --bin holdfast --examples
+//! target/release/examples/checkout_bench --rate 2000 --seconds 10
+//! ```
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use holdfast_engine::testkit::{TestRedis, free_port};
+use holdfast_engine::tokens::{self, Scope};
+use holdfast_engine::warmup;
+use sqlx::Executor;
+
+const SECRET: &str = "bench-feed-secret-0123";
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Fires `rate` reservations per second for `seconds`; returns sorted latencies (µs) and failures.
+async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> (Vec<u64>, u64) {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(512)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let total = rate * seconds;
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..total {
+        let due = started + Duration::from_secs_f64(i as f64 / rate as f64);
+        tokio::time::sleep_until(due.into()).await;
+        let (http, url, token, key) = (
+            http.clone(),
+            format!("{base}/api/v1/reservations"),
+            token.to_owned(),
+            format!("{tag}-{i}"),
+        );
+        tasks.spawn(async move {
+            let res = http
+                .post(url)
+                .bearer_auth(token)
+                .header("Idempotency-Key", key)
+                .header("content-type", "application/json")
+                .body(r#"{"sku":"HOT-1","qty":1,"ttl_ms":600000}"#)
+                .send()
+                .await;
+            let ok = matches!(&res, Ok(r) if r.status() == 201);
+            (due.elapsed().as_micros() as u64, ok)
+        });
+    }
+    let (mut lat, mut failed) = (Vec::with_capacity(total as usize), 0);
+    while let Some(r) = tasks.join_next().await {
+        let (us, ok) = r.unwrap();
+        lat.push(us);
+        failed += u64::from(!ok);
+    }
+    lat.sort_unstable();
+    (lat, failed)
+}
+
+fn pct(sorted: &[u64], p: f64) -> f64 {
+    sorted[((sorted.len() - 1) as f64 * p).round() as usize] as f64 / 1000.0
+}
+
+#[tokio::main]
+async fn main() {
+    let rate = arg("--rate", 2_000);
+    let seconds = arg("--seconds", 10);
+    let feed_lines = arg("--feed-lines", 100_000);
+    let redis = TestRedis::start();
+    let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_api").await;
+    pg.execute("INSERT INTO skus (sku, title, product, on_hand) VALUES ('HOT-1', 'Hot', 'Hot', 1000000000)")
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO skus (sku, title, product, on_hand)
+         SELECT 'CAT-' || lpad(i::text, 6, '0'), 'Catalogue ' || i, 'Catalogue', 100 FROM generate_series(0, $1 - 1) i",
+    )
+    .bind(feed_lines as i64)
+    .execute(&pg)
+    .await
+    .unwrap();
+    let engine = holdfast_engine::Engine::new(
+        redis.connection().await,
+        holdfast_engine::EngineConfig::default(),
+    );
+    warmup::warm_all(&engine, &pg, warmup::WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let token = tokens::create(&pg, "bench", &[Scope::Checkout])
+        .await
+        .unwrap()
+        .secret;
+
+    let port = free_port();
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("holdfast");
+    let _server = Server(
+        Command::new(&exe)
+            .arg("serve")
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", &pg_url)
+            .env("HOLDFAST_LISTEN", format!("127.0.0.1:{port}"))
+            .env("HOLDFAST_INGEST_SOURCES", format!("erp=feeds:{SECRET}"))
+            .env("HOLDFAST_API_RATE", "0")
+            .env("HOLDFAST_INGEST_RATE", "0")
+            .env("HOLDFAST_RECONCILE_EVERY_SECS", "0")
+            .env("HOLDFAST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {} (build it with --release first): {e}",
+                    exe.display()
+                )
+            }),
+    );
+    let base = format!("http://127.0.0.1:{port}");
+    for _ in 0..100 {
+        if reqwest::get(format!("{base}/readyz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Warm the connection pool and the server.
+    drive(&base, &token, 500, 1, "warmup").await;
+
+    let (alone, failed_alone) = drive(&base, &token, rate, seconds, "alone").await;
+
+    // The same load while a bulk feed arrives: 10,000-line pages, signed, posted as fast as accepted.
+    let feed = {
+        let base = base.clone();
+        tokio::spawn(async move {
+            let http = reqwest::Client::new();
+            let mut accepted = 0u64;
+            for page in 0..feed_lines.div_ceil(10_000) {
+                let events: Vec<serde_json::Value> = (page * 10_000..((page + 1) * 10_000).min(feed_lines))
+                    .map(|i| serde_json::json!({"event_id": format!("cat-{i}"), "type": "delta", "sku": format!("CAT-{i:06}"), "delta": 5}))
+                    .collect();
+                let body = serde_json::json!({ "events": events }).to_string();
+                let ts = chrono::Utc::now().timestamp();
+                let sig = holdfast_server::routes::ingest::sign(SECRET, ts, body.as_bytes());
+                let r = http
+                    .post(format!("{base}/ingest/erp"))
+                    .header("X-Holdfast-Timestamp", ts.to_string())
+                    .header("X-Holdfast-Signature", sig)
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                accepted += u64::from(r.status() == 202);
+            }
+            accepted
+        })
+    };
+    let feed_started = Instant::now();
+    let (busy, failed_busy) = drive(&base, &token, rate, seconds, "busy").await;
+    let pages = feed.await.unwrap();
+    let applied: i64 = {
+        let mut conn = redis.connection().await;
+        let mut n = 0;
+        for i in (0..feed_lines).step_by((feed_lines / 100).max(1) as usize) {
+            let a: Option<i64> = redis::cmd("HGET")
+                .arg(engine.keyspace().sku(&format!("CAT-{i:06}")))
+                .arg("available")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            n += i64::from(a == Some(105));
+        }
+        n
+    };
+
+    println!(
+        "| checkout load ({rate} reserves/s for {seconds} s) | p50 ms | p99 ms | max ms | failed |"
+    );
+    println!("|---|---|---|---|---|");
+    println!(
+        "| alone | {:.2} | {:.2} | {:.2} | {failed_alone} |",
+        pct(&alone, 0.5),
+        pct(&alone, 0.99),
+        pct(&alone, 1.0)
+    );
+    println!(
+        "| with a {feed_lines}-line bulk feed ingested meanwhile | {:.2} | {:.2} | {:.2} | {failed_busy} |",
+        pct(&busy, 0.5),
+        pct(&busy, 0.99),
+        pct(&busy, 1.0)
+    );
+    println!(
+        "\nfeed: {pages} pages of 10,000 lines accepted (202); after {:.1} s, {applied}% of sampled SKUs had their delta applied (the feeds lane applies at most HOLDFAST_FEEDS_RATE = 5,000 events/s by default)",
+        feed_started.elapsed().as_secs_f64()
+    );
+}
