@@ -485,3 +485,74 @@ async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
         (StatusCode::UNPROCESSABLE_ENTITY, Some("lines"))
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
+    let (api, redis, engine) = setup(pool, &[Scope::Checkout]).await;
+    stock(&engine, "E-1", 5).await;
+    let (s, first, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("exp-1"),
+            json!({"sku": "E-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(s, 201);
+
+    // The key's 24 hours pass (its Redis entry lapses).
+    let mut admin = redis.connection().await;
+    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg("hf:idem:*")
+        .arg("COUNT")
+        .arg(1_000)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(keys.len(), 1, "one stored key");
+    let ttl: i64 = redis::cmd("TTL")
+        .arg(&keys[0])
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(ttl > 86_000 && ttl <= 86_400, "kept 24 hours: {ttl}");
+    redis::cmd("DEL")
+        .arg(&keys[0])
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+
+    // The same request again: the reservation itself remembers it; nothing moves.
+    let (s, again, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("exp-1"),
+            json!({"sku": "E-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(
+        (s, again["id"].clone(), again["state"].as_str()),
+        (StatusCode::OK, first["id"].clone(), Some("held"))
+    );
+    assert_eq!(
+        engine.figures("E-1").await.unwrap().unwrap().available,
+        3,
+        "held once"
+    );
+    // A different request under the lapsed key is refused by the reservation's own record.
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("exp-1"),
+            json!({"sku": "E-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
+}
