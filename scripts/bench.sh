@@ -39,4 +39,8 @@ run() {
     echo "### Checkout through HTTP, alone and during a bulk feed"
     echo
     run checkout_bench --rate 2000 --seconds 10
+    echo
+    run checkout_bench --rate 5000 --seconds 5
+    echo
+    run checkout_bench --rate 5000 --seconds 5 --pause-feeds 1
 } | tee "$out/latest.md"

@@ -10,6 +10,7 @@
 //! ```sh
 //! cargo build --release -p holdfast-server --bin holdfast --examples
 //! target/release/examples/checkout_bench --rate 2000 --seconds 10
+//! target/release/examples/checkout_bench --rate 2000 --seconds 10 --pause-feeds 1
 //! ```
 
 use std::process::{Child, Command, Stdio};
@@ -89,6 +90,9 @@ async fn main() {
     let rate = arg("--rate", 2_000);
     let seconds = arg("--seconds", 10);
     let feed_lines = arg("--feed-lines", 100_000);
+    // 1: pause the feeds lane during the busy phase (payloads are still received,
+    // signed and queued, but not applied), as an operator would during a drop.
+    let pause_feeds = arg("--pause-feeds", 0) == 1;
     let redis = TestRedis::start();
     let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_api").await;
     pg.execute("INSERT INTO skus (sku, title, product, on_hand) VALUES ('HOT-1', 'Hot', 'Hot', 1000000000)")
@@ -152,11 +156,29 @@ async fn main() {
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    // Warm the connection pool and the server.
+    // Warm the connection pool and the server, then let the write-behind finish the
+    // warm-up's events so they do not land in the measurement.
     drive(&base, &token, 500, 1, "warmup").await;
+    for _ in 0..600 {
+        let ready: serde_json::Value = reqwest::get(format!("{base}/readyz"))
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        if ready["write_behind"]["lag"]["entries"] == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 
     let (alone, failed_alone) = drive(&base, &token, rate, seconds, "alone").await;
 
+    if pause_feeds {
+        holdfast_engine::ingest::pause(&mut redis.connection().await, "feeds")
+            .await
+            .unwrap();
+    }
     // The same load while a bulk feed arrives: 10,000-line pages, signed, posted as fast as accepted.
     let feed = {
         let base = base.clone();
@@ -183,6 +205,11 @@ async fn main() {
             accepted
         })
     };
+    if pause_feeds {
+        holdfast_engine::ingest::pause(&mut redis.connection().await, "feeds")
+            .await
+            .unwrap();
+    }
     let feed_started = Instant::now();
     let (busy, failed_busy) = drive(&base, &token, rate, seconds, "busy").await;
     let pages = feed.await.unwrap();
@@ -211,8 +238,13 @@ async fn main() {
         pct(&alone, 0.99),
         pct(&alone, 1.0)
     );
+    let during = if pause_feeds {
+        "received (lane paused)"
+    } else {
+        "ingested"
+    };
     println!(
-        "| with a {feed_lines}-line bulk feed ingested meanwhile | {:.2} | {:.2} | {:.2} | {failed_busy} |",
+        "| with a {feed_lines}-line bulk feed {during} meanwhile | {:.2} | {:.2} | {:.2} | {failed_busy} |",
         pct(&busy, 0.5),
         pct(&busy, 0.99),
         pct(&busy, 1.0)
