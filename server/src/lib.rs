@@ -32,6 +32,7 @@ pub fn router(state: AppState) -> Router {
         .merge(routes::health::routes())
         .merge(api::routes())
         .merge(routes::ingest::routes())
+        .merge(routes::metrics::routes())
         .leptos_routes_with_context(
             &state,
             routes,

@@ -34,7 +34,7 @@ impl AppState {
         Self {
             leptos,
             backends,
-            workers: Arc::default(),
+            workers: Arc::new(WorkerStats::new()),
             api: Arc::default(),
             feed: Feed::new(4_096),
             ingest: Arc::new(IngestConfig::parse(&[]).unwrap_or_default()),

@@ -2,3 +2,4 @@
 
 pub mod health;
 pub mod ingest;
+pub mod metrics;

@@ -1,0 +1,168 @@
+//! `GET /metrics`: Prometheus text exposition of the workers' counters, the
+//! write-behind's lag, the ingestion lanes and the backends' health. It holds no
+//! secrets; expose it to the monitoring network only.
+
+use std::fmt::Write;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use axum::routing::get;
+use holdfast_engine::{ingest, kv, store};
+
+use crate::state::AppState;
+
+/// The metrics route.
+pub fn routes() -> Router<AppState> {
+    Router::new().route("/metrics", get(metrics))
+}
+
+struct Out(String);
+
+impl Out {
+    fn metric(&mut self, name: &str, kind: &str, help: &str, samples: &[(String, f64)]) {
+        let _ = writeln!(self.0, "# HELP {name} {help}\n# TYPE {name} {kind}");
+        for (labels, value) in samples {
+            let _ = writeln!(self.0, "{name}{labels} {value}");
+        }
+    }
+
+    fn one(&mut self, name: &str, kind: &str, help: &str, value: f64) {
+        self.metric(name, kind, help, &[(String::new(), value)]);
+    }
+}
+
+async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+    let mut out = Out(String::new());
+    let timeout = Duration::from_millis(1_000);
+    let redis_up = kv::ping(&state.backends.redis, timeout).await.is_ok();
+    let pg_up = store::ping(&state.backends.pg, timeout).await.is_ok();
+    out.one(
+        "holdfast_redis_up",
+        "gauge",
+        "Whether Redis answers PING.",
+        f64::from(u8::from(redis_up)),
+    );
+    out.one(
+        "holdfast_postgres_up",
+        "gauge",
+        "Whether PostgreSQL answers.",
+        f64::from(u8::from(pg_up)),
+    );
+
+    let w = &state.workers;
+    out.one(
+        "holdfast_reaper_released_total",
+        "counter",
+        "Holds this process's reaper expired.",
+        w.reaper.released.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_reaper_failures_total",
+        "counter",
+        "Reaper passes that failed.",
+        w.reaper.failures.load(Ordering::Relaxed) as f64,
+    );
+    let wb = &w.write_behind;
+    out.one(
+        "holdfast_write_behind_events_total",
+        "counter",
+        "Stream entries committed to PostgreSQL.",
+        wb.events.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_write_behind_batches_total",
+        "counter",
+        "Write-behind transactions committed.",
+        wb.batches.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_write_behind_sales_total",
+        "counter",
+        "Sales recorded in the ledger.",
+        wb.sales.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_write_behind_failures_total",
+        "counter",
+        "Write-behind batches that failed and were retried.",
+        wb.failures.load(Ordering::Relaxed) as f64,
+    );
+    if redis_up
+        && let Ok(Ok(lag)) =
+            tokio::time::timeout(timeout, state.backends.engine.write_behind_lag()).await
+    {
+        out.one(
+            "holdfast_write_behind_lag_entries",
+            "gauge",
+            "Events not yet in PostgreSQL.",
+            lag.entries as f64,
+        );
+        out.one(
+            "holdfast_write_behind_lag_seconds",
+            "gauge",
+            "Age of the oldest event not yet in PostgreSQL.",
+            lag.oldest_ms as f64 / 1000.0,
+        );
+    }
+
+    let lane_metric = |pick: fn(&ingest::LaneStats) -> u64| -> Vec<(String, f64)> {
+        w.lanes
+            .iter()
+            .map(|(lane, s)| (format!("{{lane=\"{lane}\"}}"), pick(s) as f64))
+            .collect()
+    };
+    out.metric(
+        "holdfast_ingest_applied_total",
+        "counter",
+        "Feed events applied.",
+        &lane_metric(|s| s.applied.load(Ordering::Relaxed)),
+    );
+    out.metric(
+        "holdfast_ingest_duplicates_total",
+        "counter",
+        "Feed events skipped as already applied.",
+        &lane_metric(|s| s.duplicates.load(Ordering::Relaxed)),
+    );
+    out.metric(
+        "holdfast_ingest_stale_total",
+        "counter",
+        "Snapshots refused as stale.",
+        &lane_metric(|s| s.stale.load(Ordering::Relaxed)),
+    );
+    out.metric(
+        "holdfast_ingest_dead_letters_total",
+        "counter",
+        "Payloads or events dead-lettered.",
+        &lane_metric(|s| s.dead.load(Ordering::Relaxed)),
+    );
+    if redis_up {
+        let mut conn = state.backends.redis.clone();
+        let (mut backlog, mut paused) = (Vec::new(), Vec::new());
+        for lane in ingest::LANES {
+            if let Ok(s) = ingest::status(&mut conn, lane).await {
+                backlog.push((format!("{{lane=\"{lane}\"}}"), s.backlog as f64));
+                paused.push((
+                    format!("{{lane=\"{lane}\"}}"),
+                    f64::from(u8::from(s.paused)),
+                ));
+            }
+        }
+        out.metric(
+            "holdfast_ingest_backlog",
+            "gauge",
+            "Payloads waiting in the lane.",
+            &backlog,
+        );
+        out.metric(
+            "holdfast_ingest_paused",
+            "gauge",
+            "Whether the lane's consumers are paused.",
+            &paused,
+        );
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0)
+}

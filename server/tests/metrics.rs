@@ -1,0 +1,44 @@
+//! `/metrics` speaks Prometheus text and reflects live state.
+
+mod common;
+
+use holdfast_engine::ingest;
+use holdfast_engine::testkit::TestRedis;
+use sqlx::PgPool;
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn metrics_expose_health_lag_and_lanes(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = common::spawn(common::backends(pool, &redis.url()).await).await;
+    let mut conn = redis.connection().await;
+    ingest::pause(&mut conn, "feeds").await.unwrap();
+    ingest::enqueue(&mut conn, "feeds", "erp", b"{}", 10)
+        .await
+        .unwrap();
+
+    let res = reqwest::get(server.url("/metrics")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain")
+    );
+    let text = res.text().await.unwrap();
+    for line in [
+        "holdfast_redis_up 1",
+        "holdfast_postgres_up 1",
+        "holdfast_reaper_released_total 0",
+        "holdfast_write_behind_lag_entries 0",
+        "holdfast_ingest_backlog{lane=\"feeds\"} 1",
+        "holdfast_ingest_paused{lane=\"feeds\"} 1",
+        "holdfast_ingest_paused{lane=\"orders\"} 0",
+        "holdfast_ingest_applied_total{lane=\"orders\"} 0",
+        "# TYPE holdfast_write_behind_events_total counter",
+    ] {
+        assert!(
+            text.lines().any(|l| l == line),
+            "missing `{line}` in:\n{text}"
+        );
+    }
+}
