@@ -50,7 +50,11 @@ run_e2e() {
         sleep 0.2
     done
     curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null || { cat "$out/server.log" >&2; die "the server never became ready"; }
-    (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" npx playwright test)
+    local token
+    token=$(DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_LOG=warn \
+        "$CARGO_TARGET_DIR/debug/holdfast" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)
+    [ -n "$token" ] || die "could not create an API token for the browser tests"
+    (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" HOLDFAST_TOKEN="$token" npx playwright test)
 }
 
 prepare

@@ -293,6 +293,18 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
     let state = AppState {
         workers: stats,
         ingest: Arc::new(ingest),
+        badges: Arc::new(crate::badge::BadgeHub::new(
+            backends.engine.clone(),
+            backends.pg.clone(),
+            crate::badge::BadgeConfig {
+                origins: args
+                    .badge_origins
+                    .iter()
+                    .map(|o| o.trim().trim_end_matches('/').to_owned())
+                    .collect(),
+                ..crate::badge::BadgeConfig::default()
+            },
+        )),
         api: Arc::new(crate::api::ApiState::with_limits(
             args.api_rate,
             args.ingest_rate,

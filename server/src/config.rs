@@ -246,6 +246,14 @@ pub struct ServeArgs {
     /// Most webhooks per second per source (bursts of twice that); 0 for no limit.
     #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::api::DEFAULT_SOURCE_RATE)]
     pub ingest_rate: u32,
+    /// Origins (`https://shop.example`) whose pages may embed live stock badges,
+    /// comma-separated in the environment. This server's own pages always may.
+    #[arg(
+        long = "badge-origin",
+        env = "HOLDFAST_BADGE_ORIGINS",
+        value_delimiter = ','
+    )]
+    pub badge_origins: Vec<String>,
     /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
     /// out checkout); 0 for no limit.
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]

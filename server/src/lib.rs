@@ -3,6 +3,7 @@
 //! tests build the same router from an [`state::AppState`] and serve it on port 0.
 
 pub mod api;
+pub mod badge;
 pub mod cli;
 pub mod config;
 pub mod feed;
@@ -33,6 +34,8 @@ pub fn router(state: AppState) -> Router {
         .merge(api::routes())
         .merge(routes::ingest::routes())
         .merge(routes::metrics::routes())
+        .merge(badge::routes::routes())
+        .merge(routes::demo::routes())
         .leptos_routes_with_context(
             &state,
             routes,
@@ -51,7 +54,9 @@ pub async fn serve(
     router: Router,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    axum::serve(listener, router)
+    // Connect info gives handlers the client's address (per-client badge limits).
+    let service = router.into_make_service_with_connect_info::<std::net::SocketAddr>();
+    axum::serve(listener, service)
         .with_graceful_shutdown(shutdown)
         .await
 }
@@ -70,9 +75,15 @@ pub fn start_live(
     let feed = state.feed.clone();
     let keys = state.backends.engine.keyspace();
     let events = feed.subscribe();
+    let badge_events = feed.subscribe();
     vec![
         tokio::spawn(feed.run(redis_url.to_owned(), keys, stopped(stop.clone()))),
-        tokio::spawn(clear_sold_out(events, state.api.clone(), stopped(stop))),
+        tokio::spawn(clear_sold_out(
+            events,
+            state.api.clone(),
+            stopped(stop.clone()),
+        )),
+        tokio::spawn(state.badges.clone().run(badge_events, stopped(stop))),
     ]
 }
 

@@ -7,6 +7,7 @@ use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
 
 use crate::api::ApiState;
+use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
 use crate::routes::ingest::IngestConfig;
 use crate::workers::WorkerStats;
@@ -26,6 +27,8 @@ pub struct AppState {
     pub feed: Feed,
     /// Webhook sources and lane caps.
     pub ingest: Arc<IngestConfig>,
+    /// Shopper badges (public, read-only).
+    pub badges: Arc<BadgeHub>,
 }
 
 impl AppState {
@@ -33,11 +36,16 @@ impl AppState {
     pub fn new(leptos: LeptosOptions, backends: Backends) -> Self {
         Self {
             leptos,
-            backends,
             workers: Arc::new(WorkerStats::new()),
             api: Arc::default(),
             feed: Feed::new(4_096),
             ingest: Arc::new(IngestConfig::parse(&[]).unwrap_or_default()),
+            badges: Arc::new(BadgeHub::new(
+                backends.engine.clone(),
+                backends.pg.clone(),
+                BadgeConfig::default(),
+            )),
+            backends,
         }
     }
 }

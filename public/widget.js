@@ -1,0 +1,116 @@
+/* Holdfast stock badge. Embed on any page:
+ *   <script src="https://<holdfast-host>/widget.js" async></script>
+ *   <holdfast-stock sku="DROP-001"></holdfast-stock>
+ * Every badge on a page shares one WebSocket; when WebSockets are unavailable the
+ * badges poll a cacheable JSON endpoint. Theme with CSS custom properties:
+ * --holdfast-bg, --holdfast-color, --holdfast-low-bg, --holdfast-low-color,
+ * --holdfast-soldout-bg, --holdfast-soldout-color, --holdfast-radius,
+ * --holdfast-font-size, --holdfast-padding. */
+(() => {
+  if (customElements.get('holdfast-stock')) return;
+  const src = document.currentScript && document.currentScript.src;
+  const origin = new URL(src || location.href).origin;
+  const MAX = 20;
+  const els = new Map(); // sku -> Set of elements
+  const last = new Map(); // sku -> last badge shown
+  let ws = null, tries = 0, polling = null, pending = false;
+
+  const CSS = `:host{display:inline-block;font:inherit}
+.b{display:inline-flex;align-items:center;gap:.45em;padding:var(--holdfast-padding,.2em .65em);
+border-radius:var(--holdfast-radius,999px);font-size:var(--holdfast-font-size,.9em);font-weight:600;
+background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
+.b[data-state=low]{background:var(--holdfast-low-bg,#fff3dc);color:var(--holdfast-low-color,#7a4300)}
+.b[data-state=sold_out]{background:var(--holdfast-soldout-bg,#fdeaea);color:var(--holdfast-soldout-color,#9b1c1c)}
+.b[data-state=unknown],.b[data-state=loading]{background:#f0f1f3;color:#4a5260}
+.d{width:.55em;height:.55em;border-radius:50%;background:currentColor}`;
+
+  function label(b, prev) {
+    const back = prev && prev.state === 'sold_out' && (b.state === 'in_stock' || b.state === 'low');
+    if (b.state === 'low') return (back ? 'Back in stock: only ' : 'Only ') + b.left + ' left';
+    if (b.state === 'in_stock') return back ? 'Back in stock' : 'In stock';
+    if (b.state === 'sold_out') return 'Sold out';
+    return 'Not available';
+  }
+
+  function show(b) {
+    const prev = last.get(b.sku);
+    if (prev && prev.state === b.state && prev.left === b.left) return;
+    const text = label(b, prev);
+    last.set(b.sku, b);
+    for (const el of els.get(b.sku) || []) el._set(b.state, text);
+  }
+
+  function skus() { return [...els.keys()].slice(0, MAX); }
+
+  function subscribe() {
+    if (pending) return;
+    pending = true;
+    queueMicrotask(() => {
+      pending = false;
+      if (ws && ws.readyState === 1) ws.send(JSON.stringify({ subscribe: skus() }));
+      else if (!ws) connect();
+      if (polling) poll();
+    });
+  }
+
+  function startPolling() {
+    if (polling) return;
+    polling = setInterval(poll, 5000);
+    poll();
+  }
+
+  function stopPolling() { clearInterval(polling); polling = null; }
+
+  async function poll() {
+    const list = skus();
+    if (!list.length) return;
+    try {
+      // The server sends an ETag; 'no-cache' revalidates it, so unchanged polls are 304s.
+      const r = await fetch(origin + '/public/stock?skus=' + encodeURIComponent(list.join(',')),
+        { cache: 'no-cache', credentials: 'omit' });
+      if (r.ok) (await r.json()).forEach(show);
+    } catch (_) { /* offline: the next poll retries */ }
+  }
+
+  function connect() {
+    if (typeof WebSocket !== 'function') { startPolling(); return; }
+    let opened = false;
+    try { ws = new WebSocket(origin.replace(/^http/, 'ws') + '/public/ws'); } catch (_) { ws = null; startPolling(); return; }
+    ws.onopen = () => { opened = true; tries = 0; stopPolling(); ws.send(JSON.stringify({ subscribe: skus() })); };
+    ws.onmessage = (m) => { try { const b = JSON.parse(m.data); if (b.sku) show(b); } catch (_) {} };
+    ws.onclose = () => {
+      ws = null;
+      if (!opened) startPolling();
+      // Jittered exponential backoff, so a server restart is not met by every page at once.
+      const delay = Math.min(30000, 500 * 2 ** tries++) * (0.5 + Math.random() / 2);
+      setTimeout(connect, delay);
+    };
+  }
+
+  class HoldfastStock extends HTMLElement {
+    connectedCallback() {
+      if (!this.shadowRoot) {
+        const root = this.attachShadow({ mode: 'open' });
+        root.innerHTML = `<style>${CSS}</style><span class="b" part="badge" data-state="loading" role="status" aria-live="polite"><span class="d" aria-hidden="true"></span><span class="l">Checking stock…</span></span>`;
+      }
+      this._sku = (this.getAttribute('sku') || '').trim();
+      if (!this._sku) return;
+      if (!els.has(this._sku)) els.set(this._sku, new Set());
+      els.get(this._sku).add(this);
+      const b = last.get(this._sku);
+      if (b) this._set(b.state, label(b));
+      subscribe();
+    }
+    disconnectedCallback() {
+      const set = els.get(this._sku);
+      if (set) { set.delete(this); if (!set.size) { els.delete(this._sku); subscribe(); } }
+    }
+    _set(state, text) {
+      const b = this.shadowRoot.querySelector('.b');
+      b.dataset.state = state;
+      b.querySelector('.l').textContent = text;
+      this.setAttribute('state', state);
+    }
+  }
+  customElements.define('holdfast-stock', HoldfastStock);
+})();

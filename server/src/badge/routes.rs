@@ -1,0 +1,196 @@
+//! The public badge endpoints: `GET /public/stock?skus=…` (cacheable JSON, the
+//! polling fallback) and `GET /public/ws` (live updates).
+//!
+//! WebSocket protocol: the page sends `{"subscribe": ["DROP-001", …]}` (again to
+//! change the set); the server answers with each SKU's badge at once and then
+//! whenever it changes: `{"sku": "DROP-001", "state": "low", "left": 3}`.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{ConnectInfo, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+use tokio_stream::StreamExt;
+use tokio_stream::wrappers::WatchStream;
+
+use super::Badge;
+use crate::state::AppState;
+
+/// The badge routes.
+pub fn routes() -> Router<AppState> {
+    Router::new()
+        .route("/public/stock", get(poll))
+        .route("/public/ws", get(live))
+}
+
+/// Whether a page from `origin` may use the feed: the server's own origin, or one
+/// on the deployment's allow-list. Requests without an Origin (not from a
+/// browser page) cannot be cross-site attacks and are allowed.
+fn origin_allowed(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ()> {
+    let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
+        return Ok(None);
+    };
+    let own = headers
+        .get(header::HOST)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|host| {
+            origin == format!("http://{host}") || origin == format!("https://{host}")
+        });
+    if own || state.badges.config.origins.iter().any(|o| o == origin) {
+        Ok(Some(origin.to_owned()))
+    } else {
+        Err(())
+    }
+}
+
+/// The SKUs of a poll, or why they are refused.
+fn parse_skus(state: &AppState, list: &str) -> Result<Vec<String>, String> {
+    let skus: Vec<String> = list
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned)
+        .collect();
+    let max = state.badges.config.max_subscriptions;
+    if skus.is_empty()
+        || skus.len() > max
+        || !skus.iter().all(|s| holdfast_engine::engine::valid_sku(s))
+    {
+        return Err(format!("give 1 to {max} valid SKU codes"));
+    }
+    Ok(skus)
+}
+
+/// Query of `GET /public/stock`.
+#[derive(Debug, Deserialize)]
+pub struct PollQuery {
+    /// Comma-separated SKU codes.
+    pub skus: String,
+}
+
+/// `GET /public/stock?skus=A,B`: the badges as JSON, with an ETag and a one-second
+/// public cache, so polling pages cost little.
+async fn poll(
+    State(state): State<AppState>,
+    headers: HeaderMap,
+    Query(q): Query<PollQuery>,
+) -> Response {
+    let skus = match parse_skus(&state, &q.skus) {
+        Ok(s) => s,
+        Err(why) => return (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
+    };
+    let mut badges: Vec<Badge> = Vec::with_capacity(skus.len());
+    for sku in &skus {
+        badges.push(state.badges.current(sku).await);
+    }
+    let body = serde_json::to_string(&badges).unwrap_or_default();
+    let etag = format!(
+        "\"{}\"",
+        &hex::encode(Sha256::digest(body.as_bytes()))[..16]
+    );
+    let mut response = if headers
+        .get(header::IF_NONE_MATCH)
+        .and_then(|v| v.to_str().ok())
+        == Some(etag.as_str())
+    {
+        StatusCode::NOT_MODIFIED.into_response()
+    } else {
+        ([(header::CONTENT_TYPE, "application/json")], body).into_response()
+    };
+    let h = response.headers_mut();
+    if let Ok(v) = HeaderValue::from_str(&etag) {
+        h.insert(header::ETAG, v);
+    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("public, max-age=1"),
+    );
+    h.insert(header::VARY, HeaderValue::from_static("Origin"));
+    if let Ok(Some(origin)) = origin_allowed(&state, &headers)
+        && let Ok(v) = HeaderValue::from_str(&origin)
+    {
+        h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
+    }
+    response
+}
+
+/// `GET /public/ws`: the live feed. Refused (403) for an origin outside the
+/// allow-list and (429) past the connections allowed per client address.
+async fn live(
+    State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    headers: HeaderMap,
+    ws: WebSocketUpgrade,
+) -> Response {
+    if origin_allowed(&state, &headers).is_err() {
+        return (
+            StatusCode::FORBIDDEN,
+            "this origin may not embed Holdfast badges",
+        )
+            .into_response();
+    }
+    let ip = peer.ip();
+    if !state.badges.admit(ip) {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(header::RETRY_AFTER, "10")],
+            "too many connections",
+        )
+            .into_response();
+    }
+    // Badge connections are mostly idle: small buffers keep thousands of them cheap.
+    ws.read_buffer_size(4 * 1024)
+        .write_buffer_size(0)
+        .max_write_buffer_size(64 * 1024)
+        .max_message_size(4 * 1024)
+        .on_upgrade(move |socket| async move {
+            serve_socket(&state, socket).await;
+            state.badges.leave(ip);
+        })
+}
+
+/// A subscription request from a page.
+#[derive(Debug, Deserialize)]
+struct Subscribe {
+    subscribe: Vec<String>,
+}
+
+async fn serve_socket(state: &AppState, mut socket: WebSocket) {
+    let mut streams = tokio_stream::StreamMap::new();
+    loop {
+        tokio::select! {
+            incoming = socket.recv() => {
+                let Some(Ok(message)) = incoming else { return };
+                let Message::Text(text) = message else { continue };
+                let Ok(request) = serde_json::from_str::<Subscribe>(&text) else {
+                    let _ = socket.send(Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await;
+                    continue;
+                };
+                let max = state.badges.config.max_subscriptions;
+                if request.subscribe.len() > max
+                    || !request.subscribe.iter().all(|s| holdfast_engine::engine::valid_sku(s))
+                {
+                    let _ = socket.send(Message::Text(format!(r#"{{"error":"subscribe to at most {max} valid SKU codes"}}"#).into())).await;
+                    continue;
+                }
+                streams = tokio_stream::StreamMap::new();
+                for sku in request.subscribe {
+                    // WatchStream yields the current badge first, then the newest after each change.
+                    let rx = state.badges.watch(&sku).await;
+                    streams.insert(sku, WatchStream::new(rx));
+                }
+            }
+            Some((_, badge)) = streams.next(), if !streams.is_empty() => {
+                let text = serde_json::to_string(&badge).unwrap_or_default();
+                if socket.send(Message::Text(text.into())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
