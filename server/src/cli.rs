@@ -302,6 +302,7 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
                     .iter()
                     .map(|o| o.trim().trim_end_matches('/').to_owned())
                     .collect(),
+                max_connections_per_client: args.badge_max_connections_per_client,
                 ..crate::badge::BadgeConfig::default()
             },
         )),

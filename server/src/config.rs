@@ -254,6 +254,13 @@ pub struct ServeArgs {
         value_delimiter = ','
     )]
     pub badge_origins: Vec<String>,
+    /// Most live badge connections per client address.
+    #[arg(
+        long,
+        env = "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT",
+        default_value_t = 50
+    )]
+    pub badge_max_connections_per_client: usize,
     /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
     /// out checkout); 0 for no limit.
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]

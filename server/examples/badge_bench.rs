@@ -1,0 +1,199 @@
+//! Benchmark: 10,000 live badge connections on one server process: its memory
+//! per connection, and how long after a sell-out 99% of them show it.
+//!
+//! Starts a private `redis-server`, a fresh database and the release `holdfast`
+//! binary; opens the connections from this process (a tokio-tungstenite client
+//! with small buffers), each following one SKU; reads the server's resident
+//! memory before and after; then sells the SKU out and times every connection's
+//! "sold_out" message.
+//!
+//! ```sh
+//! cargo build --release -p holdfast-server --bin holdfast --examples
+//! target/release/examples/badge_bench --connections 10000
+//! ```
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use holdfast_engine::testkit::{TestRedis, free_port, stock};
+use holdfast_engine::{Engine, EngineConfig};
+use tokio::sync::{Semaphore, watch};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
+
+fn arg(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| v.parse().expect("a number"))
+}
+
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("VmRSS:"))
+                .map(str::to_owned)
+        })
+        .and_then(|l| l.split_whitespace().nth(1).and_then(|v| v.parse().ok()))
+        .unwrap_or(0)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = arg("--connections", 10_000) as usize;
+    let redis = TestRedis::start();
+    let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_badge").await;
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand, low_stock_threshold) VALUES ('BADGE-1', 'B', 'B', 100, 5)")
+        .execute(&pg)
+        .await
+        .unwrap();
+    let engine = Engine::new(redis.connection().await, EngineConfig::default());
+    stock(&engine, "BADGE-1", 100).await;
+
+    let port = free_port();
+    let exe = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("holdfast");
+    let server = Server(
+        Command::new(&exe)
+            .arg("serve")
+            .env("REDIS_URL", redis.url())
+            .env("DATABASE_URL", &pg_url)
+            .env("HOLDFAST_LISTEN", format!("127.0.0.1:{port}"))
+            .env(
+                "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT",
+                (n + 10).to_string(),
+            )
+            .env("HOLDFAST_RECONCILE_EVERY_SECS", "0")
+            .env("HOLDFAST_LOG", "warn")
+            .stdout(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "start {} (build it with --release first): {e}",
+                    exe.display()
+                )
+            }),
+    );
+    let pid = server.0.id();
+    let base = format!("127.0.0.1:{port}");
+    for _ in 0..100 {
+        if reqwest::get(format!("http://{base}/readyz"))
+            .await
+            .is_ok_and(|r| r.status() == 200)
+        {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // One connection first, so the SKU's channel and the process's fixed costs exist before measuring.
+    let config = WebSocketConfig::default()
+        .read_buffer_size(4096)
+        .write_buffer_size(0);
+    let url = format!("ws://{base}/public/ws");
+    let subscribe = Message::Text(r#"{"subscribe":["BADGE-1"]}"#.into());
+    let (mut probe, _) = tokio_tungstenite::connect_async_with_config(&url, Some(config), true)
+        .await
+        .unwrap();
+    probe.send(subscribe.clone()).await.unwrap();
+    probe.next().await.unwrap().unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let before = rss_kib(pid);
+
+    let (go_tx, go_rx) = watch::channel::<Option<Instant>>(None);
+    let connecting = Arc::new(Semaphore::new(200));
+    let mut tasks = tokio::task::JoinSet::new();
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(n);
+    let started = Instant::now();
+    for _ in 0..n {
+        let (url, subscribe, mut go_rx, ready_tx, connecting) = (
+            url.clone(),
+            subscribe.clone(),
+            go_rx.clone(),
+            ready_tx.clone(),
+            connecting.clone(),
+        );
+        tasks.spawn(async move {
+            let permit = connecting.acquire_owned().await.unwrap();
+            let (mut ws, _) =
+                tokio_tungstenite::connect_async_with_config(&url, Some(config), true)
+                    .await
+                    .ok()?;
+            ws.send(subscribe).await.ok()?;
+            let first = ws.next().await?.ok()?;
+            drop(permit);
+            assert!(first.to_text().unwrap_or_default().contains("in_stock"));
+            let _ = ready_tx.send(()).await;
+            go_rx.wait_for(Option::is_some).await.ok()?;
+            let t0 = (*go_rx.borrow()).unwrap_or_else(Instant::now);
+            while let Some(Ok(m)) = ws.next().await {
+                if m.to_text().unwrap_or_default().contains("sold_out") {
+                    return Some(t0.elapsed());
+                }
+            }
+            None
+        });
+    }
+    drop(ready_tx);
+    let mut connected = 0;
+    while connected < n && ready_rx.recv().await.is_some() {
+        connected += 1;
+    }
+    let connect_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let after = rss_kib(pid);
+
+    go_tx.send(Some(Instant::now())).unwrap();
+    stock(&engine, "BADGE-1", 0).await;
+    let mut seen: Vec<Duration> = Vec::with_capacity(n);
+    while let Some(r) = tasks.join_next().await {
+        if let Ok(Some(d)) = r {
+            seen.push(d);
+        }
+    }
+    seen.sort_unstable();
+    let p = |q: f64| {
+        seen.get(((seen.len().max(1) - 1) as f64 * q) as usize)
+            .map_or(f64::NAN, |d| d.as_secs_f64() * 1000.0)
+    };
+    let within_1s = seen
+        .iter()
+        .filter(|d| **d <= Duration::from_secs(1))
+        .count();
+    let per_conn_kib = after.saturating_sub(before) as f64 / connected.max(1) as f64;
+    println!("| measure | result | budget |");
+    println!("|---|---|---|");
+    println!(
+        "| connections open on one process | {connected} of {n} (opened in {connect_secs:.1} s) | 10,000 |"
+    );
+    println!(
+        "| server memory per connection (RSS {before} KiB -> {after} KiB) | {per_conn_kib:.1} KiB | <= 20 KB |"
+    );
+    println!(
+        "| sell-out seen by connections | {} ({:.2}% within 1 s); p50 {:.0} ms, p99 {:.0} ms, max {:.0} ms | 99% within 1 s |",
+        seen.len(),
+        100.0 * within_1s as f64 / n as f64,
+        p(0.5),
+        p(0.99),
+        p(1.0)
+    );
+}
