@@ -58,6 +58,8 @@ pub struct BadgeConfig {
     pub max_connections_per_client: usize,
     /// Most SKUs one connection (or one poll) may follow.
     pub max_subscriptions: usize,
+    /// Polls per second per client address (bursts of twice that).
+    pub polls_per_second: u32,
 }
 
 impl Default for BadgeConfig {
@@ -66,6 +68,7 @@ impl Default for BadgeConfig {
             origins: Vec::new(),
             max_connections_per_client: 50,
             max_subscriptions: 20,
+            polls_per_second: 10,
         }
     }
 }
@@ -79,6 +82,8 @@ pub struct BadgeHub {
     skus: Mutex<HashMap<String, watch::Sender<Badge>>>,
     thresholds: Mutex<HashMap<String, (i64, Instant)>>,
     connections: Mutex<HashMap<IpAddr, usize>>,
+    /// Polls per client address.
+    pub polls: crate::api::ratelimit::RateLimiter,
 }
 
 /// How long a SKU's low-stock threshold is cached.
@@ -92,10 +97,13 @@ impl BadgeHub {
         Self {
             engine,
             pg,
-            config,
             skus: Mutex::default(),
             thresholds: Mutex::default(),
             connections: Mutex::default(),
+            polls: crate::api::ratelimit::RateLimiter::new(
+                crate::api::ratelimit::Limit::per_second(config.polls_per_second),
+            ),
+            config,
         }
     }
 

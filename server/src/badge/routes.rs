@@ -77,9 +77,15 @@ pub struct PollQuery {
 /// public cache, so polling pages cost little.
 async fn poll(
     State(state): State<AppState>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Query(q): Query<PollQuery>,
 ) -> Response {
+    // The address is the TCP peer's: behind a proxy every shopper would share one.
+    if let Err(secs) = state.badges.polls.check(&peer.ip().to_string()) {
+        let retry = [(header::RETRY_AFTER, secs.to_string())];
+        return (StatusCode::TOO_MANY_REQUESTS, retry, "polling too fast").into_response();
+    }
     let skus = match parse_skus(&state, &q.skus) {
         Ok(s) => s,
         Err(why) => return (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
