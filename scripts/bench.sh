@@ -2,13 +2,15 @@
 # Reruns every benchmark in release mode and prints the results as Markdown, with
 # the machine they ran on, for BENCHMARKS.md. Also saved to bench/output/latest.md.
 # Each benchmark starts its own redis-server; PostgreSQL is reused or started as
-# for the other scripts. Run it on an otherwise idle machine.
+# for the other scripts. Run it on an otherwise idle machine. The badge benchmark
+# opens 10,000 sockets in each of two processes: the open-files limit must allow it.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ensure_service_binaries
 ensure_postgres
 command -v redis-benchmark >/dev/null || apt_install redis-tools
 
+[ "$(ulimit -n)" -ge 12000 ] || ulimit -n 20000 2>/dev/null || die "raise the open-files limit to at least 12000 (ulimit -n)"
 out="$HOLDFAST_ROOT/bench/output"
 mkdir -p "$out"
 say "building the benchmarks and the server (release)"
@@ -43,4 +45,8 @@ run() {
     run checkout_bench --rate 5000 --seconds 5
     echo
     run checkout_bench --rate 5000 --seconds 5 --pause-feeds 1
+    echo
+    echo "### Shopper badges"
+    echo
+    run badge_bench --connections 10000
 } | tee "$out/latest.md"
