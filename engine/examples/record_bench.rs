@@ -13,17 +13,9 @@ use std::time::{Duration, Instant};
 
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
-use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::testkit::{TestRedis, flag};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest};
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
 
 /// Runs `n` reserve+confirm pairs over `clients` tasks on `sku_count` SKUs.
 async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefix: &str) {
@@ -54,8 +46,8 @@ async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefi
 
 #[tokio::main]
 async fn main() {
-    let skus = arg("--skus", 100_000);
-    let sales = arg("--sales", 20_000);
+    let skus = flag("--skus", 100_000);
+    let sales = flag("--sales", 20_000);
     let redis = TestRedis::start();
     let engine = Engine::new(redis.connection().await, EngineConfig::default());
     let (pg, _) = holdfast_engine::testkit::fresh_database("holdfast_bench").await;

@@ -13,33 +13,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::testkit::{TestRedis, flag, stock};
 use holdfast_engine::{Engine, EngineConfig, ReserveOutcome, ReserveRequest};
 
 const SKU: &str = "BENCH-1";
 const STOCK: i64 = 1_000_000_000_000;
-
-struct Args {
-    clients: usize,
-    seconds: u64,
-}
-
-fn args() -> Args {
-    let mut a = Args {
-        clients: 50,
-        seconds: 5,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let value = it.next().unwrap_or_default();
-        match flag.as_str() {
-            "--clients" => a.clients = value.parse().expect("--clients N"),
-            "--seconds" => a.seconds = value.parse().expect("--seconds N"),
-            other => panic!("unknown flag {other}; use --clients N --seconds N"),
-        }
-    }
-    a
-}
 
 /// Latency percentile, in milliseconds, of a sorted sample of nanoseconds.
 fn pct(sorted: &[u32], p: f64) -> f64 {
@@ -145,7 +123,7 @@ fn redis_benchmark_run(
 
 #[tokio::main]
 async fn main() {
-    let a = args();
+    let (clients, seconds) = (flag("--clients", 50) as usize, flag("--seconds", 5));
     let redis = TestRedis::start();
     let engine = Engine::new(redis.connection().await, EngineConfig::default());
     let mut admin = redis.connection().await;
@@ -158,7 +136,7 @@ async fn main() {
         .unwrap();
     assert!(matches!(warm_up, ReserveOutcome::Reserved { .. }));
 
-    let (e_rps, e_p50, e_p99) = engine_run(&engine, a.clients, a.seconds).await;
+    let (e_rps, e_p50, e_p99) = engine_run(&engine, clients, seconds).await;
     redis::cmd("FLUSHALL")
         .query_async::<()>(&mut admin)
         .await
@@ -168,23 +146,23 @@ async fn main() {
         .reserve(&ReserveRequest::single("warm-up", SKU, 1))
         .await
         .unwrap();
-    let requests = (e_rps * a.seconds as f64).max(50_000.0) as u64;
-    let (r_rps, r_p50, r_p99) = redis_benchmark_run(&redis, &engine, a.clients, requests);
+    let requests = (e_rps * seconds as f64).max(50_000.0) as u64;
+    let (r_rps, r_p50, r_p99) = redis_benchmark_run(&redis, &engine, clients, requests);
     let ratio = e_rps / r_rps;
 
     println!("| path | clients | reserves/s | p50 ms | p99 ms |");
     println!("|---|---|---|---|---|");
     println!(
         "| engine (Rust, one multiplexed connection) | {} | {:.0} | {:.3} | {:.3} |",
-        a.clients, e_rps, e_p50, e_p99
+        clients, e_rps, e_p50, e_p99
     );
     println!(
         "| redis-benchmark EVALSHA reserve.lua | {} | {:.0} | {:.3} | {:.3} |",
-        a.clients, r_rps, r_p50, r_p99
+        clients, r_rps, r_p50, r_p99
     );
     println!("\nratio engine / raw EVALSHA: {ratio:.2}");
     println!(
         "{{\"bench\":\"reserve_engine_vs_evalsha\",\"clients\":{},\"engine_rps\":{:.0},\"engine_p50_ms\":{:.3},\"engine_p99_ms\":{:.3},\"evalsha_rps\":{:.0},\"evalsha_p50_ms\":{:.3},\"evalsha_p99_ms\":{:.3},\"ratio\":{:.3}}}",
-        a.clients, e_rps, e_p50, e_p99, r_rps, r_p50, r_p99, ratio
+        clients, e_rps, e_p50, e_p99, r_rps, r_p50, r_p99, ratio
     );
 }

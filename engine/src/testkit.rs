@@ -338,3 +338,18 @@ pub async fn fresh_database(name: &str) -> (sqlx::PgPool, String) {
         .expect("create the database");
     (pool, url)
 }
+
+/// The number after `--name` on the command line, or `default` (for benchmarks).
+///
+/// # Panics
+/// When the value is not a number.
+pub fn flag(name: &str, default: u64) -> u64 {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter()
+        .position(|a| a == name)
+        .and_then(|i| args.get(i + 1))
+        .map_or(default, |v| {
+            v.parse()
+                .unwrap_or_else(|_| panic!("{name} takes a number, not '{v}'"))
+        })
+}

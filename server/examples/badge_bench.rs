@@ -12,35 +12,19 @@
 //! target/release/examples/badge_bench --connections 10000
 //! ```
 
-use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::{SinkExt, StreamExt};
-use holdfast_engine::testkit::{TestRedis, free_port, stock};
+use holdfast_engine::testkit::{TestRedis, flag, stock};
 use holdfast_engine::{Engine, EngineConfig};
 use tokio::sync::{Semaphore, watch};
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
 
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Resident memory of process `pid`, in KiB.
+mod common;
+
 fn rss_kib(pid: u32) -> u64 {
     std::fs::read_to_string(format!("/proc/{pid}/status"))
         .ok()
@@ -55,7 +39,7 @@ fn rss_kib(pid: u32) -> u64 {
 
 #[tokio::main]
 async fn main() {
-    let n = arg("--connections", 10_000) as usize;
+    let n = flag("--connections", 10_000) as usize;
     let redis = TestRedis::start();
     let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_badge").await;
     sqlx::query("INSERT INTO skus (sku, title, product, on_hand, low_stock_threshold) VALUES ('BADGE-1', 'B', 'B', 100, 5)")
@@ -65,46 +49,17 @@ async fn main() {
     let engine = Engine::new(redis.connection().await, EngineConfig::default());
     stock(&engine, "BADGE-1", 100).await;
 
-    let port = free_port();
-    let exe = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("holdfast");
-    let server = Server(
-        Command::new(&exe)
-            .arg("serve")
-            .env("REDIS_URL", redis.url())
-            .env("DATABASE_URL", &pg_url)
-            .env("HOLDFAST_LISTEN", format!("127.0.0.1:{port}"))
-            .env(
-                "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT",
-                (n + 10).to_string(),
-            )
-            .env("HOLDFAST_RECONCILE_EVERY_SECS", "0")
-            .env("HOLDFAST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "start {} (build it with --release first): {e}",
-                    exe.display()
-                )
-            }),
-    );
-    let pid = server.0.id();
-    let base = format!("127.0.0.1:{port}");
-    for _ in 0..100 {
-        if reqwest::get(format!("http://{base}/readyz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let server = common::start(
+        &redis.url(),
+        &pg_url,
+        &[(
+            "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT",
+            (n + 10).to_string(),
+        )],
+    )
+    .await;
+    let pid = server.pid();
+    let base = server.addr.clone();
     // One connection first, so the SKU's channel and the process's fixed costs exist before measuring.
     let config = WebSocketConfig::default()
         .read_buffer_size(4096)

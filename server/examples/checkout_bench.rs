@@ -13,32 +13,16 @@
 //! target/release/examples/checkout_bench --rate 2000 --seconds 10 --pause-feeds 1
 //! ```
 
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use holdfast_engine::testkit::{TestRedis, free_port};
+use holdfast_engine::testkit::{TestRedis, flag};
 use holdfast_engine::tokens::{self, Scope};
 use holdfast_engine::warmup;
 use sqlx::Executor;
 
+mod common;
+
 const SECRET: &str = "bench-feed-secret-0123";
-
-fn arg(name: &str, default: u64) -> u64 {
-    let args: Vec<String> = std::env::args().collect();
-    args.iter()
-        .position(|a| a == name)
-        .and_then(|i| args.get(i + 1))
-        .map_or(default, |v| v.parse().expect("a number"))
-}
-
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Fires `rate` reservations per second for `seconds`; returns sorted latencies (µs) and failures.
 async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> (Vec<u64>, u64) {
@@ -87,12 +71,12 @@ fn pct(sorted: &[u64], p: f64) -> f64 {
 
 #[tokio::main]
 async fn main() {
-    let rate = arg("--rate", 2_000);
-    let seconds = arg("--seconds", 10);
-    let feed_lines = arg("--feed-lines", 100_000);
+    let rate = flag("--rate", 2_000);
+    let seconds = flag("--seconds", 10);
+    let feed_lines = flag("--feed-lines", 100_000);
     // 1: pause the feeds lane during the busy phase (payloads are still received,
     // signed and queued, but not applied), as an operator would during a drop.
-    let pause_feeds = arg("--pause-feeds", 0) == 1;
+    let pause_feeds = flag("--pause-feeds", 0) == 1;
     let redis = TestRedis::start();
     let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_api").await;
     pg.execute("INSERT INTO skus (sku, title, product, on_hand) VALUES ('HOT-1', 'Hot', 'Hot', 1000000000)")
@@ -118,44 +102,17 @@ async fn main() {
         .unwrap()
         .secret;
 
-    let port = free_port();
-    let exe = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("holdfast");
-    let _server = Server(
-        Command::new(&exe)
-            .arg("serve")
-            .env("REDIS_URL", redis.url())
-            .env("DATABASE_URL", &pg_url)
-            .env("HOLDFAST_LISTEN", format!("127.0.0.1:{port}"))
-            .env("HOLDFAST_INGEST_SOURCES", format!("erp=feeds:{SECRET}"))
-            .env("HOLDFAST_API_RATE", "0")
-            .env("HOLDFAST_INGEST_RATE", "0")
-            .env("HOLDFAST_RECONCILE_EVERY_SECS", "0")
-            .env("HOLDFAST_LOG", "warn")
-            .stdout(Stdio::null())
-            .spawn()
-            .unwrap_or_else(|e| {
-                panic!(
-                    "start {} (build it with --release first): {e}",
-                    exe.display()
-                )
-            }),
-    );
-    let base = format!("http://127.0.0.1:{port}");
-    for _ in 0..100 {
-        if reqwest::get(format!("{base}/readyz"))
-            .await
-            .is_ok_and(|r| r.status() == 200)
-        {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let server = common::start(
+        &redis.url(),
+        &pg_url,
+        &[
+            ("HOLDFAST_INGEST_SOURCES", format!("erp=feeds:{SECRET}")),
+            ("HOLDFAST_API_RATE", "0".into()),
+            ("HOLDFAST_INGEST_RATE", "0".into()),
+        ],
+    )
+    .await;
+    let base = format!("http://{}", server.addr);
     // Warm the connection pool and the server, then let the write-behind finish the
     // warm-up's events so they do not land in the measurement.
     drive(&base, &token, 500, 1, "warmup").await;
