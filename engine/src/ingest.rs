@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::kv;
 use crate::payload::{self, Change, FeedEvent};
 use crate::stock::{DeltaOutcome, SnapshotOutcome};
 
@@ -311,6 +312,7 @@ pub struct LaneConsumer {
     lane: LaneConfig,
     name: String,
     stats: Arc<LaneStats>,
+    group_ready: bool,
 }
 
 impl LaneConsumer {
@@ -328,28 +330,27 @@ impl LaneConsumer {
             lane,
             name,
             stats,
-        }
-    }
-
-    async fn ensure_group(&mut self) -> Result<(), EngineError> {
-        let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-            .arg("CREATE")
-            .arg(lane_key(&self.lane.name))
-            .arg(GROUP)
-            .arg("0")
-            .arg("MKSTREAM")
-            .query_async(&mut self.conn)
-            .await;
-        match created {
-            Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
-            _ => Ok(()),
+            group_ready: false,
         }
     }
 
     /// Reads and applies up to one batch of payloads (its own unfinished ones first).
     /// Does nothing while the lane is paused.
     pub async fn process_once(&mut self, block: Duration) -> Result<Processed, EngineError> {
-        self.ensure_group().await?;
+        // The group is made once, and again after any failure (Redis may have
+        // restarted empty), not on every poll.
+        if !self.group_ready {
+            kv::ensure_group(&mut self.conn, &lane_key(&self.lane.name), GROUP).await?;
+            self.group_ready = true;
+        }
+        let result = self.process(block).await;
+        if result.is_err() {
+            self.group_ready = false;
+        }
+        result
+    }
+
+    async fn process(&mut self, block: Duration) -> Result<Processed, EngineError> {
         let paused: bool = redis::cmd("EXISTS")
             .arg(paused_key(&self.lane.name))
             .query_async(&mut self.conn)

@@ -87,3 +87,24 @@ pub async fn ping(conn: &ConnectionManager, timeout: Duration) -> Result<(), Str
         Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
 }
+
+/// Creates consumer group `group` on `stream` (and the stream), doing nothing if
+/// it exists. Needed again after Redis loses its data.
+pub async fn ensure_group(
+    conn: &mut ConnectionManager,
+    stream: &str,
+    group: &str,
+) -> Result<(), EngineError> {
+    let created: redis::RedisResult<()> = redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg(stream)
+        .arg(group)
+        .arg("0")
+        .arg("MKSTREAM")
+        .query_async(conn)
+        .await;
+    match created {
+        Err(e) if e.code() != Some("BUSYGROUP") => Err(e.into()),
+        _ => Ok(()),
+    }
+}

@@ -111,7 +111,7 @@ pub async fn reconcile_all(
             "a reconciliation is already running (the reconcile lock is held)".into(),
         ));
     };
-    let result = run(engine, pg, options, lease.fence, &lease, progress).await;
+    let result = run(engine, pg, options, &lease, progress).await;
     if let Err(e) = engine.release_lock(&lease).await {
         tracing::warn!(error = %e, "could not release the reconcile lock; it lapses by itself");
     }
@@ -122,11 +122,11 @@ async fn run(
     engine: &Engine,
     pg: &PgPool,
     options: &ReconcileOptions,
-    token: i64,
     lease: &crate::locks::Lease,
     mut progress: impl FnMut(ReconcileProgress),
 ) -> Result<ReconcileReport, EngineError> {
     let started = Instant::now();
+    let token = lease.fence;
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM skus")
         .fetch_one(pg)
         .await?;

@@ -25,6 +25,7 @@ use sqlx::PgPool;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::events::{Event, EventKind};
+use crate::kv;
 
 /// The consumer group every write-behind process joins.
 pub const GROUP: &str = "holdfast-record";
@@ -132,6 +133,7 @@ pub struct WriteBehind {
     conn: ConnectionManager,
     config: WriteBehindConfig,
     stats: Arc<WriteBehindStats>,
+    groups_ready: bool,
 }
 
 impl WriteBehind {
@@ -149,32 +151,33 @@ impl WriteBehind {
             conn,
             config,
             stats,
+            groups_ready: false,
         }
     }
 
     /// Creates the consumer group on every shard's stream (idempotent).
     pub async fn ensure_groups(&mut self) -> Result<(), EngineError> {
         for key in self.engine.keyspace().all_events() {
-            let created: redis::RedisResult<()> = redis::cmd("XGROUP")
-                .arg("CREATE")
-                .arg(&key)
-                .arg(GROUP)
-                .arg("0")
-                .arg("MKSTREAM")
-                .query_async(&mut self.conn)
-                .await;
-            match created {
-                Ok(()) => {}
-                Err(e) if e.code() == Some("BUSYGROUP") => {}
-                Err(e) => return Err(e.into()),
-            }
+            kv::ensure_group(&mut self.conn, &key, GROUP).await?;
         }
+        self.groups_ready = true;
         Ok(())
+    }
+
+    /// Creates the groups unless they were made since the last failure: a Redis
+    /// that restarted empty needs them again, a healthy one does not.
+    async fn ready(&mut self) -> Result<(), EngineError> {
+        if self.groups_ready {
+            Ok(())
+        } else {
+            self.ensure_groups().await
+        }
     }
 
     /// Reads and applies one batch: this consumer's own pending entries first (a
     /// batch that failed before), then new ones. Returns what it applied.
     pub async fn run_once(&mut self) -> Result<BatchReport, EngineError> {
+        self.ready().await?;
         let mut batches = self.read(false).await?;
         if batches.iter().all(|b| b.ids.is_empty()) {
             batches = self.read(true).await?;
@@ -184,6 +187,7 @@ impl WriteBehind {
 
     /// Takes over entries left pending by dead consumers and applies them.
     pub async fn reclaim_once(&mut self) -> Result<BatchReport, EngineError> {
+        self.ready().await?;
         let mut batches = Vec::new();
         for shard in 0..self.engine.keyspace().shards() {
             let key = self.engine.keyspace().events(shard);
@@ -473,7 +477,6 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
     let mut last_claim = Instant::now();
     loop {
         let step = async {
-            worker.ensure_groups().await?;
             if last_claim.elapsed() >= worker.config.claim_idle {
                 last_claim = Instant::now();
                 worker.reclaim_once().await?;
@@ -497,6 +500,8 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
                 }
             }
             Err(e) => {
+                // Redis may have restarted empty: make the groups again next time.
+                worker.groups_ready = false;
                 worker.stats.failures.fetch_add(1, Ordering::Relaxed);
                 worker.stats.set_error(Some(e.to_string()));
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "write-behind batch failed; events wait in the stream");

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_engine::events::{Event, EventReader};
+use holdfast_engine::events::{Event, EventReader, StreamCursor};
 use holdfast_engine::{EngineError, kv};
 use tokio::sync::broadcast;
 
@@ -39,8 +39,10 @@ impl Feed {
     ) {
         tokio::pin!(shutdown);
         let mut backoff = Duration::from_millis(100);
+        // Kept across reconnects, so a Redis blip delays events instead of dropping them.
+        let mut cursor = None;
         loop {
-            let attempt = self.tail(&redis_url, keys);
+            let attempt = self.tail(&redis_url, keys, &mut cursor);
             tokio::select! {
                 () = &mut shutdown => return,
                 Err(e) = attempt => {
@@ -59,12 +61,18 @@ impl Feed {
         &self,
         redis_url: &str,
         keys: holdfast_engine::keys::Keyspace,
+        cursor: &mut Option<StreamCursor>,
     ) -> Result<(), EngineError> {
         let mut reader = EventReader::new(kv::connect(redis_url).await?, keys);
-        let mut cursor = reader.tail_cursor().await?;
+        if cursor.is_none() {
+            *cursor = Some(reader.tail_cursor().await?);
+        }
+        let Some(cursor) = cursor.as_mut() else {
+            return Ok(());
+        };
         loop {
             for event in reader
-                .read(&mut cursor, 500, Some(Duration::from_millis(1_000)))
+                .read(cursor, 500, Some(Duration::from_millis(1_000)))
                 .await?
             {
                 // No listeners is fine: nothing to deliver.
