@@ -29,8 +29,9 @@ free_port() {
 
 # Starts a private Redis, a fresh database and the server with the demo drop, runs
 # Playwright against it, and stops what it started.
+E2E_PIDS=()
 run_e2e() {
-    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url pids=()
+    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url
     mkdir -p "$out"
     redis_port=$(free_port)
     web_port=$(free_port)
@@ -38,15 +39,16 @@ run_e2e() {
     psql "$(pg_admin_url "$DATABASE_URL")" -qc 'DROP DATABASE IF EXISTS holdfast_e2e WITH (FORCE)' >/dev/null
     redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
         --logfile "$out/redis.log" &
-    pids+=($!)
+    E2E_PIDS+=($!)
     DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_DEMO=true \
         HOLDFAST_LISTEN="127.0.0.1:$web_port" LEPTOS_SITE_ROOT="$HOLDFAST_ROOT/target/site" \
         "$CARGO_TARGET_DIR/debug/holdfast" serve >"$out/server.log" 2>&1 &
-    pids+=($!)
-    trap 'kill "${pids[@]}" 2>/dev/null || true' EXIT
+    E2E_PIDS+=($!)
+    # Global, not local: the trap runs after this function has returned.
+    trap 'kill "${E2E_PIDS[@]}" 2>/dev/null || true' EXIT
     for _ in $(seq 100); do
         curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null 2>&1 && break
-        kill -0 "${pids[1]}" 2>/dev/null || { cat "$out/server.log" >&2; die "the server exited during start-up"; }
+        kill -0 "${E2E_PIDS[1]}" 2>/dev/null || { cat "$out/server.log" >&2; die "the server exited during start-up"; }
         sleep 0.2
     done
     curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null || { cat "$out/server.log" >&2; die "the server never became ready"; }
@@ -54,7 +56,12 @@ run_e2e() {
     token=$(DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_LOG=warn \
         "$CARGO_TARGET_DIR/debug/holdfast" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)
     [ -n "$token" ] || die "could not create an API token for the browser tests"
-    (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" HOLDFAST_TOKEN="$token" npx playwright test)
+    # The demo's users (admin, support, viewer) sign in with the demo password;
+    # HOLDFAST_BIN lets a test take a lock through the CLI.
+    (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" HOLDFAST_TOKEN="$token" \
+        HOLDFAST_BIN="$CARGO_TARGET_DIR/debug/holdfast" DATABASE_URL="$db_url" \
+        REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_DEMO_PASSWORD=holdfast-demo \
+        npx playwright test)
 }
 
 prepare

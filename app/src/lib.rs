@@ -3,18 +3,26 @@
 //!
 //! The same code renders on the server (feature `ssr`) and hydrates in the browser
 //! (feature `hydrate`). Server functions in [`api`] run only on the server, where
-//! they call `holdfast-engine`; in the browser they become HTTP calls.
+//! they check the caller's role and call `holdfast-engine`; in the browser they
+//! become HTTP calls. [`live`] holds the tab's one WebSocket.
 
 pub mod api;
+pub mod components;
 pub mod dto;
+pub mod live;
 pub mod pages;
+#[cfg(feature = "ssr")]
+pub mod server;
 
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
-use leptos_router::{
-    StaticSegment,
-    components::{Route, Router, Routes},
-};
+use leptos_router::components::{A, Redirect, Route, Router, Routes};
+use leptos_router::path;
+
+use crate::api::auth::{Logout, current_user};
+use crate::components::ConnBadge;
+use crate::dto::people::{Me, RoleView};
+use crate::live::Live;
 
 /// The HTML document around the app, rendered once per request on the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -36,23 +44,130 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
     }
 }
 
-/// The root component: stylesheet, title and the page routes.
+/// The signed-in user as loaded once per page load.
+#[derive(Clone, Copy)]
+pub struct MeResource(pub Resource<Result<Option<Me>, ServerFnError>>);
+
+/// The root component: stylesheet, title, top bar and the page routes.
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
+    provide_context(Live::new());
+    provide_context(MeResource(Resource::new(|| (), |_| current_user())));
+    // Effects run only in the browser, so this flips once the WASM has hydrated
+    // the page; end-to-end tests wait for it before using the controls.
+    let hydrated = RwSignal::new(false);
+    Effect::new(move |_| hydrated.set(true));
+
     view! {
         <Stylesheet id="holdfast" href="/pkg/holdfast.css"/>
         <Title text="Holdfast"/>
         <Router>
-            <header class="topbar">
-                <a class="brand" href="/">"Holdfast"</a>
-                <span class="tagline">"live stock for flash sales"</span>
-            </header>
-            <main class="page">
+            <TopBar/>
+            <main class="page" data-hydrated=move || hydrated.get().to_string()>
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
-                    <Route path=StaticSegment("") view=pages::home::HomePage/>
+                    <Route path=path!("/login") view=pages::login::LoginPage/>
+                    <Route path=path!("/") view=|| view! { <Authed><pages::overview::OverviewPage/></Authed> }/>
+                    <Route path=path!("/sku/:sku") view=|| view! { <Authed><pages::sku::SkuPage/></Authed> }/>
+                    <Route path=path!("/reservations") view=|| view! { <Authed><pages::reservations::ReservationsPage/></Authed> }/>
+                    <Route path=path!("/locks") view=|| view! { <Authed><pages::locks::LocksPage/></Authed> }/>
+                    <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> }/>
+                    <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> }/>
+                    <Route path=path!("/reserve") view=|| view! { <Authed min=RoleView::Admin><pages::reserve::ReservePage/></Authed> }/>
+                    <Route path=path!("/audit") view=|| view! { <Authed min=RoleView::Admin><pages::audit::AuditPage/></Authed> }/>
+                    <Route path=path!("/admin") view=|| view! { <Authed min=RoleView::Admin><pages::admin::AdminPage/></Authed> }/>
                 </Routes>
             </main>
         </Router>
+    }
+}
+
+/// Renders `children` for a signed-in user with at least `min`; sends others to
+/// the login page, and a user on a one-time password to choose their own first.
+/// Starts the tab's live connection.
+#[component]
+pub fn Authed(
+    /// The least role the page needs.
+    #[prop(default = RoleView::Viewer)]
+    min: RoleView,
+    /// The page.
+    children: ChildrenFn,
+) -> impl IntoView {
+    let me = expect_context::<MeResource>().0;
+    let children = StoredValue::new(children);
+    view! {
+        <Suspense fallback=|| view! { <p class="muted">"Loading…"</p> }>
+            {move || Suspend::new(async move {
+                match me.await {
+                    Ok(Some(user)) if user.must_change_password => {
+                        view! { <pages::login::ChangePassword/> }.into_any()
+                    }
+                    Ok(Some(user)) if !user.can(min) => view! {
+                        <p class="notice error" role="alert">
+                            {format!("This page needs the {} role; you are {}.", min.as_str(), user.role.as_str())}
+                        </p>
+                    }.into_any(),
+                    Ok(Some(user)) => {
+                        provide_context(user);
+                        let live = expect_context::<Live>();
+                        Effect::new(move |_| live.start());
+                        children.read_value()().into_any()
+                    }
+                    Ok(None) => view! { <Redirect path="/login"/> }.into_any(),
+                    Err(e) => view! {
+                        <p class="notice error" role="alert">{components::error_text(&e)}</p>
+                    }.into_any(),
+                }
+            })}
+        </Suspense>
+    }
+}
+
+/// Navigation for the signed-in user's role, the connection state and sign-out.
+#[component]
+fn TopBar() -> impl IntoView {
+    let me = expect_context::<MeResource>().0;
+    let logout = ServerAction::<Logout>::new();
+    Effect::new(move |_| {
+        if logout.value().get().is_some() {
+            #[cfg(feature = "hydrate")]
+            let _ = window().location().set_href("/login");
+        }
+    });
+    view! {
+        <header class="topbar">
+            <a class="brand" href="/">"Holdfast"</a>
+            <Transition fallback=|| ()>
+                {move || Suspend::new(async move {
+                    match me.await {
+                        Ok(Some(user)) if !user.must_change_password => {
+                            let admin = user.can(RoleView::Admin);
+                            view! {
+                                <nav aria-label="Main">
+                                    <A href="/">"Overview"</A>
+                                    <A href="/reservations">"Reservations"</A>
+                                    <A href="/locks">"Locks"</A>
+                                    <A href="/ingestion">"Ingestion"</A>
+                                    <A href="/operations">"Reconcile & warm-up"</A>
+                                    {admin.then(|| view! {
+                                        <A href="/reserve">"Reserve tool"</A>
+                                        <A href="/audit">"Audit log"</A>
+                                        <A href="/admin">"Users & tokens"</A>
+                                    })}
+                                </nav>
+                                <span class="who">
+                                    <ConnBadge/>
+                                    <span class="user" data-role=user.role.as_str()>{format!("{} ({})", user.username, user.role.as_str())}</span>
+                                    <ActionForm action=logout>
+                                        <button type="submit" class="link">"Sign out"</button>
+                                    </ActionForm>
+                                </span>
+                            }.into_any()
+                        }
+                        _ => view! { <span class="tagline">"live stock for flash sales"</span> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </header>
     }
 }

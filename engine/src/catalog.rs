@@ -50,6 +50,17 @@ pub async fn drop_skus(pool: &PgPool, code: &str) -> Result<Vec<SkuRecord>, Engi
     Ok(rows)
 }
 
+/// One SKU's catalogue record; `None` when PostgreSQL does not know it.
+pub async fn sku(pool: &PgPool, sku: &str) -> Result<Option<SkuRecord>, EngineError> {
+    Ok(sqlx::query_as::<_, SkuRecord>(
+        "SELECT sku, title, product, variant, on_hand, low_stock_threshold, per_buyer_limit
+           FROM skus WHERE sku = $1",
+    )
+    .bind(sku)
+    .fetch_optional(pool)
+    .await?)
+}
+
 /// Every drop, newest first.
 pub async fn drops(pool: &PgPool) -> Result<Vec<DropRecord>, EngineError> {
     Ok(sqlx::query_as::<_, DropRecord>(

@@ -575,6 +575,10 @@ impl Engine {
             .arg(limit as i64 - 1)
             .query_async(&mut self.conn.clone())
             .await?;
+        // Redis refuses an empty pipeline.
+        if rids.is_empty() {
+            return Ok(Vec::new());
+        }
         let shard = self.keys.shard_of(sku);
         let mut pipe = redis::pipe();
         for rid in &rids {

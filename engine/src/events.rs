@@ -160,6 +160,56 @@ impl StreamCursor {
     pub fn position(&self, shard: u16) -> &str {
         &self.ids[usize::from(shard)]
     }
+
+    /// Moves `shard`'s position to `id` (an event just delivered); ignores an
+    /// unknown shard.
+    pub fn advance(&mut self, shard: u16, id: &str) {
+        if let Some(slot) = self.ids.get_mut(usize::from(shard)) {
+            id.clone_into(slot);
+        }
+    }
+
+    /// Whether the event `id` of `shard` comes after this cursor's position.
+    pub fn is_before(&self, shard: u16, id: &str) -> bool {
+        let parse = |s: &str| {
+            s.split_once('-')
+                .and_then(|(a, b)| Some((a.parse::<u64>().ok()?, b.parse::<u64>().ok()?)))
+        };
+        match (
+            self.ids.get(usize::from(shard)).and_then(|p| parse(p)),
+            parse(id),
+        ) {
+            (Some(at), Some(next)) => next > at,
+            _ => false,
+        }
+    }
+}
+
+/// The newest events (up to `limit`) about `sku`, newest first, looking back at
+/// most `scan` entries of its shard's stream.
+pub async fn recent_for_sku(
+    engine: &crate::Engine,
+    sku: &str,
+    limit: usize,
+    scan: usize,
+) -> Result<Vec<Event>, EngineError> {
+    let keys = engine.keyspace();
+    let shard = keys.shard_of(sku);
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(keys.events(shard))
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(scan.max(1))
+        .query_async(&mut engine.connection())
+        .await?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+        .filter(|e| e.sku == sku)
+        .take(limit)
+        .collect())
 }
 
 /// Tails every shard's event stream. Give it a connection of its own: a blocking

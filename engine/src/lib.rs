@@ -44,9 +44,12 @@
 //! - [`store`], [`kv`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
 //! - [`tokens`]: API tokens (hashed) and their scopes.
+//! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
+//! - [`remediation`]: late payments awaiting a refund or re-reservation.
 //! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
+pub mod audit;
 pub mod catalog;
 pub mod engine;
 pub mod error;
@@ -60,6 +63,7 @@ pub mod payload;
 pub mod reaper;
 pub mod reconcile;
 pub mod record;
+pub mod remediation;
 mod reply;
 pub mod scripts;
 pub mod stock;
@@ -67,6 +71,7 @@ pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tokens;
+pub mod users;
 pub mod warmup;
 
 pub use engine::{Engine, EngineConfig};

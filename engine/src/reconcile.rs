@@ -15,7 +15,7 @@
 use std::time::{Duration, Instant};
 
 use redis::Value;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::engine::Engine;
@@ -325,4 +325,84 @@ async fn record_page(
     }
     tx.commit().await?;
     Ok(())
+}
+
+/// A SKU's figures on both sides, as the dashboard shows them.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkuDrift {
+    /// The SKU.
+    pub sku: String,
+    /// PostgreSQL's on-hand count.
+    pub on_hand: i64,
+    /// Sales PostgreSQL has recorded.
+    pub sold_recorded: i64,
+    /// Redis' available units; `None` when the counter was never warmed.
+    pub available: Option<i64>,
+    /// `available` minus what PostgreSQL implies it should be (0 = in step).
+    pub drift: i64,
+}
+
+/// Measures drift for `skus` now, correcting nothing (the same equation a
+/// reconciliation run uses). SKUs PostgreSQL does not know are left out.
+pub async fn measure(
+    engine: &Engine,
+    pg: &PgPool,
+    skus: &[String],
+) -> Result<Vec<SkuDrift>, EngineError> {
+    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
+        "SELECT sku, on_hand, sold_recorded FROM skus WHERE sku = ANY($1) ORDER BY sku",
+    )
+    .bind(skus)
+    .fetch_all(pg)
+    .await?;
+    let names: Vec<&str> = rows.iter().map(|r| r.0.as_str()).collect();
+    let counters = read_counters(engine, &names).await?;
+    Ok(rows
+        .into_iter()
+        .zip(counters)
+        .map(|((sku, on_hand, sold_recorded), c)| {
+            let drift = c[0].map_or(0, |available| {
+                let (reserved, sold_pending, settled) =
+                    (c[1].unwrap_or(0), c[2].unwrap_or(0), c[3].unwrap_or(0));
+                available - (on_hand - reserved - sold_pending + (sold_recorded - settled))
+            });
+            SkuDrift {
+                sku,
+                on_hand,
+                sold_recorded,
+                available: c[0],
+                drift,
+            }
+        })
+        .collect())
+}
+
+/// One past reconciliation run.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, sqlx::FromRow)]
+pub struct RunSummary {
+    /// Run id.
+    pub id: i64,
+    /// What started it (`cli`, `schedule`, `dashboard:<user>`).
+    pub trigger: String,
+    /// When it started.
+    pub started_at: chrono::DateTime<chrono::Utc>,
+    /// When it finished; `None` while running or if it died.
+    pub finished_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// SKUs checked.
+    pub skus_checked: i32,
+    /// SKUs found drifted.
+    pub drifted: i32,
+    /// SKUs corrected.
+    pub corrected: i32,
+}
+
+/// The newest `limit` runs.
+pub async fn recent_runs(pg: &PgPool, limit: i64) -> Result<Vec<RunSummary>, EngineError> {
+    Ok(sqlx::query_as::<_, RunSummary>(
+        "SELECT id, trigger, started_at, finished_at, skus_checked, drifted, corrected
+         FROM reconciliation_runs ORDER BY id DESC LIMIT $1",
+    )
+    .bind(limit)
+    .fetch_all(pg)
+    .await?)
 }

@@ -86,6 +86,10 @@ pub(crate) async fn read_counters(
     engine: &Engine,
     skus: &[&str],
 ) -> Result<Vec<Vec<Option<i64>>>, EngineError> {
+    // Redis refuses an empty pipeline.
+    if skus.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut pipe = redis::pipe();
     for sku in skus {
         pipe.cmd("HMGET").arg(engine.keys.sku(sku)).arg(&[

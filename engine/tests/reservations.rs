@@ -439,3 +439,25 @@ async fn a_cart_across_shards_compensates_and_can_be_retried() {
     assert_eq!(engine.figures(&a).await.unwrap().unwrap().sold_pending, 1);
     assert_eq!(engine.figures(&c).await.unwrap().unwrap().sold_pending, 1);
 }
+
+#[tokio::test]
+async fn a_sku_without_holds_lists_none() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "QUIET-1", 5).await;
+    // An empty pipeline is an error in Redis; listing must not send one.
+    assert!(engine.holds_of("QUIET-1", 50).await.unwrap().is_empty());
+    assert!(
+        engine
+            .holds_of("NEVER-WARMED", 50)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+    engine
+        .reserve(&ReserveRequest::single("q1", "QUIET-1", 1))
+        .await
+        .unwrap();
+    engine.release("q1").await.unwrap();
+    assert!(engine.holds_of("QUIET-1", 50).await.unwrap().is_empty());
+}

@@ -19,8 +19,8 @@ use holdfast_engine::tokens::{self, Scope};
 use holdfast_engine::ingest::{LANES, LaneConfig};
 
 use crate::config::{
-    Cli, Command, DeadLetterCommand, GlobalArgs, LaneCommand, ReconcileArgs, ServeArgs,
-    TokenCommand, WarmArgs,
+    Cli, Command, DeadLetterCommand, GlobalArgs, LaneCommand, LockCommand, ReconcileArgs,
+    ServeArgs, TokenCommand, WarmArgs,
 };
 use crate::progress::{Progress, table, thousands};
 use crate::routes::ingest::IngestConfig;
@@ -37,7 +37,48 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::Token(cmd)) => token(&cli.global, cmd).await,
         Some(Command::Lane(cmd)) => lane(&cli.global, cmd).await,
         Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
+        Some(Command::User(cmd)) => crate::users::command(&cli.global, cmd).await,
+        Some(Command::Lock(cmd)) => lock(&cli.global, cmd).await,
     }
+}
+
+async fn lock(global: &GlobalArgs, cmd: LockCommand) -> anyhow::Result<()> {
+    let redis = holdfast_engine::kv::connect(&global.redis_url).await?;
+    let engine = holdfast_engine::Engine::new(redis, global.engine.config());
+    match cmd {
+        LockCommand::List => {
+            let locks = engine.list_locks().await?;
+            if locks.is_empty() {
+                println!("no lock is held");
+            }
+            for l in locks {
+                println!(
+                    "{:<24} holder {:<40} {:>7} ms left  fence {}",
+                    l.name, l.holder, l.remaining_ms, l.fence
+                );
+            }
+        }
+        LockCommand::Take { name, ttl_secs } => {
+            match engine
+                .acquire_lock(&name, Duration::from_secs(ttl_secs))
+                .await?
+            {
+                Some(lease) => println!(
+                    "lock {name} held for {ttl_secs} s with fencing token {}",
+                    lease.fence
+                ),
+                None => anyhow::bail!("lock {name} is held by someone else"),
+            }
+        }
+        LockCommand::ForceRelease { name } => {
+            if engine.force_release_lock(&name).await? {
+                println!("lock {name} released");
+            } else {
+                anyhow::bail!("lock {name} is not held");
+            }
+        }
+    }
+    Ok(())
 }
 
 async fn lane(global: &GlobalArgs, cmd: LaneCommand) -> anyhow::Result<()> {
@@ -251,6 +292,11 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
             "demo drop loaded"
         );
     }
+    crate::users::sign_in_help(
+        &backends.pg,
+        args.demo.then_some(args.demo_password.as_str()),
+    )
+    .await?;
     let bundle = Path::new(&args.site_root).join("pkg").join("holdfast.wasm");
     if !bundle.exists() {
         tracing::warn!(
@@ -311,6 +357,15 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
             args.ingest_rate,
         )),
         ..AppState::new(leptos_options(&args.site_root, addr), backends)
+    };
+    // The live hub reads lane rates from the workers' counters.
+    let state = AppState {
+        live: Arc::new(crate::live::LiveHub::new(
+            state.backends.clone(),
+            state.jobs.clone(),
+            state.workers.clone(),
+        )),
+        ..state
     };
     let (stop_live, live_rx) = tokio::sync::watch::channel(false);
     let live = crate::start_live(&state, &global.redis_url, live_rx);

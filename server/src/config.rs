@@ -126,6 +126,70 @@ pub enum Command {
     /// Inspect and replay webhook payloads that could not be applied.
     #[command(subcommand, name = "dead-letters")]
     DeadLetters(DeadLetterCommand),
+    /// Add, list and change dashboard users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// List, take and force-release locks.
+    #[command(subcommand)]
+    Lock(LockCommand),
+}
+
+/// `holdfast lock …`.
+#[derive(Debug, Subcommand)]
+pub enum LockCommand {
+    /// Show held locks with holder, remaining lease and fencing token.
+    List,
+    /// Take a lock and leave it held for `--ttl-secs` (e.g. hold `reconcile` to
+    /// keep scheduled reconciliation off during maintenance). Prints the fencing
+    /// token; fails if someone else holds it.
+    Take {
+        /// The lock's name.
+        name: String,
+        /// How long the lease lasts.
+        #[arg(long, default_value_t = 600)]
+        ttl_secs: u64,
+    },
+    /// Delete a lock whoever holds it; their fencing token becomes stale.
+    ForceRelease {
+        /// The lock's name.
+        name: String,
+    },
+}
+
+/// `holdfast user …`.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user. Prints a one-time password they replace at first sign-in,
+    /// unless `--password-stdin` gives their password.
+    Add {
+        /// Login name: lower-case letters, digits, '.', '_' or '-'.
+        username: String,
+        /// viewer (read-only), support (may release holds) or admin.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// Read the password from standard input (one line) instead.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// List users and their roles.
+    List,
+    /// Change a user's role.
+    Role {
+        /// The user.
+        username: String,
+        /// viewer, support or admin.
+        role: String,
+    },
+    /// Give a user a new one-time password (ends their sessions).
+    ResetPassword {
+        /// The user.
+        username: String,
+    },
+    /// Delete a user and end their sessions.
+    Delete {
+        /// The user.
+        username: String,
+    },
 }
 
 /// `holdfast lane …`.
@@ -213,6 +277,10 @@ pub struct ServeArgs {
     /// and warm any stock counters missing in Redis.
     #[arg(long, env = "HOLDFAST_DEMO", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub demo: bool,
+    /// With `--demo`: the password of the demo users `admin`, `support` and
+    /// `viewer` (created if missing, never changed).
+    #[arg(long, env = "HOLDFAST_DEMO_PASSWORD", default_value = "holdfast-demo")]
+    pub demo_password: String,
     /// Most PostgreSQL connections this process opens.
     #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16)]
     pub pg_max_connections: u32,

@@ -7,11 +7,13 @@ pub mod badge;
 pub mod cli;
 pub mod config;
 pub mod feed;
+pub mod live;
 pub mod progress;
 pub mod routes;
 pub mod startup;
 pub mod state;
 pub mod telemetry;
+pub mod users;
 pub mod workers;
 
 use axum::Router;
@@ -28,8 +30,10 @@ use crate::state::AppState;
 pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let backends = state.backends.clone();
+    let jobs = state.jobs.clone();
     let options = state.leptos.clone();
     Router::new()
+        .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
         .merge(api::routes())
         .merge(routes::ingest::routes())
@@ -39,7 +43,10 @@ pub fn router(state: AppState) -> Router {
         .leptos_routes_with_context(
             &state,
             routes,
-            move || provide_context(backends.clone()),
+            move || {
+                provide_context(backends.clone());
+                provide_context(jobs.clone());
+            },
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
@@ -62,8 +69,8 @@ pub async fn serve(
 }
 
 /// Starts the live side of a server over `state`: the event feed (one stream
-/// reader for the process) and the listener that clears the sold-out cache when
-/// stock comes back. Both stop when `stop` turns `true`.
+/// reader for the process), the listener that clears the sold-out cache when
+/// stock comes back, the badge hub and the dashboards' live hub. Both stop when `stop` turns `true`.
 pub fn start_live(
     state: &AppState,
     redis_url: &str,
@@ -76,6 +83,7 @@ pub fn start_live(
     let keys = state.backends.engine.keyspace();
     let events = feed.subscribe();
     let badge_events = feed.subscribe();
+    let live_events = feed.subscribe();
     vec![
         tokio::spawn(feed.run(redis_url.to_owned(), keys, stopped(stop.clone()))),
         tokio::spawn(clear_sold_out(
@@ -83,7 +91,18 @@ pub fn start_live(
             state.api.clone(),
             stopped(stop.clone()),
         )),
-        tokio::spawn(state.badges.clone().run(badge_events, stopped(stop))),
+        tokio::spawn(
+            state
+                .badges
+                .clone()
+                .run(badge_events, stopped(stop.clone())),
+        ),
+        tokio::spawn(
+            state
+                .live
+                .clone()
+                .run(redis_url.to_owned(), live_events, stopped(stop)),
+        ),
     ]
 }
 

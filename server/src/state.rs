@@ -3,12 +3,14 @@
 use std::sync::Arc;
 
 use axum::extract::FromRef;
+use holdfast_app::server::jobs::JobBoard;
 use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
 
 use crate::api::ApiState;
 use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
+use crate::live::LiveHub;
 use crate::routes::ingest::IngestConfig;
 use crate::workers::WorkerStats;
 
@@ -29,14 +31,26 @@ pub struct AppState {
     pub ingest: Arc<IngestConfig>,
     /// Shopper badges (public, read-only).
     pub badges: Arc<BadgeHub>,
+    /// Dashboard jobs (warm-up, reconciliation) and their progress.
+    pub jobs: Arc<JobBoard>,
+    /// The dashboards' live hub.
+    pub live: Arc<LiveHub>,
 }
 
 impl AppState {
     /// State over `backends` serving the site in `leptos`, with fresh counters and caches.
     pub fn new(leptos: LeptosOptions, backends: Backends) -> Self {
+        let workers = Arc::new(WorkerStats::new());
+        let jobs = Arc::new(JobBoard::default());
         Self {
             leptos,
-            workers: Arc::new(WorkerStats::new()),
+            live: Arc::new(LiveHub::new(
+                backends.clone(),
+                jobs.clone(),
+                workers.clone(),
+            )),
+            jobs,
+            workers,
             api: Arc::default(),
             feed: Feed::new(4_096),
             ingest: Arc::new(IngestConfig::parse(&[]).unwrap_or_default()),

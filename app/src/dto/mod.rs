@@ -11,11 +11,15 @@ pub struct SkuSummary {
     pub title: String,
     /// Product this SKU is a variant of.
     pub product: String,
+    /// The variant's name within its product (size, colour), if any.
+    pub variant: Option<String>,
+    /// At or below this many available units the SKU shows as low stock.
+    pub low_stock_threshold: i64,
     /// Units on hand according to PostgreSQL.
     pub on_hand: i64,
 }
 
-/// A drop and its SKUs.
+/// A drop and its SKUs with their live figures.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DropOverview {
     /// Drop code, e.g. `winter-launch`.
@@ -24,6 +28,14 @@ pub struct DropOverview {
     pub name: String,
     /// The drop's SKUs in display order.
     pub skus: Vec<SkuSummary>,
+    /// Figures of the same SKUs, same order, when the page was rendered.
+    pub figures: Vec<live::SkuLive>,
+    /// Every drop, newest first, as `(code, name)`, for switching.
+    pub drops: Vec<(String, String)>,
 }
 
 pub mod api;
+pub mod holds;
+pub mod live;
+pub mod ops;
+pub mod people;

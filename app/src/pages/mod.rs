@@ -1,3 +1,12 @@
-//! Pages, one file each.
+//! One module per page.
 
-pub mod home;
+pub mod admin;
+pub mod audit;
+pub mod ingestion;
+pub mod locks;
+pub mod login;
+pub mod operations;
+pub mod overview;
+pub mod reservations;
+pub mod reserve;
+pub mod sku;

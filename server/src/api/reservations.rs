@@ -342,16 +342,12 @@ pub async fn confirm(
                 current(&state, &id).await
             }
             ConfirmOutcome::Expired { state: ended } => {
-                sqlx::query(
-                    "INSERT INTO remediations (reservation_id, hold_state, reason) VALUES ($1, $2, $3)
-                     ON CONFLICT (reservation_id) DO NOTHING",
+                holdfast_engine::remediation::record_late_payment(
+                    &state.backends.pg,
+                    &id,
+                    ended.as_str(),
                 )
-                .bind(&id)
-                .bind(ended.as_str())
-                .bind("payment confirmed after the hold ended; no stock was taken")
-                .execute(&state.backends.pg)
-                .await
-                .map_err(holdfast_engine::EngineError::from)?;
+                .await?;
                 Err(ApiError::new(
                     StatusCode::GONE,
                     "hold_expired",

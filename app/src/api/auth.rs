@@ -1,0 +1,83 @@
+//! Signing in and out, the signed-in user, and replacing a one-time password.
+
+use leptos::prelude::*;
+
+use crate::dto::people::Me;
+
+/// Checks a username and password; on success sets the HttpOnly session cookie.
+#[server(endpoint = "login")]
+pub async fn login(username: String, password: String) -> Result<Me, ServerFnError> {
+    use crate::server::{convert, guard};
+    guard::check_origin()?;
+    let backends = guard::backends()?;
+    match holdfast_engine::users::login(&backends.pg, &username, &password)
+        .await
+        .map_err(guard::internal("Signing in"))?
+    {
+        Some((user, secret)) => {
+            guard::set_cookie(guard::session_cookie(Some(&secret)));
+            Ok(convert::me(&user))
+        }
+        None => Err(guard::refuse(
+            http::StatusCode::UNAUTHORIZED,
+            "That username and password do not match.",
+        )),
+    }
+}
+
+/// Ends the session and clears the cookie.
+#[server(endpoint = "logout")]
+pub async fn logout() -> Result<(), ServerFnError> {
+    use crate::server::guard;
+    guard::check_origin()?;
+    if let Some(caller) = guard::current().await? {
+        holdfast_engine::users::logout(&caller.backends.pg, &caller.session)
+            .await
+            .map_err(guard::internal("Signing out"))?;
+    }
+    guard::set_cookie(guard::session_cookie(None));
+    Ok(())
+}
+
+/// The signed-in user, or `None`.
+#[server(endpoint = "current_user")]
+pub async fn current_user() -> Result<Option<Me>, ServerFnError> {
+    use crate::server::{convert, guard};
+    Ok(guard::current().await?.map(|c| convert::me(&c.user)))
+}
+
+/// Replaces the caller's password (required after a one-time password).
+#[server(endpoint = "change_password")]
+pub async fn change_password(new_password: String, repeat: String) -> Result<Me, ServerFnError> {
+    use crate::server::{convert, guard};
+    use http::StatusCode;
+    guard::check_origin()?;
+    let Some(caller) = guard::current().await? else {
+        return Err(guard::refuse(StatusCode::UNAUTHORIZED, "Sign in first."));
+    };
+    if new_password != repeat {
+        return Err(guard::refuse(
+            StatusCode::BAD_REQUEST,
+            "The two passwords differ.",
+        ));
+    }
+    holdfast_engine::users::set_password(
+        &caller.backends.pg,
+        &caller.user.username,
+        &new_password,
+        Some(&caller.session),
+    )
+    .await
+    .map_err(guard::internal("Changing the password"))?
+    .map_err(|e| guard::refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
+    guard::audit(
+        &caller,
+        "change_password",
+        &caller.user.username,
+        serde_json::json!({}),
+    )
+    .await;
+    let mut me = convert::me(&caller.user);
+    me.must_change_password = false;
+    Ok(me)
+}

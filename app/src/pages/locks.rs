@@ -1,0 +1,98 @@
+//! Locks: holder, remaining lease and fencing token, live; force release (admin,
+//! confirmed by typing the lock's name, and audited).
+
+use leptos::prelude::*;
+
+use crate::api::locks::{ForceReleaseLock, list_locks};
+use crate::components::{IfRole, Outcome, duration, error_text};
+use crate::dto::ops::LockView;
+use crate::dto::people::RoleView;
+use crate::live::Live;
+
+/// The locks page (`/locks`).
+#[component]
+pub fn LocksPage() -> impl IntoView {
+    let live = expect_context::<Live>();
+    let force = ServerAction::<ForceReleaseLock>::new();
+    let initial = Resource::new(move || force.version().get(), |_| list_locks());
+    view! {
+        <section>
+            <h1>"Locks"</h1>
+            <p class="muted">"Leases with fencing tokens. A write carrying an older token than the newest issued is refused by PostgreSQL."</p>
+            <Outcome value=force.value().into()/>
+            <Transition fallback=|| view! { <p class="muted">"Loading locks…"</p> }>
+                {move || Suspend::new(async move {
+                    match initial.await {
+                        Ok(first) => {
+                            // Live samples replace the first read once they arrive.
+                            let locks = Signal::derive(move || {
+                                live.ops.with(|o| o.as_ref().map(|(ops, at)| (ops.locks.clone(), *at)))
+                                    .unwrap_or_else(|| (first.clone(), crate::live::now_ms()))
+                            });
+                            view! { <LockTable locks force/> }.into_any()
+                        }
+                        Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}
+
+#[component]
+fn LockTable(
+    locks: Signal<(Vec<LockView>, i64)>,
+    force: ServerAction<ForceReleaseLock>,
+) -> impl IntoView {
+    let live = expect_context::<Live>();
+    move || {
+        let (list, sampled_at) = locks.get();
+        if list.is_empty() {
+            return view! { <p class="empty">"No lock is held."</p> }.into_any();
+        }
+        view! {
+            <div class="table-wrap"><table class="locks">
+                <thead><tr><th scope="col">"Lock"</th><th scope="col">"Holder"</th><th scope="col" class="num">"Lease left"</th><th scope="col" class="num">"Fencing token"</th>
+                <th scope="col"><span class="sr-only">"Actions"</span></th></tr></thead>
+                <tbody>
+                {list.into_iter().map(|l| {
+                    let remaining = l.remaining_ms;
+                    let name = l.name.clone();
+                    let confirm = RwSignal::new(String::new());
+                    let asking = RwSignal::new(false);
+                    view! {
+                        <tr data-lock=l.name.clone()>
+                            <td class="sku">{l.name.clone()}</td>
+                            <td>{l.holder.clone()}</td>
+                            <td class="num">{move || duration(remaining - (live.now_ms.get() - sampled_at))}</td>
+                            <td class="num">{l.fence}</td>
+                            <td><IfRole min=RoleView::Admin>
+                                {
+                                    let name = name.clone();
+                                    move || if asking.get() {
+                                        let name = name.clone();
+                                        view! {
+                                            <form class="inline" on:submit=move |ev| {
+                                                ev.prevent_default();
+                                                force.dispatch(ForceReleaseLock { name: name.clone(), confirm: confirm.get_untracked() });
+                                                asking.set(false);
+                                            }>
+                                                <input type="text" required aria-label="Type the lock name to confirm" placeholder="type the lock name"
+                                                    on:input:target=move |ev| confirm.set(ev.target().value())/>
+                                                <button type="submit" class="danger">"Confirm force release"</button>
+                                                <button type="button" on:click=move |_| asking.set(false)>"Cancel"</button>
+                                            </form>
+                                        }.into_any()
+                                    } else {
+                                        view! { <button type="button" class="danger" on:click=move |_| asking.set(true)>"Force release…"</button> }.into_any()
+                                    }
+                                }
+                            </IfRole></td>
+                        </tr>
+                    }
+                }).collect_view()}
+                </tbody>
+            </table></div>
+        }.into_any()
+    }
+}

@@ -1,0 +1,104 @@
+//! Reconciliation and warm-up: drift per SKU, past runs, and starting either with
+//! a live progress bar.
+
+use leptos::prelude::*;
+
+use crate::api::operations::{StartReconcile, StartWarmup, operations_status};
+use crate::components::{IfRole, JobBar, error_text, short_time, thousands};
+use crate::dto::people::RoleView;
+use crate::live::Live;
+
+/// The operations page (`/operations`).
+#[component]
+pub fn OperationsPage() -> impl IntoView {
+    let live = expect_context::<Live>();
+    let warm = ServerAction::<StartWarmup>::new();
+    let reconcile = ServerAction::<StartReconcile>::new();
+    // Runs and drift are re-read when a job ends.
+    let finished = Memo::new(move |_| {
+        live.jobs.with(|j| {
+            j.iter()
+                .filter(|j| j.state != crate::dto::ops::JobState::Running)
+                .count()
+        })
+    });
+    let status = Resource::new(move || finished.get(), |_| operations_status());
+    let force = RwSignal::new(false);
+    let up = RwSignal::new(false);
+    let started = move |r: Option<Result<u64, ServerFnError>>| match r {
+        Some(Err(e)) => Some(view! { <p class="notice error" role="alert">{error_text(&e)}</p> }),
+        _ => None,
+    };
+    view! {
+        <section>
+            <h1>"Reconciliation and warm-up"</h1>
+            <IfRole min=RoleView::Admin>
+                <div class="actions panel">
+                    <div>
+                        <button type="button" on:click=move |_| { warm.dispatch(StartWarmup { force: force.get_untracked() }); }>"Run a warm-up"</button>
+                        <label><input type="checkbox" prop:checked=move || force.get() on:change:target=move |ev| force.set(ev.target().checked())/>
+                            " overwrite existing counters (never during a sale)"</label>
+                    </div>
+                    <div>
+                        <button type="button" on:click=move |_| { reconcile.dispatch(StartReconcile { correct_up: up.get_untracked() }); }>"Run a reconciliation now"</button>
+                        <label><input type="checkbox" prop:checked=move || up.get() on:change:target=move |ev| up.set(ev.target().checked())/>
+                            " also correct stranded units upward"</label>
+                    </div>
+                    {move || started(warm.value().get())}
+                    {move || started(reconcile.value().get())}
+                </div>
+            </IfRole>
+            <h2>"Jobs"</h2>
+            <div class="jobs" aria-live="polite">
+                {move || {
+                    let jobs = live.jobs.get();
+                    if jobs.is_empty() {
+                        view! { <p class="empty">"No job has run since the server started."</p> }.into_any()
+                    } else {
+                        jobs.into_iter().map(|job| view! { <JobBar job/> }).collect_view().into_any()
+                    }
+                }}
+            </div>
+            <Transition fallback=|| view! { <p class="muted">"Loading…"</p> }>
+                {move || Suspend::new(async move {
+                    match status.await {
+                        Ok(s) => {
+                            if live.jobs.with_untracked(Vec::is_empty) && !s.jobs.is_empty() {
+                                live.jobs.set(s.jobs.clone());
+                            }
+                            view! {
+                                <h2>"Drift per SKU"</h2>
+                                <div class="table-wrap"><table class="drift">
+                                    <thead><tr><th scope="col">"SKU"</th><th scope="col" class="num">"On hand (PostgreSQL)"</th><th scope="col" class="num">"Available (Redis)"</th><th scope="col" class="num">"Drift"</th></tr></thead>
+                                    <tbody>{s.drift.into_iter().map(|d| view! {
+                                        <tr data-sku=d.sku.clone()>
+                                            <td class="sku"><a href=format!("/sku/{}", d.sku)>{d.sku.clone()}</a></td>
+                                            <td class="num">{thousands(d.on_hand)}</td>
+                                            <td class="num">{d.available.map_or_else(|| "not warmed".into(), thousands)}</td>
+                                            <td class="num" class:bad=d.drift != 0>{thousands(d.drift)}</td>
+                                        </tr>
+                                    }).collect_view()}</tbody>
+                                </table></div>
+                                <h2>"Reconciliation runs"</h2>
+                                {if s.runs.is_empty() {
+                                    view! { <p class="empty">"No reconciliation has run yet."</p> }.into_any()
+                                } else {
+                                    view! {
+                                        <div class="table-wrap"><table>
+                                            <thead><tr><th scope="col">"Run"</th><th scope="col">"Started (UTC)"</th><th scope="col">"By"</th><th scope="col" class="num">"Checked"</th><th scope="col" class="num">"Drifted"</th><th scope="col" class="num">"Corrected"</th><th scope="col">"State"</th></tr></thead>
+                                            <tbody>{s.runs.into_iter().map(|r| view! {
+                                                <tr><td>{r.id}</td><td>{short_time(&r.started_at)}</td><td>{r.trigger}</td><td class="num">{r.checked}</td>
+                                                    <td class="num">{r.drifted}</td><td class="num">{r.corrected}</td><td>{if r.finished { "finished" } else { "running or stopped" }}</td></tr>
+                                            }).collect_view()}</tbody>
+                                        </table></div>
+                                    }.into_any()
+                                }}
+                            }.into_any()
+                        }
+                        Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
+                    }
+                })}
+            </Transition>
+        </section>
+    }
+}

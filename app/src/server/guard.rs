@@ -1,0 +1,239 @@
+//! Who is calling a server function, and whether they may.
+//!
+//! Every server function starts with [`authorize`]: it refuses a cross-site
+//! request (a state-changing call must carry an `Origin` header naming this very
+//! host; browsers always send one on `POST`), finds the session from the HttpOnly
+//! cookie and checks the user's role on the server. Refusals set the HTTP status
+//! (401, 403) and carry a message the page shows as it is.
+
+use holdfast_engine::users::{self, Role, User};
+use holdfast_engine::{Backends, EngineError};
+use http::{HeaderMap, Method, StatusCode, header};
+use leptos::prelude::*;
+use leptos_axum::ResponseOptions;
+
+/// The session cookie's name.
+pub const SESSION_COOKIE: &str = "holdfast_session";
+
+/// A signed-in caller allowed to proceed.
+#[derive(Clone)]
+pub struct Caller {
+    /// The user.
+    pub user: User,
+    /// The session secret from the cookie (to keep it across a password change).
+    pub session: String,
+    /// PostgreSQL and Redis.
+    pub backends: Backends,
+}
+
+/// Sets the response status and returns a readable error.
+pub fn refuse(status: StatusCode, message: impl Into<String>) -> ServerFnError {
+    if let Some(res) = use_context::<ResponseOptions>() {
+        res.set_status(status);
+    }
+    ServerFnError::new(message.into())
+}
+
+/// Logs an internal error once, with context, and returns an opaque message.
+pub fn internal(what: &'static str) -> impl Fn(EngineError) -> ServerFnError {
+    move |e| {
+        let message = match &e {
+            EngineError::RedisUnreachable { .. } | EngineError::PostgresUnreachable { .. } => {
+                format!("{what} failed: {e}. Try again once it is back.")
+            }
+            EngineError::Busy(reason) => format!("{what}: {reason}."),
+            _ => {
+                tracing::error!(error = %e, "{what} failed");
+                format!("{what} failed because of an internal error; it was logged.")
+            }
+        };
+        refuse(StatusCode::SERVICE_UNAVAILABLE, message)
+    }
+}
+
+/// The backends from the request's context.
+pub fn backends() -> Result<Backends, ServerFnError> {
+    use_context::<Backends>()
+        .ok_or_else(|| ServerFnError::new("server misconfigured: no backends in context"))
+}
+
+/// The request's headers and method (present for every server-function call and
+/// every server-rendered page).
+fn request() -> Option<(Method, HeaderMap)> {
+    use_context::<http::request::Parts>().map(|p| (p.method, p.headers))
+}
+
+/// The value of cookie `name` in `headers`.
+pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
+    headers
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|pair| pair.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_owned())
+}
+
+/// Whether a request's `Origin` names the host it was sent to. Cross-site forms
+/// and scripts cannot forge either header.
+pub fn same_origin(headers: &HeaderMap) -> bool {
+    let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
+        return false;
+    };
+    headers
+        .get(header::ORIGIN)
+        .and_then(|o| o.to_str().ok())
+        .and_then(|o| o.split_once("://"))
+        .is_some_and(|(_, rest)| rest.eq_ignore_ascii_case(host))
+}
+
+/// The signed-in user, if any, without any role check (the page shell uses it).
+pub async fn current() -> Result<Option<Caller>, ServerFnError> {
+    let backends = backends()?;
+    let Some((_, headers)) = request() else {
+        return Ok(None);
+    };
+    let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
+        return Ok(None);
+    };
+    let user = users::session_user(&backends.pg, &secret)
+        .await
+        .map_err(internal("Checking your session"))?;
+    Ok(user.map(|user| Caller {
+        user,
+        session: secret,
+        backends,
+    }))
+}
+
+/// Refuses a state-changing call that did not come from this site's own pages.
+pub fn check_origin() -> Result<(), ServerFnError> {
+    match request() {
+        Some((method, headers)) if method != Method::GET && !same_origin(&headers) => Err(refuse(
+            StatusCode::FORBIDDEN,
+            "Refused: this request did not come from a Holdfast page (cross-site requests are not allowed).",
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// The caller, if signed in with at least `min`; otherwise a 401 or 403 with a
+/// message saying why.
+pub async fn authorize(min: Role) -> Result<Caller, ServerFnError> {
+    check_origin()?;
+    let Some(caller) = current().await? else {
+        return Err(refuse(
+            StatusCode::UNAUTHORIZED,
+            "You are not signed in (or your session ended). Sign in again.",
+        ));
+    };
+    if caller.user.must_change_password {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            "Choose a new password first: you signed in with a one-time password.",
+        ));
+    }
+    if caller.user.role < min {
+        return Err(refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "Your role ({}) cannot do this; it needs {}. Ask an admin.",
+                caller.user.role.as_str(),
+                min.as_str()
+            ),
+        ));
+    }
+    Ok(caller)
+}
+
+/// Appends to the audit log; a failure is logged, never hidden from the log, but
+/// does not undo an action that already happened.
+pub async fn audit(caller: &Caller, action: &str, subject: &str, detail: serde_json::Value) {
+    if let Err(e) = holdfast_engine::audit::record(
+        &caller.backends.pg,
+        &caller.user.username,
+        action,
+        subject,
+        detail,
+    )
+    .await
+    {
+        tracing::error!(error = %e, action, subject, "could not write the audit log");
+    }
+}
+
+/// The `Set-Cookie` value for a new session (or, with `None`, one that clears it).
+pub fn session_cookie(secret: Option<&str>) -> String {
+    match secret {
+        Some(s) => format!(
+            "{SESSION_COOKIE}={s}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}",
+            users::SESSION_TTL.as_secs()
+        ),
+        None => format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
+    }
+}
+
+/// Adds a `Set-Cookie` header to the response.
+pub fn set_cookie(value: String) {
+    if let (Some(res), Ok(v)) = (
+        use_context::<ResponseOptions>(),
+        http::HeaderValue::from_str(&value),
+    ) {
+        res.append_header(header::SET_COOKIE, v);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&'static str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(*k, v.parse().unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn only_this_host_is_the_same_origin() {
+        let host = ("host", "shop.example:3000");
+        assert!(same_origin(&headers(&[
+            host,
+            ("origin", "https://shop.example:3000")
+        ])));
+        assert!(same_origin(&headers(&[
+            host,
+            ("origin", "http://SHOP.example:3000")
+        ])));
+        assert!(!same_origin(&headers(&[host])), "no Origin is not trusted");
+        assert!(!same_origin(&headers(&[
+            host,
+            ("origin", "https://shop.example")
+        ])));
+        assert!(!same_origin(&headers(&[
+            host,
+            ("origin", "https://shop.example:3000.evil.test")
+        ])));
+        assert!(!same_origin(&headers(&[host, ("origin", "null")])));
+        assert!(!same_origin(&headers(&[(
+            "origin",
+            "https://shop.example:3000"
+        )])));
+    }
+
+    #[test]
+    fn the_session_cookie_is_found_among_others() {
+        let h = headers(&[
+            ("cookie", "a=1; holdfast_session=abc; b=2"),
+            ("cookie", "c=3"),
+        ]);
+        assert_eq!(cookie(&h, SESSION_COOKIE).as_deref(), Some("abc"));
+        assert_eq!(cookie(&h, "c").as_deref(), Some("3"));
+        assert_eq!(cookie(&h, "missing"), None);
+        let set = session_cookie(Some("s3cret"));
+        assert!(set.contains("HttpOnly") && set.contains("SameSite=Lax") && set.contains("Path=/"));
+        assert!(session_cookie(None).contains("Max-Age=0"));
+    }
+}

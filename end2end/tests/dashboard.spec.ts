@@ -1,0 +1,171 @@
+// The dashboard in Chromium against the server the test script starts with the
+// demo drop: sign-in, live figures, releasing holds by role, a forged call
+// refused, locks, the warm-up progress bar, and a screenshot of every page.
+import { test, expect, Page, APIRequestContext } from '@playwright/test';
+import { execFileSync } from 'node:child_process';
+
+const token = process.env.HOLDFAST_TOKEN ?? '';
+const password = process.env.HOLDFAST_DEMO_PASSWORD ?? 'holdfast-demo';
+
+async function signIn(page: Page, username: string) {
+  await page.goto('/login');
+  await expect(page.locator('main')).toHaveAttribute('data-hydrated', 'true');
+  await page.getByLabel('Username').fill(username);
+  await page.getByLabel('Password').fill(password);
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await expect(page.locator('.topbar .user')).toContainText(username);
+}
+
+async function live(page: Page) {
+  await expect(page.locator('main')).toHaveAttribute('data-hydrated', 'true');
+  await expect(page.locator('.conn')).toHaveText('live');
+}
+
+async function reserve(request: APIRequestContext, key: string, sku: string, qty: number) {
+  const r = await request.post('/api/v1/reservations', {
+    headers: { Authorization: `Bearer ${token}`, 'Idempotency-Key': key },
+    data: { sku, qty, ttl_ms: 600000, buyer: `buyer-${key}` },
+  });
+  expect(r.status(), await r.text()).toBe(201);
+  return (await r.json()).id as string;
+}
+
+function cell(page: Page, sku: string, field: string) {
+  return page.locator(`tr[data-sku="${sku}"] td[data-field="${field}"]`);
+}
+
+function number(text: string | null) {
+  return Number((text ?? '').replace(/,/g, ''));
+}
+
+test('signing in is required, and wrong passwords say so', async ({ page }) => {
+  await page.goto('/');
+  await expect(page).toHaveURL(/\/login$/);
+  await expect(page.locator('main')).toHaveAttribute('data-hydrated', 'true');
+  await page.getByLabel('Username').fill('admin');
+  await page.getByLabel('Password').fill('not-the-password');
+  await page.getByRole('button', { name: 'Sign in' }).click();
+  await expect(page.getByRole('alert')).toHaveText('That username and password do not match.');
+  await page.screenshot({ path: 'output/login.png', fullPage: true });
+});
+
+test('the overview changes within a second of a reservation made through the API', async ({ page, request }) => {
+  const errors: string[] = [];
+  page.on('console', (m) => { if (m.type() === 'error') errors.push(m.text()); });
+  await signIn(page, 'admin');
+  await expect(page.getByRole('heading', { level: 1 })).toHaveText('Winter Launch Drop');
+  await expect(page.locator('tr[data-sku]')).toHaveCount(6);
+  await live(page);
+  const available = cell(page, 'DROP-002', 'available');
+  const before = number(await available.textContent());
+  const reservedBefore = number(await cell(page, 'DROP-002', 'reserved').textContent());
+  // DROP-002 allows two per buyer.
+  await reserve(request, 'overview-1', 'DROP-002', 2);
+  await expect(available).toHaveText(String(before - 2), { timeout: 1000 });
+  await expect(cell(page, 'DROP-002', 'reserved')).toHaveText(String(reservedBefore + 2), { timeout: 1000 });
+
+  // The filter works on the hydrated page.
+  await page.getByPlaceholder('SKU, title or product').fill('hoodie');
+  await expect(page.locator('tr[data-sku]:visible')).toHaveCount(3);
+  await page.getByPlaceholder('SKU, title or product').fill('');
+  await page.screenshot({ path: 'output/overview.png', fullPage: true });
+  expect(errors).toEqual([]);
+});
+
+test('support releases a hold on the SKU page and available rises', async ({ page, request }) => {
+  const id = await reserve(request, 'sku-page-1', 'DROP-003', 2);
+  await signIn(page, 'support');
+  await page.goto('/sku/DROP-003');
+  await live(page);
+  const tile = page.locator('.tile [data-field="available"]');
+  const before = number(await tile.textContent());
+  const row = page.locator(`tr[data-reservation="${id}"]`);
+  await expect(row).toBeVisible();
+  await expect(row.locator('td').nth(3)).toHaveText(/\d+m \d\ds/);
+  await page.screenshot({ path: 'output/sku.png', fullPage: true });
+  await row.getByRole('button', { name: 'Release' }).click();
+  await expect(page.getByRole('status').filter({ hasText: `Released ${id}` })).toBeVisible();
+  await expect(tile).toHaveText(String(before + 2), { timeout: 1000 });
+  await expect(page.locator('ol.events li[data-kind="released"]').first()).toContainText(id);
+});
+
+test('a viewer sees no release button and a forged release from the page is refused', async ({ page, request }) => {
+  const id = await reserve(request, 'viewer-1', 'DROP-003', 1);
+  await signIn(page, 'viewer');
+  await page.goto('/sku/DROP-003');
+  await live(page);
+  const row = page.locator(`tr[data-reservation="${id}"]`);
+  await expect(row).toBeVisible();
+  await expect(page.getByRole('button', { name: 'Release' })).toHaveCount(0);
+  const status = await page.evaluate(async (rid) => {
+    const r = await fetch('/api/release_hold', {
+      method: 'POST',
+      headers: { 'content-type': 'application/x-www-form-urlencoded' },
+      body: `reservation_id=${rid}&reason=forged`,
+    });
+    return { status: r.status, text: await r.text() };
+  }, id);
+  expect(status.status).toBe(403);
+  expect(status.text).toContain('cannot do this');
+  await page.reload();
+  await expect(page.locator(`tr[data-reservation="${id}"]`)).toBeVisible();
+  // Admin pages are not in a viewer's menu.
+  await expect(page.getByRole('link', { name: 'Users & tokens' })).toHaveCount(0);
+});
+
+test('the locks page shows a lock a test took, live, and an admin can force it', async ({ page }) => {
+  const bin = process.env.HOLDFAST_BIN;
+  expect(bin, 'the test script passes HOLDFAST_BIN').toBeTruthy();
+  const out = execFileSync(bin!, ['lock', 'take', 'e2e-maintenance', '--ttl-secs', '120'], { env: process.env }).toString();
+  const fence = out.match(/fencing token (\d+)/)![1];
+  await signIn(page, 'admin');
+  await page.goto('/locks');
+  await live(page);
+  const row = page.locator('tr[data-lock="e2e-maintenance"]');
+  await expect(row).toBeVisible();
+  await expect(row.locator('td').nth(3)).toHaveText(fence);
+  const left = row.locator('td').nth(2);
+  const first = await left.textContent();
+  await expect(left).not.toHaveText(first!, { timeout: 3000 });
+  await page.screenshot({ path: 'output/locks.png', fullPage: true });
+  await row.getByRole('button', { name: 'Force release…' }).click();
+  await row.getByLabel('Type the lock name to confirm').fill('e2e-maintenance');
+  await row.getByRole('button', { name: 'Confirm force release' }).click();
+  await expect(page.getByRole('status').filter({ hasText: 'Lock e2e-maintenance released' })).toBeVisible();
+  await expect(row).toHaveCount(0, { timeout: 3000 });
+  await page.goto('/audit');
+  await expect(page.locator('tr[data-action="force_release_lock"]').first()).toContainText('e2e-maintenance');
+  await page.screenshot({ path: 'output/audit.png', fullPage: true });
+});
+
+test('the warm-up progress bar reaches 100%', async ({ page }) => {
+  await signIn(page, 'admin');
+  await page.goto('/operations');
+  await live(page);
+  await page.getByRole('button', { name: 'Run a warm-up' }).click();
+  const bar = page.getByRole('progressbar', { name: 'Warm-up progress' }).first();
+  await expect(bar).toHaveAttribute('aria-valuenow', '100', { timeout: 5000 });
+  await expect(page.locator('.job.finished').first()).toContainText('6 SKUs');
+  await page.screenshot({ path: 'output/operations.png', fullPage: true });
+});
+
+test('every other page renders for an admin', async ({ page }) => {
+  await signIn(page, 'admin');
+  for (const [path, heading] of [
+    ['/reservations?q=buyer-overview-1', 'Reservations'],
+    ['/ingestion', 'Ingestion'],
+    ['/reserve', 'Reserve by hand'],
+    ['/admin', 'Users'],
+  ]) {
+    await page.goto(path);
+    await live(page);
+    await expect(page.getByRole('heading', { level: 1 }).first()).toHaveText(heading);
+    await page.screenshot({ path: `output/${path.slice(1).split('?')[0]}.png`, fullPage: true });
+  }
+  await page.goto('/reservations?q=buyer-overview-1');
+  await expect(page.locator('tr[data-reservation]')).toHaveCount(1);
+  await page.setViewportSize({ width: 390, height: 844 });
+  await page.goto('/');
+  await live(page);
+  await page.screenshot({ path: 'output/overview-phone.png', fullPage: true });
+});

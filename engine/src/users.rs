@@ -1,0 +1,399 @@
+//! Dashboard users, roles and login sessions.
+//!
+//! Passwords are stored as argon2id hashes and checked on a blocking thread (a
+//! hash costs tens of milliseconds of CPU, which must not stall the async
+//! workers serving checkout). Sessions are random secrets handed to the browser in
+//! an HttpOnly cookie; PostgreSQL keeps only their SHA-256 digest.
+
+use std::time::Duration;
+
+use argon2::Argon2;
+use argon2::password_hash::{PasswordHash, PasswordHasher, PasswordVerifier, SaltString};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::error::EngineError;
+use crate::tokens::digest;
+
+/// What a dashboard user may do. Ordered: each role includes the ones before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Merchandising: reads everything, changes nothing.
+    Viewer,
+    /// Support staff: may also release holds.
+    Support,
+    /// Operators: everything, including locks, warm-up, users and tokens.
+    Admin,
+}
+
+impl Role {
+    /// The name stored in the database and typed on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Viewer => "viewer",
+            Self::Support => "support",
+            Self::Admin => "admin",
+        }
+    }
+
+    /// Parses a role name.
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "viewer" => Some(Self::Viewer),
+            "support" => Some(Self::Support),
+            "admin" => Some(Self::Admin),
+            _ => None,
+        }
+    }
+}
+
+/// A dashboard user, without the password hash.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct User {
+    /// Database id.
+    pub id: i64,
+    /// Login name (lower case).
+    pub username: String,
+    /// What the user may do.
+    pub role: Role,
+    /// The password is a generated one-time password that must be replaced.
+    pub must_change_password: bool,
+    /// When the user was created.
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct UserRow {
+    id: i64,
+    username: String,
+    role: String,
+    must_change_password: bool,
+    created_at: chrono::DateTime<chrono::Utc>,
+}
+
+impl UserRow {
+    fn into_user(self) -> Result<User, EngineError> {
+        let role = Role::parse(&self.role).ok_or_else(|| {
+            EngineError::UnexpectedReply(format!("user {} has unknown role {}", self.id, self.role))
+        })?;
+        Ok(User {
+            id: self.id,
+            username: self.username,
+            role,
+            must_change_password: self.must_change_password,
+            created_at: self.created_at,
+        })
+    }
+}
+
+/// How long a login lasts.
+pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
+/// The shortest password accepted.
+pub const MIN_PASSWORD_LEN: usize = 10;
+
+/// Why a user could not be created or changed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UserError {
+    /// The name is not 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
+    #[error(
+        "a username is 1 to 63 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit"
+    )]
+    BadName,
+    /// The password is shorter than [`MIN_PASSWORD_LEN`].
+    #[error("a password needs at least {MIN_PASSWORD_LEN} characters")]
+    WeakPassword,
+    /// The name is taken.
+    #[error("a user named {0} already exists")]
+    Taken(String),
+    /// No such user.
+    #[error("there is no user {0}")]
+    Unknown(String),
+    /// The change would leave nobody able to administer Holdfast.
+    #[error("this would leave no admin; make another user admin first")]
+    LastAdmin,
+}
+
+/// Whether `name` is an acceptable username.
+pub fn valid_username(name: &str) -> bool {
+    let mut chars = name.chars();
+    name.len() <= 63
+        && chars
+            .next()
+            .is_some_and(|c| c.is_ascii_lowercase() || c.is_ascii_digit())
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+}
+
+/// A random secret of about 240 bits, URL- and cookie-safe.
+pub fn random_secret() -> String {
+    format!(
+        "{}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// A generated password that is easy to type: four groups of five characters.
+pub fn generate_password() -> String {
+    const ALPHABET: &[u8] = b"abcdefghjkmnpqrstuvwxyz23456789";
+    let bytes: Vec<u8> = uuid::Uuid::new_v4()
+        .as_bytes()
+        .iter()
+        .chain(uuid::Uuid::new_v4().as_bytes())
+        .copied()
+        .collect();
+    let chars: Vec<char> = bytes
+        .iter()
+        .take(20)
+        .map(|b| char::from(ALPHABET[usize::from(*b) % ALPHABET.len()]))
+        .collect();
+    chars
+        .chunks(5)
+        .map(|c| c.iter().collect::<String>())
+        .collect::<Vec<_>>()
+        .join("-")
+}
+
+async fn hash_password(password: String) -> Result<String, EngineError> {
+    tokio::task::spawn_blocking(move || {
+        let salt = SaltString::encode_b64(uuid::Uuid::new_v4().as_bytes())
+            .map_err(|e| EngineError::UnexpectedReply(format!("salt: {e}")))?;
+        Argon2::default()
+            .hash_password(password.as_bytes(), &salt)
+            .map(|h| h.to_string())
+            .map_err(|e| EngineError::UnexpectedReply(format!("password hash: {e}")))
+    })
+    .await
+    .map_err(|e| EngineError::UnexpectedReply(format!("hashing task: {e}")))?
+}
+
+async fn verify_password(password: String, hash: String) -> bool {
+    tokio::task::spawn_blocking(move || {
+        PasswordHash::new(&hash).is_ok_and(|parsed| {
+            Argon2::default()
+                .verify_password(password.as_bytes(), &parsed)
+                .is_ok()
+        })
+    })
+    .await
+    .unwrap_or(false)
+}
+
+fn check_new(username: &str, password: &str) -> Result<(), UserError> {
+    if !valid_username(username) {
+        return Err(UserError::BadName);
+    }
+    if password.chars().count() < MIN_PASSWORD_LEN {
+        return Err(UserError::WeakPassword);
+    }
+    Ok(())
+}
+
+/// Creates a user; `must_change` marks a generated password to be replaced at
+/// first login.
+pub async fn create(
+    pg: &PgPool,
+    username: &str,
+    role: Role,
+    password: &str,
+    must_change: bool,
+) -> Result<Result<User, UserError>, EngineError> {
+    if let Err(e) = check_new(username, password) {
+        return Ok(Err(e));
+    }
+    let hash = hash_password(password.to_owned()).await?;
+    let row = sqlx::query_as::<_, UserRow>(
+        "INSERT INTO users (username, password_hash, role, must_change_password)
+         VALUES ($1, $2, $3, $4) ON CONFLICT (username) DO NOTHING
+         RETURNING id, username, role, must_change_password, created_at",
+    )
+    .bind(username)
+    .bind(hash)
+    .bind(role.as_str())
+    .bind(must_change)
+    .fetch_optional(pg)
+    .await?;
+    match row {
+        Some(row) => Ok(Ok(row.into_user()?)),
+        None => Ok(Err(UserError::Taken(username.to_owned()))),
+    }
+}
+
+/// On a database with no users at all, creates `admin` with a generated
+/// one-time password and returns that password (to print once); otherwise `None`.
+pub async fn ensure_first_admin(pg: &PgPool) -> Result<Option<String>, EngineError> {
+    let any: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM users)")
+        .fetch_one(pg)
+        .await?;
+    if any {
+        return Ok(None);
+    }
+    let password = generate_password();
+    // Two servers starting at once: only one insert wins, and only it prints.
+    match create(pg, "admin", Role::Admin, &password, true).await? {
+        Ok(_) => Ok(Some(password)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// Every user, by name.
+pub async fn list(pg: &PgPool) -> Result<Vec<User>, EngineError> {
+    sqlx::query_as::<_, UserRow>(
+        "SELECT id, username, role, must_change_password, created_at FROM users ORDER BY username",
+    )
+    .fetch_all(pg)
+    .await?
+    .into_iter()
+    .map(UserRow::into_user)
+    .collect()
+}
+
+async fn admins_other_than(pg: &PgPool, username: &str) -> Result<i64, EngineError> {
+    Ok(
+        sqlx::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND username <> $1")
+            .bind(username)
+            .fetch_one(pg)
+            .await?,
+    )
+}
+
+/// Changes a user's role; refuses to demote the last admin.
+pub async fn set_role(
+    pg: &PgPool,
+    username: &str,
+    role: Role,
+) -> Result<Result<(), UserError>, EngineError> {
+    if role != Role::Admin && admins_other_than(pg, username).await? == 0 {
+        return Ok(Err(UserError::LastAdmin));
+    }
+    let done = sqlx::query("UPDATE users SET role = $2 WHERE username = $1")
+        .bind(username)
+        .bind(role.as_str())
+        .execute(pg)
+        .await?
+        .rows_affected();
+    Ok(if done == 1 {
+        Ok(())
+    } else {
+        Err(UserError::Unknown(username.to_owned()))
+    })
+}
+
+/// Deletes a user and their sessions; refuses to delete the last admin.
+pub async fn delete(pg: &PgPool, username: &str) -> Result<Result<(), UserError>, EngineError> {
+    if admins_other_than(pg, username).await? == 0 {
+        let is_admin: Option<String> =
+            sqlx::query_scalar("SELECT role FROM users WHERE username = $1")
+                .bind(username)
+                .fetch_optional(pg)
+                .await?;
+        if is_admin.as_deref() == Some("admin") {
+            return Ok(Err(UserError::LastAdmin));
+        }
+    }
+    let done = sqlx::query("DELETE FROM users WHERE username = $1")
+        .bind(username)
+        .execute(pg)
+        .await?
+        .rows_affected();
+    Ok(if done == 1 {
+        Ok(())
+    } else {
+        Err(UserError::Unknown(username.to_owned()))
+    })
+}
+
+/// Replaces a user's password (clearing the one-time mark) and ends their other
+/// sessions.
+pub async fn set_password(
+    pg: &PgPool,
+    username: &str,
+    password: &str,
+    keep_session: Option<&str>,
+) -> Result<Result<(), UserError>, EngineError> {
+    if password.chars().count() < MIN_PASSWORD_LEN {
+        return Ok(Err(UserError::WeakPassword));
+    }
+    let hash = hash_password(password.to_owned()).await?;
+    let mut tx = pg.begin().await?;
+    let id: Option<i64> = sqlx::query_scalar(
+        "UPDATE users SET password_hash = $2, must_change_password = false
+         WHERE username = $1 RETURNING id",
+    )
+    .bind(username)
+    .bind(hash)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(id) = id else {
+        return Ok(Err(UserError::Unknown(username.to_owned())));
+    };
+    let keep = keep_session.map(digest).unwrap_or_default();
+    sqlx::query("DELETE FROM sessions WHERE user_id = $1 AND digest <> $2")
+        .bind(id)
+        .bind(keep)
+        .execute(&mut *tx)
+        .await?;
+    tx.commit().await?;
+    Ok(Ok(()))
+}
+
+/// Checks a username and password; on success starts a session and returns the
+/// user with the session secret (for the cookie).
+pub async fn login(
+    pg: &PgPool,
+    username: &str,
+    password: &str,
+) -> Result<Option<(User, String)>, EngineError> {
+    let row: Option<(String,)> =
+        sqlx::query_as("SELECT password_hash FROM users WHERE username = $1")
+            .bind(username.trim().to_lowercase())
+            .fetch_optional(pg)
+            .await?;
+    let Some((hash,)) = row else {
+        // Unknown names cost a hash too, so timing does not reveal which names exist.
+        let _ = hash_password(password.to_owned()).await;
+        return Ok(None);
+    };
+    if !verify_password(password.to_owned(), hash).await {
+        return Ok(None);
+    }
+    let secret = random_secret();
+    let user = sqlx::query_as::<_, UserRow>(
+        "WITH u AS (SELECT id, username, role, must_change_password, created_at FROM users WHERE username = $1),
+              s AS (INSERT INTO sessions (digest, user_id, expires_at)
+                    SELECT $2, id, now() + make_interval(secs => $3) FROM u)
+         SELECT * FROM u",
+    )
+    .bind(username.trim().to_lowercase())
+    .bind(digest(&secret))
+    .bind(SESSION_TTL.as_secs_f64())
+    .fetch_optional(pg)
+    .await?;
+    match user {
+        Some(u) => Ok(Some((u.into_user()?, secret))),
+        None => Ok(None),
+    }
+}
+
+/// The user a live session belongs to.
+pub async fn session_user(pg: &PgPool, secret: &str) -> Result<Option<User>, EngineError> {
+    sqlx::query_as::<_, UserRow>(
+        "SELECT u.id, u.username, u.role, u.must_change_password, u.created_at
+         FROM sessions s JOIN users u ON u.id = s.user_id
+         WHERE s.digest = $1 AND s.expires_at > now()",
+    )
+    .bind(digest(secret))
+    .fetch_optional(pg)
+    .await?
+    .map(UserRow::into_user)
+    .transpose()
+}
+
+/// Ends a session (logout). Also drops expired sessions, so the table stays small.
+pub async fn logout(pg: &PgPool, secret: &str) -> Result<(), EngineError> {
+    sqlx::query("DELETE FROM sessions WHERE digest = $1 OR expires_at < now()")
+        .bind(digest(secret))
+        .execute(pg)
+        .await?;
+    Ok(())
+}

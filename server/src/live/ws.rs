@@ -1,0 +1,136 @@
+//! `GET /live`: the WebSocket each dashboard tab holds.
+//!
+//! The handshake must come from a signed-in user's browser on this very site:
+//! the session cookie is checked and so is `Origin` (a page elsewhere could
+//! otherwise open the socket with the user's cookie). The tab gets a snapshot,
+//! then the hub's deltas, operations samples and job progress; it may send
+//! `{"type":"watch","sku":…}` to receive one SKU's raw events.
+
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use holdfast_app::dto::live::{ClientMsg, ServerMsg};
+use holdfast_app::server::guard::{SESSION_COOKIE, cookie, same_origin};
+use serde::Deserialize;
+use tokio::sync::broadcast::error::RecvError;
+
+use crate::live::hub::HubMsg;
+use crate::state::AppState;
+
+/// Query of `/live`.
+#[derive(Debug, Deserialize)]
+pub struct LiveQuery {
+    /// The last cursor an earlier connection of this tab saw.
+    pub cursor: Option<String>,
+}
+
+/// Refuses a cross-site or signed-out handshake; otherwise upgrades.
+pub async fn live(
+    State(state): State<AppState>,
+    Query(query): Query<LiveQuery>,
+    headers: HeaderMap,
+    upgrade: WebSocketUpgrade,
+) -> Response {
+    if !same_origin(&headers) {
+        return (StatusCode::FORBIDDEN, "cross-site WebSocket refused").into_response();
+    }
+    let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
+        return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
+    };
+    match holdfast_engine::users::session_user(&state.backends.pg, &secret).await {
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
+        }
+        Err(e) => {
+            tracing::error!(error = %e, "live: session check failed");
+            return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
+        }
+    }
+    upgrade.on_upgrade(move |socket| serve(socket, state, query.cursor))
+}
+
+async fn serve(mut socket: WebSocket, state: AppState, resume: Option<String>) {
+    // The first message may name the watched SKU; wait for it briefly so a
+    // resumed tab gets its missed events in the snapshot.
+    let mut watched: Option<String> = None;
+    if resume.is_some()
+        && let Ok(Some(Ok(Message::Text(text)))) =
+            tokio::time::timeout(Duration::from_millis(500), socket.recv()).await
+        && let Ok(ClientMsg::Watch { sku }) = serde_json::from_str(&text)
+    {
+        watched = sku;
+    }
+    let hub = state.live.clone();
+    let mut sub = hub.subscribe(resume.as_deref(), watched.as_deref());
+    if socket
+        .send(Message::Text(sub.snapshot.clone().into()))
+        .await
+        .is_err()
+    {
+        return;
+    }
+    let mut ping = tokio::time::interval(Duration::from_secs(20));
+    ping.tick().await;
+    loop {
+        tokio::select! {
+            msg = sub.deltas.recv() => {
+                let out = match msg {
+                    Ok(HubMsg::Figures(json, events)) => {
+                        if socket.send(Message::Text(json.as_str().into())).await.is_err() {
+                            return;
+                        }
+                        let mine: Vec<_> = events
+                            .iter()
+                            .filter(|e| watched.as_deref() == Some(e.sku.as_str()))
+                            .cloned()
+                            .collect();
+                        if mine.is_empty() {
+                            continue;
+                        }
+                        serde_json::to_string(&ServerMsg::Events { events: mine }).unwrap_or_default()
+                    }
+                    Ok(HubMsg::Job(json)) => json.as_str().to_owned(),
+                    // Too slow to keep up: start over from a fresh snapshot.
+                    Err(RecvError::Lagged(_)) => {
+                        let fresh = hub.subscribe(None, watched.as_deref());
+                        sub.deltas = fresh.deltas;
+                        fresh.snapshot
+                    }
+                    Err(RecvError::Closed) => return,
+                };
+                if socket.send(Message::Text(out.into())).await.is_err() {
+                    return;
+                }
+            }
+            changed = sub.ops.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                let json = sub.ops.borrow_and_update().clone();
+                if let Some(json) = json
+                    && socket.send(Message::Text(json.as_str().into())).await.is_err()
+                {
+                    return;
+                }
+            }
+            incoming = socket.recv() => match incoming {
+                Some(Ok(Message::Text(text))) => {
+                    if let Ok(ClientMsg::Watch { sku }) = serde_json::from_str(&text) {
+                        watched = sku;
+                    }
+                }
+                Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
+                Some(Ok(_)) => {}
+            },
+            _ = ping.tick() => {
+                if socket.send(Message::Ping(Vec::new().into())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,525 @@
+//! The dashboard's server functions and live socket: role checks on every server
+//! function, cross-site refusal, sign-in with one-time passwords, audited
+//! actions, and the WebSocket's snapshot, deltas, replay after a reconnect and
+//! job progress.
+
+mod common;
+
+use std::time::Duration;
+
+use futures_util::{SinkExt, StreamExt};
+use holdfast_app::api::GUARDED;
+use holdfast_app::dto::people::RoleView;
+use holdfast_engine::ReserveRequest;
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::users::{self, Role};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
+
+const PASSWORD: &str = "correct horse battery";
+
+/// A valid form body for each server function, so a refusal can only come from
+/// the role or origin check, never from a missing argument.
+fn body(path: &str) -> &'static str {
+    match path {
+        "/api/drop_overview" => "",
+        "/api/sku_detail" => "sku=DROP-001",
+        "/api/search_holds" => "query=nobody",
+        "/api/release_hold" => "reservation_id=r-none&reason=test",
+        "/api/force_release_lock" => "name=none&confirm=none",
+        "/api/set_lane_paused" => "lane=feeds&paused=false",
+        "/api/replay_dead_letter" => "id=0-1",
+        "/api/start_reconcile" => "correct_up=false",
+        "/api/start_warmup" => "force=false",
+        "/api/manual_reserve" => "sku=DROP-001&qty=1",
+        "/api/audit_log" => "search=",
+        "/api/create_user" => "username=newbie&role=viewer",
+        "/api/set_user_role" => "username=viewer&role=viewer",
+        "/api/delete_user" => "username=nobody",
+        "/api/create_token" => "name=t&scopes=read",
+        "/api/revoke_token" => "id=999999",
+        "/api/list_locks"
+        | "/api/ingestion_status"
+        | "/api/operations_status"
+        | "/api/list_users"
+        | "/api/list_tokens" => "",
+        other => panic!("no test body for {other}: add one"),
+    }
+}
+
+struct Dash {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl Dash {
+    async fn call(
+        &self,
+        path: &str,
+        form: &str,
+        cookie: Option<&str>,
+        origin: Option<&str>,
+    ) -> (u16, String) {
+        let mut req = self
+            .http
+            .post(format!("{}{path}", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body(form.to_owned());
+        if let Some(c) = cookie {
+            req = req.header("cookie", c);
+        }
+        if let Some(o) = origin {
+            req = req.header("origin", o);
+        }
+        let res = req.send().await.unwrap();
+        (res.status().as_u16(), res.text().await.unwrap())
+    }
+
+    /// Calls from this site's own pages (the right Origin).
+    async fn own(&self, path: &str, form: &str, cookie: Option<&str>) -> (u16, String) {
+        self.call(path, form, cookie, Some(&self.base)).await
+    }
+
+    async fn login(&self, username: &str, password: &str) -> String {
+        let res = self
+            .http
+            .post(format!("{}/api/login", self.base))
+            .header("content-type", "application/x-www-form-urlencoded")
+            .header("origin", &self.base)
+            .body(format!(
+                "username={username}&password={}",
+                password.replace(' ', "+")
+            ))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "login of {username}");
+        let cookie = res
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .find(|c| c.starts_with("holdfast_session="))
+            .expect("a session cookie");
+        assert!(
+            cookie.contains("HttpOnly") && cookie.contains("SameSite=Lax"),
+            "{cookie}"
+        );
+        cookie.split(';').next().unwrap().to_owned()
+    }
+}
+
+async fn setup(pool: PgPool) -> (Dash, TestRedis, holdfast_engine::Backends) {
+    holdfast_engine::catalog::load_demo_drop(&pool)
+        .await
+        .unwrap();
+    for (name, role) in [
+        ("viewer", Role::Viewer),
+        ("support", Role::Support),
+        ("admin", Role::Admin),
+    ] {
+        users::create(&pool, name, role, PASSWORD, false)
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    stock(&backends.engine, "DROP-001", 50).await;
+    let server = common::spawn_live(backends.clone(), &redis.url()).await;
+    let dash = Dash {
+        base: server.base.clone(),
+        http: reqwest::Client::new(),
+    };
+    (dash, redis, backends)
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn every_server_function_refuses_callers_without_the_role(pool: PgPool) {
+    let (dash, _redis, _b) = setup(pool).await;
+    let viewer = dash.login("viewer", PASSWORD).await;
+    let support = dash.login("support", PASSWORD).await;
+    let admin = dash.login("admin", PASSWORD).await;
+    for (path, min) in GUARDED {
+        let form = body(path);
+        let (status, text) = dash.own(path, form, None).await;
+        assert_eq!(status, 401, "{path} without a session: {text}");
+        assert!(text.contains("not signed in"), "{path}: {text}");
+        for (role, cookie) in [(RoleView::Viewer, &viewer), (RoleView::Support, &support)] {
+            let (status, text) = dash.own(path, form, Some(cookie)).await;
+            if role < *min {
+                assert_eq!(status, 403, "{path} as {role:?}: {text}");
+                assert!(text.contains("cannot do this"), "{path}: {text}");
+            } else {
+                assert!(
+                    status != 401 && status != 403,
+                    "{path} as {role:?} was refused: {text}"
+                );
+            }
+        }
+        // An admin passes the guard everywhere (the call itself may still fail,
+        // e.g. an unknown lock is a 404).
+        let (status, text) = dash.own(path, form, Some(&admin)).await;
+        assert!(
+            status != 401 && status != 403,
+            "{path} as admin was refused: {text}"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_forged_cross_site_call_is_refused_and_changes_nothing(pool: PgPool) {
+    let (dash, _redis, b) = setup(pool).await;
+    let admin = dash.login("admin", PASSWORD).await;
+    b.engine
+        .reserve(&ReserveRequest::single("r-1", "DROP-001", 2))
+        .await
+        .unwrap();
+    let form = "reservation_id=r-1&reason=forged";
+    for origin in [
+        Some("https://evil.example"),
+        Some("http://127.0.0.1.evil.example"),
+        None,
+    ] {
+        let (status, text) = dash
+            .call("/api/release_hold", form, Some(&admin), origin)
+            .await;
+        assert_eq!(status, 403, "origin {origin:?}: {text}");
+        assert!(text.contains("cross-site"), "{text}");
+    }
+    // Login itself is protected too (login CSRF).
+    let (status, _) = dash
+        .call(
+            "/api/login",
+            "username=admin&password=x",
+            None,
+            Some("https://evil.example"),
+        )
+        .await;
+    assert_eq!(status, 403);
+    assert_eq!(
+        b.engine
+            .figures("DROP-001")
+            .await
+            .unwrap()
+            .unwrap()
+            .reserved,
+        2
+    );
+
+    let (status, text) = dash
+        .own(
+            "/api/release_hold",
+            "reservation_id=r-1&reason=customer+asked",
+            Some(&admin),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let f = b.engine.figures("DROP-001").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (50, 0));
+    let entries = holdfast_engine::audit::recent(&b.pg, Some("release_hold"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(
+        (entries[0].actor.as_str(), entries[0].subject.as_str()),
+        ("admin", "r-1")
+    );
+    assert_eq!(entries[0].detail["reason"], "customer asked");
+    // Releasing again says so, readably.
+    let (status, text) = dash
+        .own(
+            "/api/release_hold",
+            "reservation_id=r-1&reason=again",
+            Some(&admin),
+        )
+        .await;
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("already ended"), "{text}");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let dash = Dash {
+        base: server.base.clone(),
+        http: reqwest::Client::new(),
+    };
+
+    let password = users::ensure_first_admin(&pool)
+        .await
+        .unwrap()
+        .expect("a one-time password");
+    assert!(
+        users::ensure_first_admin(&pool).await.unwrap().is_none(),
+        "only once"
+    );
+    let (status, _) = dash
+        .own(
+            "/api/login",
+            &format!("username=admin&password={}", "wrong-password"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 401);
+    let cookie = dash.login("admin", &password).await;
+    let (status, text) = dash.own("/api/list_users", "", Some(&cookie)).await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("new password"), "{text}");
+    let (status, text) = dash
+        .own(
+            "/api/change_password",
+            "new_password=short&repeat=short",
+            Some(&cookie),
+        )
+        .await;
+    assert_eq!(status, 400, "{text}");
+    let (status, text) = dash
+        .own(
+            "/api/change_password",
+            "new_password=a-much-longer-one&repeat=a-much-longer-one",
+            Some(&cookie),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = dash.own("/api/list_users", "", Some(&cookie)).await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("\"admin\""), "{text}");
+    // The one-time password no longer works.
+    let (status, _) = dash
+        .own(
+            "/api/login",
+            &format!("username=admin&password={password}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, 401);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_forced_lock_release_needs_its_name_and_is_audited(pool: PgPool) {
+    let (dash, _redis, b) = setup(pool).await;
+    let lease = b
+        .engine
+        .acquire_lock("nightly-import", Duration::from_secs(60))
+        .await
+        .unwrap()
+        .unwrap();
+    let viewer = dash.login("viewer", PASSWORD).await;
+    let (status, text) = dash.own("/api/list_locks", "", Some(&viewer)).await;
+    assert_eq!(status, 200);
+    let locks: Value = serde_json::from_str(&text).unwrap();
+    let lock = locks
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["name"] == "nightly-import")
+        .expect("listed");
+    assert_eq!(lock["fence"], lease.fence);
+
+    let admin = dash.login("admin", PASSWORD).await;
+    let (status, text) = dash
+        .own(
+            "/api/force_release_lock",
+            "name=nightly-import&confirm=nightly",
+            Some(&admin),
+        )
+        .await;
+    assert_eq!(status, 400, "{text}");
+    assert!(
+        b.engine
+            .list_locks()
+            .await
+            .unwrap()
+            .iter()
+            .any(|l| l.name == "nightly-import")
+    );
+    let (status, text) = dash
+        .own(
+            "/api/force_release_lock",
+            "name=nightly-import&confirm=nightly-import",
+            Some(&admin),
+        )
+        .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(
+        !b.engine
+            .list_locks()
+            .await
+            .unwrap()
+            .iter()
+            .any(|l| l.name == "nightly-import")
+    );
+    assert!(
+        !b.engine.release_lock(&lease).await.unwrap(),
+        "the old holder lost it"
+    );
+    let entries = holdfast_engine::audit::recent(&b.pg, Some("force_release_lock"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].detail["fence"], lease.fence);
+}
+
+type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
+async fn live(
+    base: &str,
+    cookie: Option<&str>,
+    origin: Option<&str>,
+    cursor: Option<&str>,
+) -> Result<Socket, u16> {
+    let query = cursor
+        .map(|c| format!("?cursor={}", c.replace('|', "%7C")))
+        .unwrap_or_default();
+    let mut req = format!("{}/live{query}", base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    if let Some(c) = cookie {
+        req.headers_mut().insert("cookie", c.parse().unwrap());
+    }
+    if let Some(o) = origin {
+        req.headers_mut().insert("origin", o.parse().unwrap());
+    }
+    match tokio_tungstenite::connect_async(req).await {
+        Ok((ws, _)) => Ok(ws),
+        Err(tokio_tungstenite::tungstenite::Error::Http(r)) => Err(r.status().as_u16()),
+        Err(e) => panic!("{e}"),
+    }
+}
+
+/// The next message of `kind`, skipping others, within `within`.
+async fn next_of(ws: &mut Socket, kind: &str, within: Duration) -> Value {
+    tokio::time::timeout(within, async {
+        loop {
+            match ws.next().await.expect("open").expect("frame") {
+                Message::Text(t) => {
+                    let v: Value = serde_json::from_str(&t).unwrap();
+                    if v["type"] == kind {
+                        return v;
+                    }
+                }
+                _ => continue,
+            }
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("no {kind} message within {within:?}"))
+}
+
+fn figure(msg: &Value, sku: &str, field: &str) -> Option<i64> {
+    msg["skus"].as_array()?.iter().find(|s| s["sku"] == sku)?[field].as_i64()
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn the_live_socket_streams_changes_and_replays_what_a_reconnect_missed(pool: PgPool) {
+    let (dash, _redis, b) = setup(pool).await;
+    let viewer = dash.login("viewer", PASSWORD).await;
+    let base = dash.base.clone();
+    assert_eq!(live(&base, None, Some(&base), None).await.err(), Some(401));
+    assert_eq!(
+        live(&base, Some(&viewer), Some("https://evil.example"), None)
+            .await
+            .err(),
+        Some(403)
+    );
+    assert_eq!(
+        live(&base, Some(&viewer), None, None).await.err(),
+        Some(403)
+    );
+
+    let mut ws = live(&base, Some(&viewer), Some(&base), None)
+        .await
+        .expect("connects");
+    let snapshot = next_of(&mut ws, "snapshot", Duration::from_secs(3)).await;
+    assert_eq!(figure(&snapshot, "DROP-001", "available"), Some(50));
+    ws.send(Message::Text(r#"{"type":"watch","sku":"DROP-001"}"#.into()))
+        .await
+        .unwrap();
+
+    // A reservation made elsewhere shows within a second.
+    b.engine
+        .reserve(&ReserveRequest::single("live-1", "DROP-001", 3))
+        .await
+        .unwrap();
+    let delta = next_of(&mut ws, "figures", Duration::from_secs(1)).await;
+    assert_eq!(figure(&delta, "DROP-001", "available"), Some(47));
+    assert_eq!(figure(&delta, "DROP-001", "reserved"), Some(3));
+    let events = next_of(&mut ws, "events", Duration::from_secs(1)).await;
+    assert_eq!(events["events"][0]["reservation_id"], "live-1");
+    let cursor = delta["cursor"].as_str().unwrap().to_owned();
+    drop(ws);
+
+    // While disconnected: two more changes.
+    b.engine
+        .reserve(&ReserveRequest::single("live-2", "DROP-001", 1))
+        .await
+        .unwrap();
+    b.engine.release("live-1").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut ws = live(&base, Some(&viewer), Some(&base), Some(&cursor))
+        .await
+        .expect("reconnects");
+    ws.send(Message::Text(r#"{"type":"watch","sku":"DROP-001"}"#.into()))
+        .await
+        .unwrap();
+    let snapshot = next_of(&mut ws, "snapshot", Duration::from_secs(3)).await;
+    assert_eq!(figure(&snapshot, "DROP-001", "available"), Some(49));
+    assert_eq!(figure(&snapshot, "DROP-001", "reserved"), Some(1));
+    let replayed: Vec<(String, String)> = snapshot["replayed"]
+        .as_array()
+        .expect("missed events replayed")
+        .iter()
+        .map(|e| {
+            (
+                e["kind"].as_str().unwrap().to_owned(),
+                e["reservation_id"].as_str().unwrap().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        replayed,
+        [
+            ("reserved".to_owned(), "live-2".to_owned()),
+            ("released".to_owned(), "live-1".to_owned())
+        ]
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_warm_up_reports_progress_to_every_tab_until_done(pool: PgPool) {
+    let (dash, _redis, b) = setup(pool).await;
+    let admin = dash.login("admin", PASSWORD).await;
+    let mut ws = live(&dash.base, Some(&admin), Some(&dash.base), None)
+        .await
+        .expect("connects");
+    next_of(&mut ws, "snapshot", Duration::from_secs(3)).await;
+    let (status, text) = dash
+        .own("/api/start_warmup", "force=false", Some(&admin))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let id: u64 = text.trim().parse().expect("a job id");
+    let done = tokio::time::timeout(Duration::from_secs(10), async {
+        loop {
+            let job = next_of(&mut ws, "job", Duration::from_secs(10)).await;
+            if job["id"] == id && job["state"]["state"] == "finished" {
+                return job;
+            }
+        }
+    })
+    .await
+    .expect("the job finishes");
+    assert_eq!(done["done"], done["total"]);
+    assert_eq!(done["total"], 6, "the demo drop's six SKUs");
+    // DROP-001 was stocked by the test; the other five were warmed by the job.
+    assert!(b.engine.figures("DROP-006").await.unwrap().is_some());
+    let audit = holdfast_engine::audit::recent(&b.pg, Some("start_warmup"), None, 5)
+        .await
+        .unwrap();
+    assert_eq!(audit.len(), 1);
+}
