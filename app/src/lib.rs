@@ -17,7 +17,7 @@ pub mod server;
 use leptos::prelude::*;
 use leptos_meta::{MetaTags, Stylesheet, Title, provide_meta_context};
 use leptos_router::components::{A, Redirect, Route, Router, Routes};
-use leptos_router::path;
+use leptos_router::{SsrMode, path};
 
 use crate::api::auth::{Logout, current_user};
 use crate::components::ConnBadge;
@@ -49,6 +49,10 @@ pub fn shell(options: LeptosOptions) -> impl IntoView {
 pub struct MeResource(pub Resource<Result<Option<Me>, ServerFnError>>);
 
 /// The root component: stylesheet, title, top bar and the page routes.
+///
+/// Pages render whole before the response starts (`SsrMode::Async`), so a
+/// signed-out visitor gets a real redirect to `/login`, not a page that only
+/// redirects once its script runs.
 #[component]
 pub fn App() -> impl IntoView {
     provide_meta_context();
@@ -66,16 +70,16 @@ pub fn App() -> impl IntoView {
             <TopBar/>
             <main class="page" data-hydrated=move || hydrated.get().to_string()>
                 <Routes fallback=|| view! { <p class="empty">"Page not found."</p> }>
-                    <Route path=path!("/login") view=pages::login::LoginPage/>
-                    <Route path=path!("/") view=|| view! { <Authed><pages::overview::OverviewPage/></Authed> }/>
-                    <Route path=path!("/sku/:sku") view=|| view! { <Authed><pages::sku::SkuPage/></Authed> }/>
-                    <Route path=path!("/reservations") view=|| view! { <Authed><pages::reservations::ReservationsPage/></Authed> }/>
-                    <Route path=path!("/locks") view=|| view! { <Authed><pages::locks::LocksPage/></Authed> }/>
-                    <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> }/>
-                    <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> }/>
-                    <Route path=path!("/reserve") view=|| view! { <Authed min=RoleView::Admin><pages::reserve::ReservePage/></Authed> }/>
-                    <Route path=path!("/audit") view=|| view! { <Authed min=RoleView::Admin><pages::audit::AuditPage/></Authed> }/>
-                    <Route path=path!("/admin") view=|| view! { <Authed min=RoleView::Admin><pages::admin::AdminPage/></Authed> }/>
+                    <Route path=path!("/login") view=pages::login::LoginPage ssr=SsrMode::Async/>
+                    <Route path=path!("/") view=|| view! { <Authed><pages::overview::OverviewPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/sku/:sku") view=|| view! { <Authed><pages::sku::SkuPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/reservations") view=|| view! { <Authed><pages::reservations::ReservationsPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/locks") view=|| view! { <Authed><pages::locks::LocksPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/reserve") view=|| view! { <Authed min=RoleView::Admin><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/audit") view=|| view! { <Authed min=RoleView::Admin><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/admin") view=|| view! { <Authed min=RoleView::Admin><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>

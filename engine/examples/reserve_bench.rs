@@ -8,12 +8,11 @@
 //!
 //! Prints a Markdown table and one JSON line (for scripts).
 
-use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use holdfast_engine::testkit::{TestRedis, flag, stock};
+use holdfast_engine::testkit::{TestRedis, flag, redis_benchmark_reserve, stock};
 use holdfast_engine::{Engine, EngineConfig, ReserveOutcome, ReserveRequest};
 
 const SKU: &str = "BENCH-1";
@@ -61,66 +60,6 @@ async fn engine_run(engine: &Engine, clients: usize, seconds: u64) -> (f64, f64,
     (all.len() as f64 / elapsed, pct(&all, 0.5), pct(&all, 0.99))
 }
 
-/// Runs redis-benchmark EVALSHA of the reserve script; returns (rps, p50 ms, p99 ms).
-fn redis_benchmark_run(
-    redis: &TestRedis,
-    engine: &Engine,
-    clients: usize,
-    requests: u64,
-) -> (f64, f64, f64) {
-    let ks = engine.keyspace();
-    let shard = ks.shard_of(SKU);
-    let sha = engine.scripts().reserve_sha().to_owned();
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args(["-h", "127.0.0.1", "-p", &redis.port().to_string()])
-        .args([
-            "-c",
-            &clients.to_string(),
-            "-n",
-            &requests.to_string(),
-            "-r",
-            "1000000000",
-            "--csv",
-        ])
-        .args(["EVALSHA", &sha, "6"])
-        .arg(ks.hold(shard, "rb-__rand_int__"))
-        .arg(ks.due(shard))
-        .arg(ks.events(shard))
-        .arg(ks.sku(SKU))
-        .arg(ks.sku_holds(SKU))
-        .arg(ks.buyer(SKU, ""))
-        .args([
-            "rb-__rand_int__",
-            "600000",
-            "",
-            "|BENCH-1=1",
-            "1000000",
-            "604800000",
-            SKU,
-            "1",
-        ]);
-    let out = cmd
-        .output()
-        .expect("run redis-benchmark (package redis-tools)");
-    assert!(
-        out.status.success(),
-        "redis-benchmark failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let csv = String::from_utf8_lossy(&out.stdout);
-    let row = csv
-        .lines()
-        .find(|l| l.starts_with("\"EVALSHA"))
-        .expect("redis-benchmark CSV row");
-    let cols: Vec<f64> = row
-        .split(',')
-        .skip(1)
-        .map(|c| c.trim_matches('"').parse().unwrap_or(0.0))
-        .collect();
-    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-    (cols[0], cols[3], cols[5])
-}
-
 #[tokio::main]
 async fn main() {
     let (clients, seconds) = (flag("--clients", 50) as usize, flag("--seconds", 5));
@@ -147,7 +86,8 @@ async fn main() {
         .await
         .unwrap();
     let requests = (e_rps * seconds as f64).max(50_000.0) as u64;
-    let (r_rps, r_p50, r_p99) = redis_benchmark_run(&redis, &engine, clients, requests);
+    let (r_rps, r_p50, r_p99) =
+        redis_benchmark_reserve(redis.port(), &engine, SKU, clients, requests);
     let ratio = e_rps / r_rps;
 
     println!("| path | clients | reserves/s | p50 ms | p99 ms |");

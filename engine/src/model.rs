@@ -187,7 +187,7 @@ pub enum ReleaseOutcome {
 }
 
 /// A SKU's live figures in Redis.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Figures {
     /// Units a shopper can reserve now.
     pub available: i64,

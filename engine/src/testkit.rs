@@ -353,3 +353,62 @@ pub fn flag(name: &str, default: u64) -> u64 {
                 .unwrap_or_else(|_| panic!("{name} takes a number, not '{v}'"))
         })
 }
+
+/// Runs `redis-benchmark` with `clients` connections calling `EVALSHA` of
+/// `reserve.lua` `requests` times on the Redis at `port` (one unit of `sku` per
+/// call, a fresh reservation id each), the same script and key layout as
+/// [`crate::Engine::reserve`]; returns (calls/s, p50 ms, p99 ms). The script must
+/// be loaded (reserve once through the engine first). Needs `redis-benchmark` on
+/// `PATH` (Debian package redis-tools).
+pub fn redis_benchmark_reserve(
+    port: u16,
+    engine: &crate::Engine,
+    sku: &str,
+    clients: usize,
+    requests: u64,
+) -> (f64, f64, f64) {
+    let ks = engine.keyspace();
+    let shard = ks.shard_of(sku);
+    let sha = engine.scripts().reserve_sha().to_owned();
+    let mut cmd = Command::new("redis-benchmark");
+    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+        .args([
+            "-c",
+            &clients.to_string(),
+            "-n",
+            &requests.to_string(),
+            "-r",
+            "1000000000",
+            "--csv",
+        ])
+        .args(["EVALSHA", &sha, "6"])
+        .arg(ks.hold(shard, "rb-__rand_int__"))
+        .arg(ks.due(shard))
+        .arg(ks.events(shard))
+        .arg(ks.sku(sku))
+        .arg(ks.sku_holds(sku))
+        .arg(ks.buyer(sku, ""))
+        .args(["rb-__rand_int__", "600000", ""])
+        .arg(format!("|{sku}=1"))
+        .args(["1000000", "604800000", sku, "1"]);
+    let out = cmd
+        .output()
+        .expect("run redis-benchmark (package redis-tools)");
+    assert!(
+        out.status.success(),
+        "redis-benchmark failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let csv = String::from_utf8_lossy(&out.stdout);
+    let row = csv
+        .lines()
+        .find(|l| l.starts_with("\"EVALSHA"))
+        .expect("redis-benchmark CSV row");
+    let cols: Vec<f64> = row
+        .split(',')
+        .skip(1)
+        .map(|c| c.trim_matches('"').parse().unwrap_or(0.0))
+        .collect();
+    // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
+    (cols[0], cols[3], cols[5])
+}

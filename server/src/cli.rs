@@ -39,6 +39,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
         Some(Command::User(cmd)) => crate::users::command(&cli.global, cmd).await,
         Some(Command::Lock(cmd)) => lock(&cli.global, cmd).await,
+        Some(Command::Simulate(args)) => crate::simulate::run(&cli.global, args).await,
     }
 }
 
@@ -352,10 +353,12 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
                 ..crate::badge::BadgeConfig::default()
             },
         )),
-        api: Arc::new(crate::api::ApiState::with_limits(
-            args.api_rate,
-            args.ingest_rate,
-        )),
+        api: Arc::new(crate::api::ApiState {
+            sold_out: crate::api::soldout::SoldOutCache::new(Duration::from_millis(
+                args.sold_out_cache_ms,
+            )),
+            ..crate::api::ApiState::with_limits(args.api_rate, args.ingest_rate)
+        }),
         ..AppState::new(leptos_options(&args.site_root, addr), backends)
     };
     // The live hub reads lane rates from the workers' counters.

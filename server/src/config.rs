@@ -132,6 +132,73 @@ pub enum Command {
     /// List, take and force-release locks.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Rehearse a drop: simulated shoppers through the HTTP API of a running
+    /// Holdfast, a live view, then truth checks (non-zero exit when one fails).
+    Simulate(SimulateArgs),
+}
+
+/// Settings for `holdfast simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// The running Holdfast to drive.
+    #[arg(long, env = "HOLDFAST_URL", default_value = "http://127.0.0.1:3000")]
+    pub url: String,
+    /// An API token with the checkout scope; without one a temporary token is
+    /// created in PostgreSQL and revoked at the end.
+    #[arg(long, env = "HOLDFAST_TOKEN")]
+    pub token: Option<String>,
+    /// Shoppers arriving in all.
+    #[arg(long, default_value_t = 20_000)]
+    pub shoppers: u64,
+    /// Units on sale (a new SKU of its own is stocked with them).
+    #[arg(long, default_value_t = 2_000)]
+    pub units: i64,
+    /// Use this new SKU code instead of a generated `SIM-…` one.
+    #[arg(long)]
+    pub sku: Option<String>,
+    /// Arrivals per second at the peak.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub peak_rps: f64,
+    /// Seconds at the peak (a step from zero), before the decay.
+    #[arg(long, default_value_t = 5.0)]
+    pub peak_secs: f64,
+    /// Seconds over which arrivals decay to about 5% of the peak (0: no decay).
+    #[arg(long, default_value_t = 10.0)]
+    pub decay_secs: f64,
+    /// Share of holders who pay (after a think time).
+    #[arg(long, default_value_t = 0.6)]
+    pub confirm: f64,
+    /// Share of holders who walk away, leaving the hold to expire; the rest release.
+    #[arg(long, default_value_t = 0.25)]
+    pub abandon: f64,
+    /// Longest think time before paying or releasing, in ms (each shopper's is random).
+    #[arg(long, default_value_t = 1_500)]
+    pub think_ms: u64,
+    /// Hold lifetime asked for, in seconds (abandoned holds expire after it).
+    #[arg(long, default_value_t = 5)]
+    pub hold_ttl_secs: u64,
+    /// Share of reservations sent a second time with the same idempotency key.
+    #[arg(long, default_value_t = 0.1)]
+    pub retry: f64,
+    /// Share of shoppers who try again after their first attempt.
+    #[arg(long, default_value_t = 0.1)]
+    pub repeat: f64,
+    /// The SKU's per-buyer limit; shoppers ask for 1 up to this many units (0: no
+    /// limit, one unit each).
+    #[arg(long, default_value_t = 2)]
+    pub per_buyer_limit: i64,
+    /// Seed for the shoppers' choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Longest wait after the run for holds to end and sales to reach PostgreSQL.
+    #[arg(long, default_value_t = 60)]
+    pub settle_secs: u64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Also write an SVG plot of throughput and latency over the run here.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
 }
 
 /// `holdfast lock …`.
@@ -314,6 +381,10 @@ pub struct ServeArgs {
     /// Most webhooks per second per source (bursts of twice that); 0 for no limit.
     #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::api::DEFAULT_SOURCE_RATE)]
     pub ingest_rate: u32,
+    /// How long a sell-out is remembered in memory, answering further attempts
+    /// without Redis (cleared at once when stock comes back); 0 turns it off.
+    #[arg(long, env = "HOLDFAST_SOLD_OUT_CACHE_MS", default_value_t = 2_000)]
+    pub sold_out_cache_ms: u64,
     /// Origins (`https://shop.example`) whose pages may embed live stock badges,
     /// comma-separated in the environment. This server's own pages always may.
     #[arg(

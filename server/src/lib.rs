@@ -10,6 +10,7 @@ pub mod feed;
 pub mod live;
 pub mod progress;
 pub mod routes;
+pub mod simulate;
 pub mod startup;
 pub mod state;
 pub mod telemetry;

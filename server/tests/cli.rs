@@ -137,19 +137,55 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
         .stdout(std::process::Stdio::piped())
         .spawn()
         .expect("start holdfast serve");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let url = line
-        .trim()
-        .strip_prefix("Holdfast is serving at ")
-        .unwrap_or_default()
-        .to_owned();
-    assert!(url.starts_with("http://127.0.0.1:"), "{line}");
+    // Kept open for the whole test: the server prints on start-up.
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    let url = loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exited early: {printed}"
+        );
+        printed.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
+            break url.to_owned();
+        }
+    };
+    assert!(url.starts_with("http://127.0.0.1:"), "{printed}");
+    assert!(
+        printed.contains("Demo sign-in: users admin, support and viewer, password 'holdfast-demo'"),
+        "{printed}"
+    );
 
-    let html = reqwest::get(&url).await.unwrap().text().await.unwrap();
-    assert!(html.contains("Winter Launch Drop"));
+    // Signed out, the dashboard sends to the login page; the demo's admin gets in.
+    let http = reqwest::Client::new();
+    let html = http.get(&url).send().await.unwrap().text().await.unwrap();
+    assert!(!html.contains("Winter Launch Drop"));
+    let login = http
+        .post(format!("{url}/api/login"))
+        .header("origin", &url)
+        .form(&[("username", "admin"), ("password", "holdfast-demo")])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(login.status(), 200);
+    let cookie = login.headers()["set-cookie"]
+        .to_str()
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_owned();
+    let html = http
+        .get(&url)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(html.contains("Winter Launch Drop"), "{html}");
     let engine = Engine::new(
         kv::connect(&redis.url()).await.unwrap(),
         EngineConfig::default(),

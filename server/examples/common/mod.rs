@@ -71,3 +71,136 @@ pub async fn start(redis_url: &str, pg_url: &str, env: &[(&str, String)]) -> Ser
     }
     server
 }
+
+/// What a closed-loop run measured.
+pub struct Closed {
+    /// Requests completed per second.
+    pub rps: f64,
+    /// Median latency, ms.
+    pub p50: f64,
+    /// 99th percentile, ms.
+    pub p99: f64,
+    /// How many answers had each status.
+    pub statuses: std::collections::BTreeMap<u16, u64>,
+}
+
+/// `clients` loops each posting a reservation of one unit of `sku` (a fresh
+/// idempotency key per request) back to back for `seconds`.
+pub async fn closed_loop(
+    base: &str,
+    token: &str,
+    sku: &str,
+    clients: usize,
+    seconds: u64,
+    tag: &str,
+) -> Closed {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(clients * 2)
+        .build()
+        .unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let body = format!(r#"{{"sku":"{sku}","qty":1,"ttl_ms":600000}}"#);
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (http, stop, next, url, token, body, tag) = (
+            http.clone(),
+            stop.clone(),
+            next.clone(),
+            format!("{base}/api/v1/reservations"),
+            token.to_owned(),
+            body.clone(),
+            tag.to_owned(),
+        );
+        tasks.spawn(async move {
+            let mut lat = Vec::new();
+            let mut statuses = std::collections::BTreeMap::new();
+            while !stop.load(Ordering::Relaxed) {
+                let key = format!("{tag}-{}", next.fetch_add(1, Ordering::Relaxed));
+                let t = std::time::Instant::now();
+                let status = http
+                    .post(&url)
+                    .bearer_auth(&token)
+                    .header("Idempotency-Key", key)
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .map_or(0, |r| r.status().as_u16());
+                lat.push(t.elapsed().as_micros() as u64);
+                *statuses.entry(status).or_insert(0u64) += 1;
+            }
+            (lat, statuses)
+        });
+    }
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let (mut all, mut statuses) = (Vec::new(), std::collections::BTreeMap::new());
+    while let Some(r) = tasks.join_next().await {
+        let (lat, st) = r.unwrap();
+        all.extend(lat);
+        for (k, v) in st {
+            *statuses.entry(k).or_insert(0) += v;
+        }
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    let pct = |p: f64| {
+        all.get(((all.len().max(1) - 1) as f64 * p).round() as usize)
+            .map_or(0.0, |v| *v as f64 / 1000.0)
+    };
+    Closed {
+        rps: all.len() as f64 / elapsed,
+        p50: pct(0.5),
+        p99: pct(0.99),
+        statuses,
+    }
+}
+
+/// A private Redis, a fresh database `db` with SKU `sku` stocked with `units`
+/// and warmed, a checkout token, and the release server over them (rate limits
+/// off, plus `env`).
+pub async fn stack(
+    db: &str,
+    sku: &str,
+    units: i64,
+    env: &[(&str, String)],
+) -> (
+    holdfast_engine::testkit::TestRedis,
+    Server,
+    holdfast_engine::Engine,
+    String,
+) {
+    let redis = holdfast_engine::testkit::TestRedis::start();
+    let (pg, pg_url) = holdfast_engine::testkit::fresh_database(db).await;
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, 'Hot', 'Hot', $2)")
+        .bind(sku)
+        .bind(units)
+        .execute(&pg)
+        .await
+        .unwrap();
+    let engine = holdfast_engine::Engine::new(
+        redis.connection().await,
+        holdfast_engine::EngineConfig::default(),
+    );
+    holdfast_engine::warmup::warm_all(
+        &engine,
+        &pg,
+        holdfast_engine::warmup::WarmOptions::default(),
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let token =
+        holdfast_engine::tokens::create(&pg, "bench", &[holdfast_engine::tokens::Scope::Checkout])
+            .await
+            .unwrap()
+            .secret;
+    let mut all = vec![("HOLDFAST_API_RATE", "0".to_owned())];
+    all.extend(env.iter().map(|(k, v)| (*k, v.clone())));
+    let server = start(&redis.url(), &pg_url, &all).await;
+    (redis, server, engine, token)
+}

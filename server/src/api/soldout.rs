@@ -15,7 +15,7 @@ pub struct SoldOutCache {
 }
 
 impl SoldOutCache {
-    /// A cache whose entries last `ttl`.
+    /// A cache whose entries last `ttl`; a zero `ttl` turns it off.
     pub fn new(ttl: Duration) -> Self {
         Self {
             entries: Mutex::new(HashMap::new()),
@@ -30,8 +30,11 @@ impl SoldOutCache {
             .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl))
     }
 
-    /// Remembers that `sku` has nothing left.
+    /// Remembers that `sku` has nothing left (unless the cache is off: a zero `ttl`).
     pub fn mark(&self, sku: &str) {
+        if self.ttl.is_zero() {
+            return;
+        }
         if let Ok(mut e) = self.entries.lock() {
             e.insert(sku.to_owned(), Instant::now());
         }

@@ -1,0 +1,462 @@
+//! The simulated shoppers: an open-loop arrival schedule (a step to the peak rate,
+//! then exponential decay) and one task per shopper that reserves through the
+//! HTTP API and then confirms, releases or abandons the hold.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+/// How the shoppers behave.
+#[derive(Debug, Clone)]
+pub struct Behaviour {
+    /// Shoppers (arrivals) in all.
+    pub shoppers: u64,
+    /// Arrivals per second at the peak.
+    pub peak_rps: f64,
+    /// Seconds at the peak before the decay.
+    pub peak_secs: f64,
+    /// Seconds over which the rate decays (to about 5% of the peak).
+    pub decay_secs: f64,
+    /// Share of holders who pay.
+    pub confirm: f64,
+    /// Share of holders who walk away (their holds expire).
+    pub abandon: f64,
+    /// Longest pause before paying or releasing.
+    pub think: Duration,
+    /// Hold lifetime asked for.
+    pub hold_ttl: Duration,
+    /// Share of reservations sent twice with the same idempotency key.
+    pub retry: f64,
+    /// Share of shoppers who try once more after their first attempt.
+    pub repeat: f64,
+    /// Units per attempt: 1 to this.
+    pub max_qty: i64,
+    /// Random seed.
+    pub seed: u64,
+}
+
+/// A tiny, seedable random source (xorshift64*); good enough to vary behaviour.
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// Seeded; a zero seed is replaced.
+    pub fn new(seed: u64) -> Self {
+        Self(seed.max(1))
+    }
+
+    /// Uniform in [0, 1).
+    pub fn unit(&mut self) -> f64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        (self.0.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// When each arrival is due, in seconds from the start.
+pub fn schedule(b: &Behaviour) -> Vec<f64> {
+    let tau = (b.decay_secs / 3.0).max(0.001);
+    let floor = b.peak_rps * 0.05;
+    let mut t = 0.0;
+    let mut out = Vec::with_capacity(b.shoppers as usize);
+    for _ in 0..b.shoppers {
+        out.push(t);
+        let rate = if t < b.peak_secs || b.decay_secs <= 0.0 {
+            b.peak_rps
+        } else {
+            (b.peak_rps * (-(t - b.peak_secs) / tau).exp()).max(floor)
+        };
+        t += 1.0 / rate.max(0.001);
+    }
+    out
+}
+
+/// One second of the run (by scheduled arrival time).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Second {
+    /// Seconds from the start.
+    pub at: u64,
+    /// Reservation attempts due in this second.
+    pub attempts: u64,
+    /// Attempts answered (held or refused) in this second.
+    pub decided: u64,
+    /// Median reserve latency of attempts due in this second, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// Counters the shoppers update and the live view reads.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Reservation attempts sent (retries not counted).
+    pub attempts: AtomicU64,
+    /// Answered: held, sold out, limit or invalid.
+    pub decided: AtomicU64,
+    /// Holds granted.
+    pub held: AtomicU64,
+    /// Units in granted holds.
+    pub held_units: AtomicU64,
+    /// Holds paid for.
+    pub confirmed: AtomicU64,
+    /// Units paid for (the API said confirmed).
+    pub sold_units: AtomicU64,
+    /// Holds released by the shopper.
+    pub released: AtomicU64,
+    /// Holds left to expire.
+    pub abandoned: AtomicU64,
+    /// Payments that came after the hold had expired (410).
+    pub late: AtomicU64,
+    /// Refused: sold out.
+    pub sold_out: AtomicU64,
+    /// Refused: per-buyer limit.
+    pub limited: AtomicU64,
+    /// Retries with the same key.
+    pub retries: AtomicU64,
+    /// Retries whose answer differed from the first.
+    pub retry_mismatch: AtomicU64,
+    /// Transport failures and unexpected statuses.
+    pub errors: AtomicU64,
+    /// Latencies (µs, from the scheduled time) per second.
+    latencies: Mutex<Vec<Vec<u32>>>,
+    /// Decisions per second (by answer time).
+    decided_at: Mutex<Vec<u64>>,
+    /// Units each buyer bought (the per-buyer limit counts held and bought
+    /// units; released and expired ones return to the buyer's allowance).
+    pub per_buyer: Mutex<HashMap<String, i64>>,
+    /// Shoppers who have arrived.
+    pub arrived: AtomicU64,
+    /// When the last attempt was answered, µs from the start.
+    pub last_decided_us: AtomicU64,
+    /// Every reservation id granted, with the ending the shopper chose.
+    pub holds: Mutex<Vec<(String, &'static str)>>,
+    /// First few unexpected answers, for the report.
+    pub samples: Mutex<Vec<String>>,
+}
+
+impl Tally {
+    fn latency(&self, second: usize, us: u64) {
+        let mut l = self
+            .latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if l.len() <= second {
+            l.resize(second + 1, Vec::new());
+        }
+        l[second].push(us.min(u64::from(u32::MAX)) as u32);
+    }
+
+    fn decided_in(&self, second: usize) {
+        self.decided.fetch_add(1, Ordering::Relaxed);
+        let mut d = self
+            .decided_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if d.len() <= second {
+            d.resize(second + 1, 0);
+        }
+        d[second] += 1;
+    }
+
+    fn error(&self, what: String) {
+        self.errors.fetch_add(1, Ordering::Relaxed);
+        let mut s = self
+            .samples
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.len() < 5 {
+            s.push(what);
+        }
+    }
+
+    /// All latencies so far, sorted (µs).
+    pub fn sorted_latencies(&self) -> Vec<u32> {
+        let l = self
+            .latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut all: Vec<u32> = l.iter().flatten().copied().collect();
+        all.sort_unstable();
+        all
+    }
+
+    /// The run second by second.
+    pub fn seconds(&self) -> Vec<Second> {
+        let l = self
+            .latencies
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let d = self
+            .decided_at
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (0..l.len().max(d.len()))
+            .map(|i| {
+                let mut lat = l.get(i).cloned().unwrap_or_default();
+                lat.sort_unstable();
+                Second {
+                    at: i as u64,
+                    attempts: lat.len() as u64,
+                    decided: d.get(i).copied().unwrap_or(0),
+                    p50_ms: percentile(&lat, 0.50),
+                    p99_ms: percentile(&lat, 0.99),
+                }
+            })
+            .collect()
+    }
+}
+
+/// The `p` quantile of sorted µs values, in ms (0 when empty).
+pub fn percentile(sorted: &[u32], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    f64::from(sorted[((sorted.len() - 1) as f64 * p).round() as usize]) / 1_000.0
+}
+
+/// Where to send requests.
+#[derive(Debug, Clone)]
+pub struct Target {
+    /// `http://host:port`.
+    pub base: String,
+    /// Bearer token with checkout scope.
+    pub token: String,
+    /// The SKU on sale.
+    pub sku: String,
+    /// Prefix making this run's idempotency keys and buyers unique.
+    pub run: String,
+}
+
+enum Answer {
+    Held(String),
+    Refused,
+    Failed,
+}
+
+async fn reserve(
+    http: &reqwest::Client,
+    t: &Target,
+    key: &str,
+    buyer: &str,
+    qty: i64,
+    ttl: Duration,
+    tally: &Tally,
+) -> (Answer, Option<(u16, String)>) {
+    let res = http
+        .post(format!("{}/api/v1/reservations", t.base))
+        .bearer_auth(&t.token)
+        .header("Idempotency-Key", key)
+        .json(&serde_json::json!({ "sku": t.sku, "qty": qty, "buyer": buyer, "ttl_ms": ttl.as_millis() as u64 }))
+        .send()
+        .await;
+    let res = match res {
+        Ok(r) => r,
+        Err(e) => {
+            tally.error(format!("reserve: {e}"));
+            return (Answer::Failed, None);
+        }
+    };
+    let status = res.status().as_u16();
+    let body = res.text().await.unwrap_or_default();
+    let answer = match status {
+        201 => match serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["id"].as_str().map(str::to_owned))
+        {
+            Some(id) => Answer::Held(id),
+            None => Answer::Failed,
+        },
+        409 | 422 => Answer::Refused,
+        _ => Answer::Failed,
+    };
+    (answer, Some((status, body)))
+}
+
+/// Runs every shopper; returns when all have finished (holds paid, released or
+/// left to expire), with the time of the last arrival from the start.
+pub async fn run(target: Target, b: Behaviour, tally: Arc<Tally>) -> Duration {
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(1_024)
+        .timeout(Duration::from_secs(30))
+        .build()
+        .expect("an HTTP client");
+    let arrivals = schedule(&b);
+    let started = Instant::now();
+    let mut rng = Rng::new(b.seed);
+    let mut tasks = tokio::task::JoinSet::new();
+    let mut last = started;
+    for (i, at) in arrivals.iter().enumerate() {
+        let due = started + Duration::from_secs_f64(*at);
+        tokio::time::sleep_until(due.into()).await;
+        last = due;
+        let draws: [f64; 6] = std::array::from_fn(|_| rng.unit());
+        let (http, target, tally, b) = (http.clone(), target.clone(), tally.clone(), b.clone());
+        tasks.spawn(async move {
+            shopper(i as u64, due, started, draws, &http, &target, &b, &tally).await;
+        });
+        // Reap finished tasks as we go, so memory stays flat on long runs.
+        while tasks.try_join_next().is_some() {}
+    }
+    while tasks.join_next().await.is_some() {}
+    last.duration_since(started)
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn shopper(
+    n: u64,
+    due: Instant,
+    started: Instant,
+    draws: [f64; 6],
+    http: &reqwest::Client,
+    t: &Target,
+    b: &Behaviour,
+    tally: &Tally,
+) {
+    tally.arrived.fetch_add(1, Ordering::Relaxed);
+    let buyer = format!("{}-buyer-{n}", t.run);
+    let attempts = if draws[4] < b.repeat { 2 } else { 1 };
+    for attempt in 0..attempts {
+        let second = (due - started).as_secs() as usize;
+        let key = format!("{}-{n}-{attempt}", t.run);
+        let qty = 1 + (draws[0] * b.max_qty as f64) as i64;
+        tally.attempts.fetch_add(1, Ordering::Relaxed);
+        let (answer, raw) =
+            reserve(http, t, &key, &buyer, qty.min(b.max_qty), b.hold_ttl, tally).await;
+        let elapsed = due.elapsed();
+        tally.latency(second, elapsed.as_micros() as u64);
+        let decided = started.elapsed().as_secs() as usize;
+        tally
+            .last_decided_us
+            .fetch_max(started.elapsed().as_micros() as u64, Ordering::Relaxed);
+        if draws[5] < b.retry {
+            // The shopper's network "failed": the same request again must get the same answer.
+            tally.retries.fetch_add(1, Ordering::Relaxed);
+            let (_, again) =
+                reserve(http, t, &key, &buyer, qty.min(b.max_qty), b.hold_ttl, tally).await;
+            if again.is_none() || raw.as_ref().map(|r| &r.1) != again.as_ref().map(|r| &r.1) {
+                tally.retry_mismatch.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let id = match answer {
+            Answer::Held(id) => id,
+            Answer::Refused => {
+                tally.decided_in(decided);
+                let body = raw.map(|r| r.1).unwrap_or_default();
+                if body.contains("buyer_limit") {
+                    tally.limited.fetch_add(1, Ordering::Relaxed);
+                } else if body.contains("sold_out") {
+                    tally.sold_out.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    tally.error(format!("refused: {body}"));
+                }
+                continue;
+            }
+            Answer::Failed => {
+                if let Some((status, body)) = raw {
+                    tally.error(format!("reserve answered {status}: {body}"));
+                }
+                continue;
+            }
+        };
+        tally.decided_in(decided);
+        tally.held.fetch_add(1, Ordering::Relaxed);
+        tally.held_units.fetch_add(qty as u64, Ordering::Relaxed);
+        let ending = if draws[1] < b.confirm {
+            "confirm"
+        } else if draws[1] < b.confirm + b.abandon {
+            "abandon"
+        } else {
+            "release"
+        };
+        tally
+            .holds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push((id.clone(), ending));
+        if ending == "abandon" {
+            tally.abandoned.fetch_add(1, Ordering::Relaxed);
+            continue;
+        }
+        tokio::time::sleep(b.think.mul_f64(draws[2])).await;
+        let res = http
+            .post(format!("{}/api/v1/reservations/{id}/{ending}", t.base))
+            .bearer_auth(&t.token)
+            .header("Idempotency-Key", format!("{key}-{ending}"))
+            .send()
+            .await;
+        match res.map(|r| r.status().as_u16()) {
+            Ok(200) if ending == "confirm" => {
+                tally.confirmed.fetch_add(1, Ordering::Relaxed);
+                tally.sold_units.fetch_add(qty as u64, Ordering::Relaxed);
+                *tally
+                    .per_buyer
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .entry(buyer.clone())
+                    .or_default() += qty;
+            }
+            Ok(200) => {
+                tally.released.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(410) if ending == "confirm" => {
+                tally.late.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(status) => tally.error(format!("{ending} answered {status}")),
+            Err(e) => tally.error(format!("{ending}: {e}")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_schedule_steps_to_the_peak_then_decays() {
+        let b = Behaviour {
+            shoppers: 3_000,
+            peak_rps: 1_000.0,
+            peak_secs: 2.0,
+            decay_secs: 3.0,
+            confirm: 1.0,
+            abandon: 0.0,
+            think: Duration::ZERO,
+            hold_ttl: Duration::from_secs(5),
+            retry: 0.0,
+            repeat: 0.0,
+            max_qty: 1,
+            seed: 7,
+        };
+        let s = schedule(&b);
+        assert_eq!(s.len(), 3_000);
+        // 2,000 arrivals in the first two seconds at the peak…
+        // (give or take one to floating-point accumulation)
+        let peak = s.iter().filter(|t| **t < 2.0).count();
+        assert!((1_999..=2_001).contains(&peak), "{peak}");
+        // …then fewer per second as the rate decays.
+        let second = |k: f64| s.iter().filter(|t| **t >= k && **t < k + 1.0).count();
+        assert!(
+            second(2.0) > second(3.0) && second(3.0) > second(4.0),
+            "{} {} {}",
+            second(2.0),
+            second(3.0),
+            second(4.0)
+        );
+        assert!(s.windows(2).all(|w| w[0] < w[1]));
+    }
+
+    #[test]
+    fn the_random_source_is_uniform_enough_and_seeded() {
+        let mut a = Rng::new(42);
+        let mut b = Rng::new(42);
+        let xs: Vec<f64> = (0..10_000).map(|_| a.unit()).collect();
+        assert!(xs.iter().all(|x| (0.0..1.0).contains(x)));
+        assert_eq!(xs[..5], (0..5).map(|_| b.unit()).collect::<Vec<_>>()[..]);
+        let low = xs.iter().filter(|x| **x < 0.5).count();
+        assert!((4_700..5_300).contains(&low), "{low}");
+    }
+}

@@ -1,0 +1,135 @@
+//! `holdfast simulate` against a real server with its workers: a small drop with
+//! confirms, releases, abandoned holds (expired by the reaper), retries and a
+//! per-buyer limit passes every truth check; and the checks catch a lie.
+
+mod common;
+
+use std::time::Duration;
+
+use clap::Parser;
+use holdfast_engine::reaper::ReaperConfig;
+use holdfast_engine::record::WriteBehindConfig;
+use holdfast_engine::testkit::TestRedis;
+use holdfast_server::config::Cli;
+use holdfast_server::simulate::{checks, load::Tally};
+use holdfast_server::workers::{WorkerConfig, WorkerStats, Workers};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pg_url = common::pg_url(&opts);
+    let redis = TestRedis::start();
+    let pool = PgPool::connect(&pg_url).await.unwrap();
+    let backends = common::backends(pool, &redis.url()).await;
+    let stats = WorkerStats::new();
+    let config = WorkerConfig {
+        reaper: ReaperConfig {
+            interval: Duration::from_millis(100),
+            ..ReaperConfig::default()
+        },
+        write_behind: WriteBehindConfig::default(),
+        reconcile_every: None,
+        reconcile_correct_up: false,
+        lanes: Vec::new(),
+    };
+    let workers = Workers::start(&backends, &redis.url(), config, &stats)
+        .await
+        .unwrap();
+    let server = common::spawn_live(backends.clone(), &redis.url()).await;
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let plot = dir.path().join("plot.svg");
+
+    let cli = Cli::parse_from([
+        "holdfast",
+        "--redis-url",
+        &redis.url(),
+        "--database-url",
+        &pg_url,
+        "simulate",
+        "--url",
+        &server.base,
+        "--shoppers",
+        "400",
+        "--units",
+        "60",
+        "--peak-rps",
+        "200",
+        "--peak-secs",
+        "1",
+        "--decay-secs",
+        "1",
+        "--hold-ttl-secs",
+        "1",
+        "--think-ms",
+        "300",
+        "--settle-secs",
+        "30",
+        "--json",
+        json.to_str().unwrap(),
+        "--plot",
+        plot.to_str().unwrap(),
+    ]);
+    holdfast_server::cli::run(cli)
+        .await
+        .expect("every truth check passes");
+
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    assert_eq!(report["passed"], true);
+    assert_eq!(report["checks"].as_array().unwrap().len(), 9);
+    assert!(report["attempts"].as_u64().unwrap() >= 400);
+    assert!(report["held"].as_u64().unwrap() > 0);
+    assert!(
+        report["abandoned"].as_u64().unwrap() > 0,
+        "some holds were left to expire"
+    );
+    assert!(
+        report["rejected_sold_out"].as_u64().unwrap() > 0,
+        "400 shoppers for 60 units"
+    );
+    let sold = report["sold_units"].as_i64().unwrap();
+    assert!(sold > 0 && sold <= 60);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.starts_with("<svg") && svg.contains("attempts/s") && svg.contains("p99"));
+    // The temporary token was revoked.
+    let live: i64 = sqlx::query_scalar("SELECT count(*) FROM api_tokens WHERE revoked_at IS NULL")
+        .fetch_one(&backends.pg)
+        .await
+        .unwrap();
+    assert_eq!(live, 0);
+    workers.stop().await;
+}
+
+#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+async fn the_checks_catch_a_sale_redis_never_made(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    checks::create_sku(&backends, "SIM-LIE", 10, 2)
+        .await
+        .unwrap();
+    let start = checks::stream_position(&backends, "SIM-LIE").await.unwrap();
+    let tally = Tally::default();
+    // Shoppers were told 3 units were sold; Redis sold none.
+    tally
+        .sold_units
+        .store(3, std::sync::atomic::Ordering::Relaxed);
+    let results = checks::run_all(
+        &backends,
+        "",
+        "SIM-LIE",
+        10,
+        2,
+        &tally,
+        &start,
+        Duration::ZERO,
+    )
+    .await
+    .unwrap();
+    let failed: Vec<&str> = results
+        .iter()
+        .filter(|c| !c.passed)
+        .map(|c| c.name)
+        .collect();
+    assert_eq!(failed, ["sales match what shoppers were told"]);
+}
