@@ -235,14 +235,7 @@ impl LiveHub {
     /// (Re)reads every tracked SKU's figures and the stream positions.
     async fn load(&self, redis_url: &str) -> Result<(), EngineError> {
         let b = &self.backends;
-        let mut tracked = Vec::new();
-        for drop in catalog::drops(&b.pg).await? {
-            for s in catalog::drop_skus(&b.pg, &drop.code).await? {
-                if tracked.len() < TRACKED_MAX && !tracked.contains(&s.sku) {
-                    tracked.push(s.sku);
-                }
-            }
-        }
+        let tracked = self.drop_skus().await?;
         let keys = b.engine.keyspace();
         let cursor = EventReader::new(kv::connect(redis_url).await?, keys)
             .tail_cursor()
@@ -372,11 +365,52 @@ impl LiveHub {
         }
     }
 
+    /// The drops' SKUs now (a drop or SKU added since start-up joins the charts).
+    async fn drop_skus(&self) -> Result<Vec<String>, EngineError> {
+        let pg = &self.backends.pg;
+        let mut skus = Vec::new();
+        for drop in catalog::drops(pg).await? {
+            for s in catalog::drop_skus(pg, &drop.code).await? {
+                if skus.len() < TRACKED_MAX && !skus.contains(&s.sku) {
+                    skus.push(s.sku);
+                }
+            }
+        }
+        Ok(skus)
+    }
+
     async fn refresh_drift(&self) {
-        let skus: Vec<String> = match self.lock().as_ref() {
-            Some(s) => s.tracked.iter().cloned().collect(),
+        if self.lock().is_none() {
+            return;
+        }
+        let skus = match self.drop_skus().await {
+            Ok(skus) => skus,
+            Err(e) => {
+                tracing::debug!(error = %e, "drop list refresh failed");
+                return;
+            }
+        };
+        let new: Vec<String> = match self.lock().as_ref() {
+            Some(s) => skus
+                .iter()
+                .filter(|k| !s.tracked.contains(*k))
+                .cloned()
+                .collect(),
             None => return,
         };
+        if !new.is_empty()
+            && let Ok(figures) = convert::figures_of(&self.backends, &new).await
+        {
+            let mut guard = self.lock();
+            if let Some(s) = guard.as_mut() {
+                for f in figures {
+                    s.tracked.insert(f.sku.clone());
+                    s.dirty.insert(f.sku.clone());
+                    // Events may already have brought newer figures.
+                    s.figures.entry(f.sku.clone()).or_insert(f);
+                }
+            }
+        }
         let b = &self.backends;
         match holdfast_engine::reconcile::measure(&b.engine, &b.pg, &skus).await {
             Ok(drifts) => {

@@ -184,6 +184,20 @@ impl Tally {
         all
     }
 
+    /// Latencies (µs) of arrivals due in the last `seconds` seconds of schedule
+    /// that have an answer, sorted; cheap enough for a live view.
+    pub fn recent_latencies(&self, seconds: usize) -> Vec<u32> {
+        let mut recent: Vec<u32> = {
+            let l = self
+                .latencies
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            l.iter().rev().take(seconds).flatten().copied().collect()
+        };
+        recent.sort_unstable();
+        recent
+    }
+
     /// The run second by second.
     pub fn seconds(&self) -> Vec<Second> {
         let l = self
