@@ -104,6 +104,18 @@ impl Live {
         self.figures.with(|m| m.get(sku).cloned())
     }
 
+    /// `sku`'s chart samples, oldest first, tracked.
+    pub fn samples(&self, sku: &str) -> Signal<Vec<Sample>> {
+        let (history, sku) = (self.history, sku.to_owned());
+        Signal::derive(move || {
+            history.with(|h| {
+                h.get(&sku)
+                    .map(|d| d.iter().copied().collect())
+                    .unwrap_or_default()
+            })
+        })
+    }
+
     /// Seeds figures rendered by the server, without overwriting newer live ones.
     pub fn seed(&self, figures: &[SkuLive]) {
         self.figures.update(|m| {

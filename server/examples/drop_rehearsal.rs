@@ -32,13 +32,7 @@ async fn main() {
     let redis = TestRedis::start();
     let (_pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_drop").await;
     let server = common::start(&redis.url(), &pg_url, &[("HOLDFAST_API_RATE", "0".into())]).await;
-    let exe = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("holdfast");
+    let exe = common::holdfast_exe();
     let json = format!("{out}/drop.json");
     let plot = format!("{out}/drop.svg");
     let status = Command::new(exe)

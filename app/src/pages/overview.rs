@@ -175,14 +175,7 @@ fn SkuRow(summary: SkuSummary, initial: SkuLive, show: Signal<bool>) -> impl Int
             crate::components::duration((a as f64 / r * 1_000.0) as i64)
         }
     };
-    let hist_sku = sku.clone();
-    let samples = Signal::derive(move || {
-        live.history.with(|h| {
-            h.get(&hist_sku)
-                .map(|d| d.iter().copied().collect())
-                .unwrap_or_default()
-        })
-    });
+    let samples = live.samples(&sku);
     let variant = summary
         .variant
         .clone()

@@ -78,14 +78,7 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
     let key = sku.clone();
     let f = Memo::new(move |_| live.sku(&key).unwrap_or_else(|| initial.clone()));
     let skew = detail.server_now_ms - crate::live::now_ms();
-    let hist_sku = sku.clone();
-    let samples = Signal::derive(move || {
-        live.history.with(|h| {
-            h.get(&hist_sku)
-                .map(|d| d.iter().copied().collect())
-                .unwrap_or_default()
-        })
-    });
+    let samples = live.samples(&sku);
     let initial_events = detail.events.clone();
     let events = move || {
         let mut list: Vec<EventView> = live.events.get();

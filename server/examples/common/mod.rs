@@ -28,17 +28,22 @@ impl Drop for Server {
     }
 }
 
+/// The release `holdfast` binary beside the benchmark's own executable.
+pub fn holdfast_exe() -> std::path::PathBuf {
+    std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .join("holdfast")
+}
+
 /// Starts `holdfast serve` on a free port against `redis_url` and `pg_url` with the
 /// extra environment `env` (scheduled reconciliation off), and waits for `/readyz`.
 pub async fn start(redis_url: &str, pg_url: &str, env: &[(&str, String)]) -> Server {
     let port = holdfast_engine::testkit::free_port();
-    let exe = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .join("holdfast");
+    let exe = holdfast_exe();
     let mut cmd = Command::new(&exe);
     cmd.arg("serve")
         .env("REDIS_URL", redis_url)

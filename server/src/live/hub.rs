@@ -299,7 +299,10 @@ impl LiveHub {
         }
         s.dirty.insert(e.sku.clone());
         let view = convert::event_view(e);
-        s.window.push(view.clone());
+        // Raw events go out only to connected tabs; with none, keep them for replay alone.
+        if self.tx.receiver_count() > 0 {
+            s.window.push(view.clone());
+        }
         s.recent.push_back((e.shard, view));
         while s.recent.len() > RECENT {
             if let Some((shard, old)) = s.recent.pop_front() {
@@ -312,6 +315,12 @@ impl LiveHub {
         let mut guard = self.lock();
         let Some(s) = guard.as_mut() else { return };
         if s.dirty.is_empty() && s.window.is_empty() {
+            return;
+        }
+        if self.tx.receiver_count() == 0 {
+            // Nobody to tell: a tab that connects later gets a snapshot.
+            s.dirty.clear();
+            s.window.clear();
             return;
         }
         let skus: Vec<SkuLive> = s
