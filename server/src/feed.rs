@@ -1,6 +1,7 @@
-//! The process's single reader of the event streams, fanned out to everything that
-//! needs live events (the sold-out cache now; dashboards and badges later) over a
-//! broadcast channel. One Redis connection per process, however many listeners.
+//! The process's single reader of the event streams, fanned out over a broadcast
+//! channel to everything that needs live events: the sold-out cache, the badge hub
+//! and the dashboards' live hub. One Redis connection per process, however many
+//! listeners.
 
 use std::sync::Arc;
 use std::time::Duration;
