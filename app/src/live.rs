@@ -46,8 +46,6 @@ pub struct Live {
     pub jobs: RwSignal<Vec<JobView>>,
     /// Events of the watched SKU, newest first.
     pub events: RwSignal<Vec<EventView>>,
-    /// Events replayed after the last reconnect (how many), for the status line.
-    pub replayed: RwSignal<Option<usize>>,
     /// The local clock, ticking four times a second, for countdowns.
     pub now_ms: RwSignal<i64>,
     watched: RwSignal<Option<String>>,
@@ -89,7 +87,6 @@ impl Live {
             ops: RwSignal::new(None),
             jobs: RwSignal::new(Vec::new()),
             events: RwSignal::new(Vec::new()),
-            replayed: RwSignal::new(None),
             now_ms: RwSignal::new(now_ms()),
             watched: RwSignal::new(None),
             cursor: StoredValue::new(None),
@@ -175,7 +172,6 @@ impl Live {
                         .collect(),
                 );
                 self.jobs.set(jobs);
-                self.replayed.set(replayed.as_ref().map(Vec::len));
                 if let Some(events) = replayed {
                     self.push_events(events);
                 }

@@ -61,6 +61,20 @@ pub async fn sku(pool: &PgPool, sku: &str) -> Result<Option<SkuRecord>, EngineEr
     .await?)
 }
 
+/// The SKUs of every drop, each once: newest drop first, in each drop's order.
+pub async fn all_drop_skus(pool: &PgPool) -> Result<Vec<String>, EngineError> {
+    Ok(sqlx::query_scalar(
+        "SELECT sku FROM (
+             SELECT d.sku, min(row) AS first
+               FROM (SELECT ds.sku, row_number() OVER (ORDER BY dr.created_at DESC, dr.code, ds.position, ds.sku) AS row
+                       FROM drop_skus ds JOIN drops dr ON dr.code = ds.drop_code) d
+              GROUP BY d.sku) s
+          ORDER BY first",
+    )
+    .fetch_all(pool)
+    .await?)
+}
+
 /// Every drop, newest first.
 pub async fn drops(pool: &PgPool) -> Result<Vec<DropRecord>, EngineError> {
     Ok(sqlx::query_as::<_, DropRecord>(

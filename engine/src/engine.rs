@@ -543,25 +543,48 @@ impl Engine {
 
     /// A SKU's live figures; `None` when its counter is missing (not warmed).
     pub async fn figures(&self, sku: &str) -> Result<Option<Figures>, EngineError> {
-        let (row, open_holds): (Vec<Option<i64>>, u64) = redis::pipe()
-            .cmd("HMGET")
-            .arg(self.keys.sku(sku))
-            .arg(&["available", "reserved", "sold_pending", "sold", "limit"])
-            .cmd("ZCARD")
-            .arg(self.keys.sku_holds(sku))
-            .query_async(&mut self.conn.clone())
-            .await?;
-        let Some(available) = row[0] else {
-            return Ok(None);
-        };
-        Ok(Some(Figures {
-            available,
-            reserved: row[1].unwrap_or(0),
-            sold_pending: row[2].unwrap_or(0),
-            sold: row[3].unwrap_or(0),
-            open_holds,
-            per_buyer_limit: row[4].unwrap_or(0),
-        }))
+        Ok(self
+            .figures_many(std::slice::from_ref(&sku))
+            .await?
+            .pop()
+            .flatten())
+    }
+
+    /// The live figures of every SKU in `skus`, in order, in one round trip;
+    /// `None` for a SKU whose counter is missing.
+    pub async fn figures_many(
+        &self,
+        skus: &[impl AsRef<str>],
+    ) -> Result<Vec<Option<Figures>>, EngineError> {
+        // Redis refuses an empty pipeline.
+        if skus.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut pipe = redis::pipe();
+        for sku in skus {
+            pipe.cmd("HMGET")
+                .arg(self.keys.sku(sku.as_ref()))
+                .arg(&["available", "reserved", "sold_pending", "sold", "limit"])
+                .cmd("ZCARD")
+                .arg(self.keys.sku_holds(sku.as_ref()));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+        replies
+            .chunks(2)
+            .map(|pair| {
+                let bad = |e: redis::ParsingError| EngineError::UnexpectedReply(e.to_string());
+                let row: Vec<Option<i64>> = redis::from_redis_value_ref(&pair[0]).map_err(bad)?;
+                let open_holds: u64 = redis::from_redis_value_ref(&pair[1]).map_err(bad)?;
+                Ok(row[0].map(|available| Figures {
+                    available,
+                    reserved: row[1].unwrap_or(0),
+                    sold_pending: row[2].unwrap_or(0),
+                    sold: row[3].unwrap_or(0),
+                    open_holds,
+                    per_buyer_limit: row[4].unwrap_or(0),
+                }))
+            })
+            .collect()
     }
 
     /// Up to `limit` open holds on `sku`, soonest deadline first.

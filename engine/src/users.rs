@@ -303,12 +303,14 @@ pub async fn delete(pg: &PgPool, username: &str) -> Result<Result<(), UserError>
     })
 }
 
-/// Replaces a user's password (clearing the one-time mark) and ends their other
-/// sessions.
+/// Replaces a user's password and ends their other sessions. `one_time` marks a
+/// generated password the user must replace at their next sign-in; otherwise
+/// the mark is cleared.
 pub async fn set_password(
     pg: &PgPool,
     username: &str,
     password: &str,
+    one_time: bool,
     keep_session: Option<&str>,
 ) -> Result<Result<(), UserError>, EngineError> {
     if password.chars().count() < MIN_PASSWORD_LEN {
@@ -317,11 +319,12 @@ pub async fn set_password(
     let hash = hash_password(password.to_owned()).await?;
     let mut tx = pg.begin().await?;
     let id: Option<i64> = sqlx::query_scalar(
-        "UPDATE users SET password_hash = $2, must_change_password = false
+        "UPDATE users SET password_hash = $2, must_change_password = $3
          WHERE username = $1 RETURNING id",
     )
     .bind(username)
     .bind(hash)
+    .bind(one_time)
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {

@@ -62,11 +62,7 @@ pub async fn command(global: &GlobalArgs, cmd: UserCommand) -> anyhow::Result<()
         }
         UserCommand::ResetPassword { username } => {
             let password = users::generate_password();
-            users::set_password(&pg, &username, &password, None).await??;
-            sqlx::query("UPDATE users SET must_change_password = true WHERE username = $1")
-                .bind(&username)
-                .execute(&pg)
-                .await?;
+            users::set_password(&pg, &username, &password, true, None).await??;
             println!("{password}");
             eprintln!("one-time password for {username}, shown once; their sessions were ended");
         }

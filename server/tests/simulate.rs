@@ -114,18 +114,9 @@ async fn the_checks_catch_a_sale_redis_never_made(pool: PgPool) {
     tally
         .sold_units
         .store(3, std::sync::atomic::Ordering::Relaxed);
-    let results = checks::run_all(
-        &backends,
-        "",
-        "SIM-LIE",
-        10,
-        2,
-        &tally,
-        &start,
-        Duration::ZERO,
-    )
-    .await
-    .unwrap();
+    let results = checks::run_all(&backends, "SIM-LIE", 10, 2, &tally, &start, Duration::ZERO)
+        .await
+        .unwrap();
     let failed: Vec<&str> = results
         .iter()
         .filter(|c| !c.passed)

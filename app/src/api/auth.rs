@@ -65,6 +65,7 @@ pub async fn change_password(new_password: String, repeat: String) -> Result<Me,
         &caller.backends.pg,
         &caller.user.username,
         &new_password,
+        false,
         Some(&caller.session),
     )
     .await

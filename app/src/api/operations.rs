@@ -42,17 +42,7 @@ pub async fn operations_status() -> Result<OperationsView, ServerFnError> {
     let b = &caller.backends;
     let internal = guard::internal("Reading reconciliation runs");
     let runs = reconcile::recent_runs(&b.pg, 20).await.map_err(&internal)?;
-    let mut skus = Vec::new();
-    for drop in catalog::drops(&b.pg).await.map_err(&internal)? {
-        for s in catalog::drop_skus(&b.pg, &drop.code)
-            .await
-            .map_err(&internal)?
-        {
-            if !skus.contains(&s.sku) {
-                skus.push(s.sku);
-            }
-        }
-    }
+    let skus = catalog::all_drop_skus(&b.pg).await.map_err(&internal)?;
     let drift = reconcile::measure(&b.engine, &b.pg, &skus)
         .await
         .map_err(&internal)?

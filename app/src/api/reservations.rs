@@ -26,22 +26,12 @@ pub async fn search_holds(query: String) -> Result<HoldSearch, ServerFnError> {
             // Buyers are not indexed across SKUs; the drops' SKUs are few, so
             // their open holds are searched directly.
             let mut seen = std::collections::HashSet::new();
-            for drop in catalog::drops(&b.pg).await.map_err(&internal)? {
-                for sku in catalog::drop_skus(&b.pg, &drop.code)
-                    .await
-                    .map_err(&internal)?
-                {
-                    for hold in b
-                        .engine
-                        .holds_of(&sku.sku, 5_000)
-                        .await
-                        .map_err(&internal)?
+            for sku in catalog::all_drop_skus(&b.pg).await.map_err(&internal)? {
+                for hold in b.engine.holds_of(&sku, 5_000).await.map_err(&internal)? {
+                    if hold.buyer.as_deref() == Some(query.as_str())
+                        && seen.insert(hold.reservation_id.clone())
                     {
-                        if hold.buyer.as_deref() == Some(query.as_str())
-                            && seen.insert(hold.reservation_id.clone())
-                        {
-                            holds.push(convert::hold_view(hold));
-                        }
+                        holds.push(convert::hold_view(hold));
                     }
                 }
             }

@@ -174,14 +174,10 @@ pub fn sku_live(sku: &str, figures: Option<&Figures>, drift: Option<&SkuDrift>) 
 /// Current figures and drift of `skus`, in the same order.
 pub async fn figures_of(backends: &Backends, skus: &[String]) -> Result<Vec<SkuLive>, EngineError> {
     let drifts = holdfast_engine::reconcile::measure(&backends.engine, &backends.pg, skus).await?;
-    let mut out = Vec::with_capacity(skus.len());
-    for sku in skus {
-        let figures = backends.engine.figures(sku).await?;
-        out.push(sku_live(
-            sku,
-            figures.as_ref(),
-            drifts.iter().find(|d| &d.sku == sku),
-        ));
-    }
-    Ok(out)
+    let figures = backends.engine.figures_many(skus).await?;
+    Ok(skus
+        .iter()
+        .zip(&figures)
+        .map(|(sku, f)| sku_live(sku, f.as_ref(), drifts.iter().find(|d| &d.sku == sku)))
+        .collect())
 }

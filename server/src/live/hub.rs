@@ -376,15 +376,8 @@ impl LiveHub {
 
     /// The drops' SKUs now (a drop or SKU added since start-up joins the charts).
     async fn drop_skus(&self) -> Result<Vec<String>, EngineError> {
-        let pg = &self.backends.pg;
-        let mut skus = Vec::new();
-        for drop in catalog::drops(pg).await? {
-            for s in catalog::drop_skus(pg, &drop.code).await? {
-                if skus.len() < TRACKED_MAX && !skus.contains(&s.sku) {
-                    skus.push(s.sku);
-                }
-            }
-        }
+        let mut skus = catalog::all_drop_skus(&self.backends.pg).await?;
+        skus.truncate(TRACKED_MAX);
         Ok(skus)
     }
 

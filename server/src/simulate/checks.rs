@@ -149,7 +149,6 @@ async fn pg_figures(b: &Backends, sku: &str) -> anyhow::Result<Pg> {
 #[allow(clippy::too_many_arguments)]
 pub async fn run_all(
     b: &Backends,
-    _base: &str,
     sku: &str,
     units: i64,
     limit: i64,

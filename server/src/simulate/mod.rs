@@ -41,7 +41,7 @@ pub struct Report {
     pub held: u64,
     /// Units the API confirmed as sold.
     pub sold_units: u64,
-    /// Holds paid for, released, abandoned; payments after expiry.
+    /// Holds paid for.
     pub confirmed: u64,
     /// Holds released by shoppers.
     pub released: u64,
@@ -164,7 +164,6 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
     );
     let outcome = checks::run_all(
         &backends,
-        &base,
         &sku,
         args.units,
         args.per_buyer_limit,
