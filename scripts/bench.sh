@@ -16,7 +16,7 @@ out="$HOLDFAST_ROOT/bench/output"
 mkdir -p "$out"
 say "building the benchmarks and the server (release)"
 cargo build --release -p holdfast-engine --examples
-cargo build --release -p holdfast-server --bin holdfast --examples
+cargo build --release -p holdfast-cli --bin holdfast --examples
 
 run() {
     say "$*"

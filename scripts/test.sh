@@ -70,6 +70,8 @@ command -v curl >/dev/null || apt_install curl
 
 say "checking formatting"
 cargo fmt --all --check
+say "checking that only the engine talks to Redis and PostgreSQL"
+"$HOLDFAST_ROOT/scripts/check-boundaries.sh"
 say "lints (clippy, warnings are errors)"
 cargo clippy --workspace --exclude holdfast-frontend --all-targets -- -D warnings
 cargo clippy -p holdfast-frontend --target wasm32-unknown-unknown -- -D warnings

@@ -5,8 +5,9 @@ use leptos::prelude::*;
 
 use crate::dto::live::Sample;
 use crate::dto::ops::{JobState, JobView};
-use crate::dto::people::{Me, RoleView};
+use crate::dto::people::Me;
 use crate::live::{Conn, Live};
+use holdfast_domain::Role;
 
 /// The message of a server-function error as the server wrote it; a network
 /// failure reads as one.
@@ -20,18 +21,7 @@ pub fn error_text(e: &ServerFnError) -> String {
     }
 }
 
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: i64) -> String {
-    let digits = n.unsigned_abs().to_string();
-    let mut out = String::new();
-    for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    if n < 0 { format!("-{out}") } else { out }
-}
+pub use holdfast_domain::text::thousands;
 
 /// Milliseconds as `2h 05m`, `1m 05s` or `12s`.
 pub fn duration(ms: i64) -> String {
@@ -54,7 +44,7 @@ pub fn short_time(rfc3339: &str) -> String {
 pub fn me() -> Me {
     use_context::<Me>().unwrap_or(Me {
         username: String::new(),
-        role: RoleView::Viewer,
+        role: Role::Viewer,
         must_change_password: false,
     })
 }
@@ -179,7 +169,7 @@ pub fn JobBar(
 #[component]
 pub fn IfRole(
     /// The least role that sees the children.
-    min: RoleView,
+    min: Role,
     /// What only those users see.
     children: ChildrenFn,
 ) -> impl IntoView {

@@ -21,8 +21,9 @@ use leptos_router::{SsrMode, path};
 
 use crate::api::auth::{Logout, current_user};
 use crate::components::ConnBadge;
-use crate::dto::people::{Me, RoleView};
+use crate::dto::people::Me;
 use crate::live::Live;
+use holdfast_domain::Role;
 
 /// The HTML document around the app, rendered once per request on the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -77,9 +78,9 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/locks") view=|| view! { <Authed><pages::locks::LocksPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/reserve") view=|| view! { <Authed min=RoleView::Admin><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/audit") view=|| view! { <Authed min=RoleView::Admin><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/admin") view=|| view! { <Authed min=RoleView::Admin><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/reserve") view=|| view! { <Authed min=Role::Admin><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/audit") view=|| view! { <Authed min=Role::Admin><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/admin") view=|| view! { <Authed min=Role::Admin><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
@@ -92,8 +93,8 @@ pub fn App() -> impl IntoView {
 #[component]
 pub fn Authed(
     /// The least role the page needs.
-    #[prop(default = RoleView::Viewer)]
-    min: RoleView,
+    #[prop(default = Role::Viewer)]
+    min: Role,
     /// The page.
     children: ChildrenFn,
 ) -> impl IntoView {
@@ -145,7 +146,7 @@ fn TopBar() -> impl IntoView {
                 {move || Suspend::new(async move {
                     match me.await {
                         Ok(Some(user)) if !user.must_change_password => {
-                            let admin = user.can(RoleView::Admin);
+                            let admin = user.can(Role::Admin);
                             view! {
                                 <nav aria-label="Main">
                                     <A href="/">"Overview"</A>

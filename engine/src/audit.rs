@@ -41,6 +41,32 @@ pub async fn record(
     Ok(())
 }
 
+/// Appends an entry for a manual action that has already happened: a failure to
+/// write it is logged, never returned, so the action's own answer stands.
+pub async fn note(
+    pg: &PgPool,
+    actor: &str,
+    action: &str,
+    subject: &str,
+    detail: serde_json::Value,
+) {
+    if let Err(e) = record(pg, actor, action, subject, detail).await {
+        tracing::error!(error = %e, actor, action, subject, "could not write the audit log");
+    }
+}
+
+/// The audit actor for the command line: `cli:` and the operating-system user
+/// (`$USER`, or `unknown`), so the log tells dashboard users and operators apart.
+pub fn cli_actor() -> String {
+    format!(
+        "cli:{}",
+        std::env::var("USER")
+            .ok()
+            .filter(|u| !u.is_empty())
+            .unwrap_or_else(|| "unknown".to_owned())
+    )
+}
+
 /// Up to `limit` entries older than `before` (the newest when `None`), newest
 /// first, optionally only those whose actor, action or subject contains `search`.
 pub async fn recent(

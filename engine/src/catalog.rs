@@ -61,6 +61,16 @@ pub async fn sku(pool: &PgPool, sku: &str) -> Result<Option<SkuRecord>, EngineEr
     .await?)
 }
 
+/// The low-stock threshold of `sku`; `None` when PostgreSQL does not know it.
+pub async fn threshold(pool: &PgPool, sku: &str) -> Result<Option<i64>, EngineError> {
+    let found: Option<i32> =
+        sqlx::query_scalar("SELECT low_stock_threshold FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_optional(pool)
+            .await?;
+    Ok(found.map(i64::from))
+}
+
 /// The SKUs of every drop, each once: newest drop first, in each drop's order.
 pub async fn all_drop_skus(pool: &PgPool) -> Result<Vec<String>, EngineError> {
     Ok(sqlx::query_scalar(
@@ -134,16 +144,107 @@ pub struct DemoLoad {
     pub total: usize,
 }
 
+/// A SKU to add to the catalogue.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NewSku<'a> {
+    /// Its code.
+    pub sku: &'a str,
+    /// Human title.
+    pub title: &'a str,
+    /// The product it is a variant of.
+    pub product: &'a str,
+    /// Its variant, if any.
+    pub variant: Option<&'a str>,
+    /// Units on hand.
+    pub on_hand: i64,
+    /// Low-stock threshold.
+    pub low_stock_threshold: i32,
+    /// Per-buyer limit, if any.
+    pub per_buyer_limit: Option<i32>,
+}
+
+/// Creates drop `code` named `name` unless it exists.
+async fn ensure_drop(
+    tx: &mut sqlx::PgConnection,
+    code: &str,
+    name: &str,
+) -> Result<(), EngineError> {
+    sqlx::query("INSERT INTO drops (code, name) VALUES ($1, $2) ON CONFLICT (code) DO NOTHING")
+        .bind(code)
+        .bind(name)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Inserts `new` unless its code exists (an existing row is never changed) and
+/// lists it in drop `code` at `position` (`None`: after the drop's last SKU).
+/// Returns whether the SKU row was new.
+async fn insert_sku(
+    tx: &mut sqlx::PgConnection,
+    code: &str,
+    new: &NewSku<'_>,
+    position: Option<i32>,
+) -> Result<bool, EngineError> {
+    let inserted = sqlx::query(
+        "INSERT INTO skus (sku, title, product, variant, on_hand, low_stock_threshold, per_buyer_limit)
+         VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sku) DO NOTHING",
+    )
+    .bind(new.sku)
+    .bind(new.title)
+    .bind(new.product)
+    .bind(new.variant)
+    .bind(new.on_hand)
+    .bind(new.low_stock_threshold)
+    .bind(new.per_buyer_limit)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    sqlx::query(
+        "INSERT INTO drop_skus (drop_code, sku, position)
+         SELECT $1, $2, coalesce($3, (SELECT coalesce(max(position), 0) + 1 FROM drop_skus WHERE drop_code = $1))
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(code)
+    .bind(new.sku)
+    .bind(position)
+    .execute(&mut *tx)
+    .await?;
+    Ok(inserted == 1)
+}
+
+/// Adds `new` to drop `code` (created as `name` if missing), all or nothing.
+/// Answers `false`, changing nothing, when the SKU already exists.
+pub async fn add_sku(
+    pool: &PgPool,
+    code: &str,
+    name: &str,
+    new: &NewSku<'_>,
+) -> Result<bool, EngineError> {
+    let mut tx = pool.begin().await?;
+    ensure_drop(&mut tx, code, name).await?;
+    if !insert_sku(&mut tx, code, new, None).await? {
+        return Ok(false);
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// `(on_hand, sold_recorded)` of `sku` in PostgreSQL; `None` when unknown.
+pub async fn recorded(pool: &PgPool, sku: &str) -> Result<Option<(i64, i64)>, EngineError> {
+    Ok(
+        sqlx::query_as("SELECT on_hand, sold_recorded FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_optional(pool)
+            .await?,
+    )
+}
+
 /// Loads the demo drop idempotently: existing rows are left exactly as they are, so
 /// a restart never resets stock that has since been sold or corrected.
 pub async fn load_demo_drop(pool: &PgPool) -> Result<DemoLoad, EngineError> {
     let mut tx = pool.begin().await?;
-    sqlx::query(
-        "INSERT INTO drops (code, name) VALUES ($1, 'Winter Launch Drop') ON CONFLICT (code) DO NOTHING",
-    )
-    .bind(DEMO_DROP)
-    .execute(&mut *tx)
-    .await?;
+    ensure_drop(&mut tx, DEMO_DROP, "Winter Launch Drop").await?;
     let mut inserted = 0;
     for (position, (sku, product, variant, on_hand, threshold, limit)) in
         DEMO_SKUS.iter().enumerate()
@@ -152,28 +253,18 @@ pub async fn load_demo_drop(pool: &PgPool) -> Result<DemoLoad, EngineError> {
             Some(v) => format!("{product} — {v}"),
             None => (*product).to_owned(),
         };
-        inserted += sqlx::query(
-            "INSERT INTO skus (sku, title, product, variant, on_hand, low_stock_threshold, per_buyer_limit)
-             VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (sku) DO NOTHING",
-        )
-        .bind(sku)
-        .bind(&title)
-        .bind(product)
-        .bind(variant)
-        .bind(on_hand)
-        .bind(threshold)
-        .bind(limit)
-        .execute(&mut *tx)
-        .await?
-        .rows_affected();
-        sqlx::query(
-            "INSERT INTO drop_skus (drop_code, sku, position) VALUES ($1, $2, $3) ON CONFLICT DO NOTHING",
-        )
-        .bind(DEMO_DROP)
-        .bind(sku)
-        .bind(position as i32)
-        .execute(&mut *tx)
-        .await?;
+        let new = NewSku {
+            sku,
+            title: &title,
+            product,
+            variant: *variant,
+            on_hand: *on_hand,
+            low_stock_threshold: *threshold,
+            per_buyer_limit: *limit,
+        };
+        if insert_sku(&mut tx, DEMO_DROP, &new, Some(position as i32)).await? {
+            inserted += 1;
+        }
     }
     tx.commit().await?;
     Ok(DemoLoad {

@@ -79,8 +79,12 @@ pub fn valid_sku(s: &str) -> bool {
         && chars.all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
 }
 
-/// Ids and buyers become part of keys: printable, no spaces or braces.
-fn valid_token(s: &str) -> bool {
+/// The fields of a hold hash that [`parse_hold`] reads, in its order.
+const HOLD_FIELDS: [&str; 5] = ["state", "lines", "buyer", "deadline", "created"];
+
+/// Whether `s` may be a reservation id or a buyer: both become part of Redis keys,
+/// so printable ASCII without spaces or braces, 1 to 128 characters.
+pub fn valid_key_part(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 128
         && s.chars()
@@ -126,7 +130,7 @@ impl Engine {
     }
 
     fn validate(&self, req: &ReserveRequest) -> Result<Duration, Invalid> {
-        if !valid_token(&req.reservation_id) {
+        if !valid_key_part(&req.reservation_id) {
             return Err(invalid(
                 "reservation_id",
                 "must be 1 to 128 characters: letters, digits and . _ - : @ +",
@@ -163,7 +167,7 @@ impl Engine {
             }
         }
         if let Some(buyer) = &req.buyer
-            && !valid_token(buyer)
+            && !valid_key_part(buyer)
         {
             return Err(invalid(
                 "buyer",
@@ -362,14 +366,14 @@ impl Engine {
 
     /// Finds reservation `rid` in every shard it has lines in (one pipelined read).
     async fn locate(&self, rid: &str) -> Result<Vec<(u16, Hold)>, EngineError> {
-        if !valid_token(rid) {
+        if !valid_key_part(rid) {
             return Ok(Vec::new());
         }
         let mut pipe = redis::pipe();
         for shard in 0..self.keys.shards() {
             pipe.cmd("HMGET")
                 .arg(self.keys.hold(shard, rid))
-                .arg(&["state", "lines", "buyer", "deadline", "created"]);
+                .arg(&HOLD_FIELDS);
         }
         let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
         let mut found = Vec::new();
@@ -517,7 +521,7 @@ impl Engine {
             for rid in due {
                 let row: Vec<Option<String>> = redis::cmd("HMGET")
                     .arg(self.keys.hold(shard, &rid))
-                    .arg(&["state", "lines", "buyer", "deadline", "created"])
+                    .arg(&HOLD_FIELDS)
                     .query_async(&mut self.conn.clone())
                     .await?;
                 let Some(hold) = parse_hold(&rid, &row)? else {
@@ -607,7 +611,7 @@ impl Engine {
         for rid in &rids {
             pipe.cmd("HMGET")
                 .arg(self.keys.hold(shard, rid))
-                .arg(&["state", "lines", "buyer", "deadline", "created"]);
+                .arg(&HOLD_FIELDS);
         }
         let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
         let mut holds = Vec::with_capacity(rows.len());

@@ -72,6 +72,24 @@ pub enum EngineError {
     UnexpectedReply(String),
 }
 
+impl EngineError {
+    /// The code a caller is answered with: a backing service that failed is
+    /// `unavailable` (retry shortly), work already running elsewhere is `busy`,
+    /// anything else is `internal`. The HTTP API and the server functions both
+    /// map engine errors through this one rule.
+    pub fn code(&self) -> holdfast_domain::ErrorCode {
+        use holdfast_domain::ErrorCode;
+        match self {
+            Self::Postgres(_)
+            | Self::Redis(_)
+            | Self::PostgresUnreachable { .. }
+            | Self::RedisUnreachable { .. } => ErrorCode::Unavailable,
+            Self::Busy(_) => ErrorCode::Busy,
+            _ => ErrorCode::Internal,
+        }
+    }
+}
+
 /// Returns `url` with any password replaced by `***`, for logs and error messages.
 ///
 /// Unparseable input is returned unchanged: it holds no recognisable secret to hide

@@ -212,6 +212,59 @@ pub async fn recent_for_sku(
         .collect())
 }
 
+/// The id of the newest entry in `sku`'s shard stream (`0-0` when empty): a
+/// position to read [`for_sku_since`] from later.
+pub async fn latest_id(engine: &crate::Engine, sku: &str) -> Result<String, EngineError> {
+    let keys = engine.keyspace();
+    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+        .arg(keys.events(keys.shard_of(sku)))
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(1)
+        .query_async(&mut engine.connection())
+        .await?;
+    Ok(reply
+        .ids
+        .into_iter()
+        .next()
+        .map_or_else(|| "0-0".to_owned(), |e| e.id))
+}
+
+/// Every event about `sku` after stream entry `after`, oldest first, read in
+/// pages of 10,000.
+pub async fn for_sku_since(
+    engine: &crate::Engine,
+    sku: &str,
+    after: &str,
+) -> Result<Vec<Event>, EngineError> {
+    let keys = engine.keyspace();
+    let shard = keys.shard_of(sku);
+    let stream = keys.events(shard);
+    let mut from = format!("({after}");
+    let mut out = Vec::new();
+    loop {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&stream)
+            .arg(&from)
+            .arg("+")
+            .arg("COUNT")
+            .arg(10_000)
+            .query_async(&mut engine.connection())
+            .await?;
+        let Some(last) = reply.ids.last() else { break };
+        from = format!("({}", last.id);
+        out.extend(
+            reply
+                .ids
+                .into_iter()
+                .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+                .filter(|e| e.sku == sku),
+        );
+    }
+    Ok(out)
+}
+
 /// Tails every shard's event stream. Give it a connection of its own: a blocking
 /// `XREAD` would hold up every other command on a shared multiplexed connection.
 pub struct EventReader {

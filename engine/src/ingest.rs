@@ -19,21 +19,20 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
-use crate::kv;
 use crate::payload::{self, Change, FeedEvent};
+use crate::redis_conn;
 use crate::stock::{DeltaOutcome, SnapshotOutcome};
 
 /// The consumer group of every lane.
 pub const GROUP: &str = "holdfast-ingest";
-/// The lanes, by name.
-pub const LANES: [&str; 2] = ["orders", "feeds"];
+pub use holdfast_domain::lane::{Lane, LaneState, LaneStatus};
 
 /// The stream of lane `lane`.
-pub fn lane_key(lane: &str) -> String {
+pub fn lane_key(lane: Lane) -> String {
     format!("hf:ingest:{{{lane}}}")
 }
 
-fn paused_key(lane: &str) -> String {
+fn paused_key(lane: Lane) -> String {
     format!("hf:ingest:{{{lane}}}:paused")
 }
 
@@ -43,8 +42,8 @@ pub const DEAD_KEY: &str = "hf:ingest:{dead}";
 /// How one lane runs.
 #[derive(Debug, Clone)]
 pub struct LaneConfig {
-    /// `orders` or `feeds`.
-    pub name: String,
+    /// Which lane.
+    pub name: Lane,
     /// Most payloads waiting before new ones are refused.
     pub cap: u64,
     /// Consumer tasks.
@@ -57,17 +56,17 @@ pub struct LaneConfig {
 
 impl LaneConfig {
     /// The defaults for lane `name`: orders are small and urgent, feeds big and patient.
-    pub fn default_for(name: &str) -> Self {
+    pub fn default_for(name: Lane) -> Self {
         match name {
-            "orders" => Self {
-                name: name.into(),
+            Lane::Orders => Self {
+                name,
                 cap: 100_000,
                 concurrency: 2,
                 rate_per_sec: 0,
                 batch: 50,
             },
-            _ => Self {
-                name: name.into(),
+            Lane::Feeds => Self {
+                name,
                 cap: 20_000,
                 concurrency: 1,
                 rate_per_sec: 5_000,
@@ -92,7 +91,7 @@ pub enum Intake {
 /// Appends a raw payload from `source` to `lane`, unless the lane is full.
 pub async fn enqueue(
     conn: &mut ConnectionManager,
-    lane: &str,
+    lane: Lane,
     source: &str,
     body: &[u8],
     cap: u64,
@@ -117,7 +116,7 @@ pub async fn enqueue(
 }
 
 /// Stops `lane`'s consumers (payloads still queue, up to the cap).
-pub async fn pause(conn: &mut ConnectionManager, lane: &str) -> Result<(), EngineError> {
+pub async fn pause(conn: &mut ConnectionManager, lane: Lane) -> Result<(), EngineError> {
     Ok(redis::cmd("SET")
         .arg(paused_key(lane))
         .arg("1")
@@ -126,28 +125,15 @@ pub async fn pause(conn: &mut ConnectionManager, lane: &str) -> Result<(), Engin
 }
 
 /// Lets `lane`'s consumers run again.
-pub async fn resume(conn: &mut ConnectionManager, lane: &str) -> Result<(), EngineError> {
+pub async fn resume(conn: &mut ConnectionManager, lane: Lane) -> Result<(), EngineError> {
     Ok(redis::cmd("DEL")
         .arg(paused_key(lane))
         .query_async(conn)
         .await?)
 }
 
-/// A lane as operators see it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct LaneStatus {
-    /// The lane.
-    pub lane: String,
-    /// Payloads waiting or being processed.
-    pub backlog: u64,
-    /// Payloads delivered to a consumer and not yet finished.
-    pub pending: u64,
-    /// Whether its consumers are paused.
-    pub paused: bool,
-}
-
 /// The state of `lane`.
-pub async fn status(conn: &mut ConnectionManager, lane: &str) -> Result<LaneStatus, EngineError> {
+pub async fn status(conn: &mut ConnectionManager, lane: Lane) -> Result<LaneStatus, EngineError> {
     let (backlog, paused): (u64, bool) = redis::pipe()
         .cmd("XLEN")
         .arg(lane_key(lane))
@@ -155,6 +141,7 @@ pub async fn status(conn: &mut ConnectionManager, lane: &str) -> Result<LaneStat
         .arg(paused_key(lane))
         .query_async(conn)
         .await?;
+    // XPENDING fails before the group exists (no consumer has started): nothing is pending.
     let pending: redis::RedisResult<Vec<Value>> = redis::cmd("XPENDING")
         .arg(lane_key(lane))
         .arg(GROUP)
@@ -168,11 +155,24 @@ pub async fn status(conn: &mut ConnectionManager, lane: &str) -> Result<LaneStat
         })
         .unwrap_or(0);
     Ok(LaneStatus {
-        lane: lane.to_owned(),
+        lane,
         backlog,
         pending,
-        paused,
+        state: if paused {
+            LaneState::Paused
+        } else {
+            LaneState::Running
+        },
     })
+}
+
+/// The state of every lane, in [`Lane::ALL`] order.
+pub async fn statuses(conn: &mut ConnectionManager) -> Result<Vec<LaneStatus>, EngineError> {
+    let mut out = Vec::with_capacity(Lane::ALL.len());
+    for lane in Lane::ALL {
+        out.push(status(conn, lane).await?);
+    }
+    Ok(out)
 }
 
 /// A payload or event that could not be applied.
@@ -192,7 +192,7 @@ pub struct DeadLetter {
 
 async fn bury(
     conn: &mut ConnectionManager,
-    lane: &str,
+    lane: Lane,
     source: &str,
     body: &str,
     reason: &str,
@@ -204,7 +204,7 @@ async fn bury(
         .arg(100_000)
         .arg("*")
         .arg("lane")
-        .arg(lane)
+        .arg(lane.as_str())
         .arg("source")
         .arg(source)
         .arg("body")
@@ -214,6 +214,11 @@ async fn bury(
         .query_async::<()>(conn)
         .await?;
     Ok(())
+}
+
+/// How many dead letters wait.
+pub async fn dead_letter_count(conn: &mut ConnectionManager) -> Result<u64, EngineError> {
+    Ok(redis::cmd("XLEN").arg(DEAD_KEY).query_async(conn).await?)
 }
 
 /// The newest `count` dead letters, newest first.
@@ -253,9 +258,13 @@ pub async fn replay(conn: &mut ConnectionManager, id: &str) -> Result<Option<Str
     let Some((_, f)) = rows.into_iter().next() else {
         return Ok(None);
     };
-    let lane = f.get("lane").cloned().unwrap_or_else(|| "feeds".into());
+    // A letter from an unknown lane (written by an older version) goes to feeds.
+    let lane = f
+        .get("lane")
+        .and_then(|l| Lane::parse(l).ok())
+        .unwrap_or(Lane::Feeds);
     let new_id: String = redis::cmd("XADD")
-        .arg(lane_key(&lane))
+        .arg(lane_key(lane))
         .arg("*")
         .arg("source")
         .arg(f.get("source").cloned().unwrap_or_default())
@@ -340,7 +349,7 @@ impl LaneConsumer {
         // The group is made once, and again after any failure (Redis may have
         // restarted empty), not on every poll.
         if !self.group_ready {
-            kv::ensure_group(&mut self.conn, &lane_key(&self.lane.name), GROUP).await?;
+            redis_conn::ensure_group(&mut self.conn, &lane_key(self.lane.name), GROUP).await?;
             self.group_ready = true;
         }
         let result = self.process(block).await;
@@ -352,7 +361,7 @@ impl LaneConsumer {
 
     async fn process(&mut self, block: Duration) -> Result<Processed, EngineError> {
         let paused: bool = redis::cmd("EXISTS")
-            .arg(paused_key(&self.lane.name))
+            .arg(paused_key(self.lane.name))
             .query_async(&mut self.conn)
             .await?;
         if paused {
@@ -369,11 +378,11 @@ impl LaneConsumer {
             done.applied += self.apply(&source, &body).await?;
             redis::pipe()
                 .cmd("XACK")
-                .arg(lane_key(&self.lane.name))
+                .arg(lane_key(self.lane.name))
                 .arg(GROUP)
                 .arg(&id)
                 .cmd("XDEL")
-                .arg(lane_key(&self.lane.name))
+                .arg(lane_key(self.lane.name))
                 .arg(&id)
                 .query_async::<()>(&mut self.conn)
                 .await?;
@@ -395,7 +404,7 @@ impl LaneConsumer {
         if let Some(b) = block {
             cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
         }
-        cmd.arg("STREAMS").arg(lane_key(&self.lane.name)).arg(from);
+        cmd.arg("STREAMS").arg(lane_key(self.lane.name)).arg(from);
         let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
         let mut out = Vec::new();
         for stream in reply.map(|r| r.keys).unwrap_or_default() {
@@ -410,14 +419,14 @@ impl LaneConsumer {
 
     /// Applies one payload; returns how many events it applied.
     async fn apply(&mut self, source: &str, body: &[u8]) -> Result<u64, EngineError> {
-        let lane = self.lane.name.clone();
+        let lane = self.lane.name;
         let events = match payload::parse(body) {
             Ok(events) => events,
             Err(e) => {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);
                 bury(
                     &mut self.conn,
-                    &lane,
+                    lane,
                     source,
                     &String::from_utf8_lossy(body),
                     &e.to_string(),
@@ -475,7 +484,7 @@ impl LaneConsumer {
                 }
                 Some(reason) => {
                     self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                    bury(&mut self.conn, &lane, source, &documented(&event), &reason).await?;
+                    bury(&mut self.conn, lane, source, &documented(&event), &reason).await?;
                 }
             }
         }

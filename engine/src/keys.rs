@@ -16,6 +16,9 @@
 //! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
+//! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h) |
+//! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
+//! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
 
 /// Key names for one deployment: the prefix is fixed, the shard count is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,6 +53,16 @@ impl Keyspace {
 
     fn tag(shard: u16) -> String {
         format!("hf:{{hf{shard}}}")
+    }
+
+    /// Where the answer to `Idempotency-Key` `key` of API token `token_id` is kept
+    /// (the key is hashed: clients choose it, and it may hold any visible ASCII).
+    pub fn idempotency(token_id: i64, key: &str) -> String {
+        use sha2::Digest;
+        format!(
+            "hf:idem:{{t{token_id}}}:{}",
+            hex::encode(sha2::Sha256::digest(key.as_bytes()))
+        )
     }
 
     /// The counters hash of `sku`.

@@ -2,9 +2,37 @@
 //!
 //! Redis is the authority for "can this shopper have this unit now", decided by
 //! atomic Lua scripts (the `lua/` folder of the workspace); PostgreSQL keeps the
-//! durable record. This crate owns both connections and every query and script,
-//! and has no UI code: the axum server, the Leptos server functions and the CLI
-//! all call the same [`Engine`].
+//! durable record. This crate owns both connections, every Redis key, Lua call
+//! and SQL statement, and every rule that needs them; it has no UI or HTTP code.
+//! The axum server (`holdfast-server`), the Leptos server functions
+//! (`holdfast-app`) and the CLI (`holdfast-cli`) all call it; the plain types
+//! they share with the browser live in `holdfast-domain`.
+//!
+//! # The flow
+//!
+//! ```text
+//! HTTP request (server::api)  or  server function (app::api)  or  CLI (cli)
+//!   │
+//!   ▼
+//! Engine::reserve / confirm / release          (engine.rs, checkout.rs)
+//!   │  one EVALSHA per shard, keys from keys.rs, scripts from lua/ (scripts.rs)
+//!   ▼
+//! Redis: counters, holds, due set  ──XADD──▶  shard event stream (events.rs)
+//!                                               │
+//!             ┌─────────────────────────────────┼──────────────────────┐
+//!             ▼                                 ▼                      ▼
+//!   write-behind (record.rs)          live feed (server::feed)   reaper (reaper.rs)
+//!   one transaction per batch:        badges, dashboards         ends overdue holds
+//!   orders, ledger, on_hand           over WebSockets            through release
+//!             │
+//!             ▼
+//!   PostgreSQL: the system of record (catalog.rs, postgres.rs); drift between
+//!   the two is measured and repaired by reconcile.rs, rebuilt by warmup.rs.
+//! ```
+//!
+//! Feeds arrive as signed webhooks, queue on Redis Streams lanes and are applied
+//! by [`ingest`] consumers through `delta.lua` and `snapshot.lua`, into the same
+//! event streams.
 //!
 //! # The quantities
 //!
@@ -41,9 +69,11 @@
 //! - [`warmup`], [`reconcile`]: rebuilding counters, and measuring and repairing drift.
 //! - [`keys`]: the Redis key layout and its hash tags.
 //! - [`scripts`]: the embedded Lua scripts, called by SHA.
-//! - [`store`], [`kv`]: connecting to PostgreSQL and Redis, with start-up checks.
+//! - [`postgres`], [`redis_conn`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
-//! - [`tokens`]: API tokens (hashed) and their scopes.
+//! - [`checkout`], [`idempotency`]: the API's rules: reservation ids from
+//!   idempotency keys, late payments, stored answers to retried requests.
+//! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
 //! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
 //! - [`remediation`]: late payments awaiting a refund or re-reservation.
 //! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
@@ -51,15 +81,19 @@
 
 pub mod audit;
 pub mod catalog;
+pub mod checkout;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod idempotency;
 pub mod ingest;
 pub mod keys;
-pub mod kv;
 pub mod locks;
-pub mod model;
+pub mod redis_conn;
+/// The reservation types and outcomes, from the domain crate (shared with the dashboard).
+pub use holdfast_domain::model;
 pub mod payload;
+pub mod postgres;
 pub mod reaper;
 pub mod reconcile;
 pub mod record;
@@ -67,7 +101,6 @@ pub mod remediation;
 mod reply;
 pub mod scripts;
 pub mod stock;
-pub mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tokens;

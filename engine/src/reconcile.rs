@@ -10,7 +10,7 @@
 //! next run, and each is a ledger movement.
 //!
 //! The run holds the `reconcile` lock. Every PostgreSQL write carries its fencing
-//! token and is refused if a later holder has written (see [`crate::store::fence`]).
+//! token and is refused if a later holder has written (see [`crate::postgres::fence`]).
 
 use std::time::{Duration, Instant};
 
@@ -20,8 +20,8 @@ use sqlx::PgPool;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::postgres::fence;
 use crate::reply::Reply;
-use crate::store::fence;
 use crate::warmup::{read_counters, stock_page};
 
 /// The lock a reconciliation run holds.
@@ -161,13 +161,11 @@ async fn run(
         let mut findings = Vec::new();
         for (row, c) in rows.iter().zip(&counters) {
             report.checked += 1;
-            let Some(available) = c[0] else {
+            let Some(available) = c.available else {
                 report.not_warmed += 1;
                 continue;
             };
-            let (reserved, sold_pending, settled) =
-                (c[1].unwrap_or(0), c[2].unwrap_or(0), c[3].unwrap_or(0));
-            let expected = row.on_hand - reserved - sold_pending + (row.sold_recorded - settled);
+            let expected = c.expected_available(row.on_hand, row.sold_recorded);
             let drift = available - expected;
             if drift == 0 {
                 continue;
@@ -178,8 +176,8 @@ async fn run(
                 sku: row.sku.clone(),
                 on_hand: row.on_hand,
                 available,
-                reserved,
-                sold_pending,
+                reserved: c.reserved,
+                sold_pending: c.sold_pending,
                 drift,
                 target,
             });
@@ -361,16 +359,12 @@ pub async fn measure(
         .into_iter()
         .zip(counters)
         .map(|((sku, on_hand, sold_recorded), c)| {
-            let drift = c[0].map_or(0, |available| {
-                let (reserved, sold_pending, settled) =
-                    (c[1].unwrap_or(0), c[2].unwrap_or(0), c[3].unwrap_or(0));
-                available - (on_hand - reserved - sold_pending + (sold_recorded - settled))
-            });
+            let drift = c.drift(on_hand, sold_recorded).unwrap_or(0);
             SkuDrift {
                 sku,
                 on_hand,
                 sold_recorded,
-                available: c[0],
+                available: c.available,
                 drift,
             }
         })

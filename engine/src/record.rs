@@ -25,7 +25,7 @@ use sqlx::PgPool;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::events::{Event, EventKind};
-use crate::kv;
+use crate::redis_conn;
 
 /// The consumer group every write-behind process joins.
 pub const GROUP: &str = "holdfast-record";
@@ -45,11 +45,13 @@ pub struct WriteBehindConfig {
     /// Longest pause between retries while PostgreSQL or Redis fails.
     pub max_backoff: Duration,
     /// Fault injection for tests: fail at this point of every batch, as a crash
-    /// there would. `None` in production.
+    /// there would. Only compiled with the `testkit` feature.
+    #[cfg(feature = "testkit")]
     pub fault: Option<Fault>,
 }
 
-/// Where a batch can be made to fail, to prove recovery is exactly-once.
+/// Where a batch can be made to fail, to prove recovery is exactly-once (the
+/// injection itself exists only with the `testkit` feature).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Fault {
     /// After the PostgreSQL commit, before settling in Redis.
@@ -66,6 +68,7 @@ impl Default for WriteBehindConfig {
             block: Duration::from_millis(200),
             claim_idle: Duration::from_secs(30),
             max_backoff: Duration::from_secs(5),
+            #[cfg(feature = "testkit")]
             fault: None,
         }
     }
@@ -158,7 +161,7 @@ impl WriteBehind {
     /// Creates the consumer group on every shard's stream (idempotent).
     pub async fn ensure_groups(&mut self) -> Result<(), EngineError> {
         for key in self.engine.keyspace().all_events() {
-            kv::ensure_group(&mut self.conn, &key, GROUP).await?;
+            redis_conn::ensure_group(&mut self.conn, &key, GROUP).await?;
         }
         self.groups_ready = true;
         Ok(())
@@ -253,6 +256,23 @@ impl WriteBehind {
         Ok(batches)
     }
 
+    /// Fails as a crash at `at` would, when the test configuration asks for it.
+    #[cfg(feature = "testkit")]
+    fn inject(&self, at: Fault) -> Result<(), EngineError> {
+        if self.config.fault == Some(at) {
+            return Err(EngineError::UnexpectedReply(format!(
+                "injected fault ({at:?})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// Without the `testkit` feature nothing is ever injected.
+    #[cfg(not(feature = "testkit"))]
+    fn inject(&self, _at: Fault) -> Result<(), EngineError> {
+        Ok(())
+    }
+
     async fn apply(&mut self, batches: Vec<ShardBatch>) -> Result<BatchReport, EngineError> {
         let entries: usize = batches.iter().map(|b| b.ids.len()).sum();
         if entries == 0 {
@@ -261,17 +281,9 @@ impl WriteBehind {
         let events: Vec<&Event> = batches.iter().flat_map(|b| &b.events).collect();
         let report = record_events(&self.pg, &events, &batches).await?;
         let report = BatchReport { entries, ..report };
-        if self.config.fault == Some(Fault::AfterCommit) {
-            return Err(EngineError::UnexpectedReply(
-                "injected fault after commit".into(),
-            ));
-        }
+        self.inject(Fault::AfterCommit)?;
         self.settle(&events).await?;
-        if self.config.fault == Some(Fault::BeforeAck) {
-            return Err(EngineError::UnexpectedReply(
-                "injected fault before acknowledging".into(),
-            ));
-        }
+        self.inject(Fault::BeforeAck)?;
         for batch in batches.iter().filter(|b| !b.ids.is_empty()) {
             redis::cmd("XACK")
                 .arg(self.engine.keyspace().events(batch.shard))
@@ -319,125 +331,176 @@ impl WriteBehind {
     }
 }
 
-/// Applies `events` to PostgreSQL in one transaction; returns the rows it added.
-async fn record_events(
-    pg: &PgPool,
-    events: &[&Event],
-    batches: &[ShardBatch],
-) -> Result<BatchReport, EngineError> {
-    // Orders and sale movements from confirmations.
-    let mut order_rids = Vec::new();
-    let mut order_at = Vec::new();
-    let (mut line_rid, mut line_sku, mut line_qty) = (Vec::new(), Vec::new(), Vec::new());
-    // Ledger rows: (sku, kind, qty, source, event_id, reservation_id).
-    let (mut l_sku, mut l_kind, mut l_qty, mut l_src, mut l_eid, mut l_rid) = (
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-        Vec::new(),
-    );
+/// A batch's orders as columns, for one `UNNEST` insert each.
+#[derive(Default)]
+struct OrderRows {
+    rid: Vec<String>,
+    at: Vec<chrono::DateTime<chrono::Utc>>,
+    line_rid: Vec<String>,
+    line_sku: Vec<String>,
+    line_qty: Vec<i64>,
+}
+
+/// A batch's ledger movements as columns: one row per sale line, receipt or
+/// adjustment, unique per `(source, event_id)`.
+#[derive(Default)]
+struct LedgerRows {
+    sku: Vec<String>,
+    kind: Vec<&'static str>,
+    qty: Vec<i64>,
+    source: Vec<String>,
+    event_id: Vec<String>,
+    rid: Vec<Option<String>>,
+}
+
+impl LedgerRows {
+    fn push(
+        &mut self,
+        sku: &str,
+        kind: &'static str,
+        qty: i64,
+        source: String,
+        event_id: String,
+        rid: Option<String>,
+    ) {
+        self.sku.push(sku.to_owned());
+        self.kind.push(kind);
+        self.qty.push(qty);
+        self.source.push(source);
+        self.event_id.push(event_id);
+        self.rid.push(rid);
+    }
+}
+
+/// Splits `events` into the orders and ledger rows they record: a confirmed line
+/// is an order line and a `sale` movement; a feed's non-zero change is a
+/// `receipt` (a positive delta) or an `adjustment`.
+fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows) {
+    let (mut orders, mut ledger) = (OrderRows::default(), LedgerRows::default());
     for e in events {
         match e.kind {
             EventKind::Confirmed => {
                 let rid = e.reservation_id.clone().unwrap_or_default();
-                order_rids.push(rid.clone());
-                order_at.push(chrono::DateTime::from_timestamp_millis(e.at_ms).unwrap_or_default());
-                line_rid.push(rid.clone());
-                line_sku.push(e.sku.clone());
-                line_qty.push(e.qty);
-                l_sku.push(e.sku.clone());
-                l_kind.push("sale");
-                l_qty.push(-e.qty);
-                l_src.push("checkout".to_owned());
-                l_eid.push(format!("{rid}:{}", e.sku));
-                l_rid.push(Some(rid));
+                orders.rid.push(rid.clone());
+                orders
+                    .at
+                    .push(chrono::DateTime::from_timestamp_millis(e.at_ms).unwrap_or_default());
+                orders.line_rid.push(rid.clone());
+                orders.line_sku.push(e.sku.clone());
+                orders.line_qty.push(e.qty);
+                let event_id = format!("{rid}:{}", e.sku);
+                ledger.push(
+                    &e.sku,
+                    "sale",
+                    -e.qty,
+                    "checkout".to_owned(),
+                    event_id,
+                    Some(rid),
+                );
             }
             EventKind::Delta | EventKind::Snapshot if e.qty != 0 => {
-                l_sku.push(e.sku.clone());
-                l_kind.push(if e.kind == EventKind::Delta && e.qty > 0 {
+                let kind = if e.kind == EventKind::Delta && e.qty > 0 {
                     "receipt"
                 } else {
                     "adjustment"
-                });
-                l_qty.push(e.qty);
-                l_src.push(e.source.clone().unwrap_or_else(|| "feed".to_owned()));
-                l_eid.push(
-                    e.event_id
-                        .clone()
-                        .unwrap_or_else(|| format!("{}:{}", e.shard, e.id)),
-                );
-                l_rid.push(None);
+                };
+                let source = e.source.clone().unwrap_or_else(|| "feed".to_owned());
+                let event_id = e
+                    .event_id
+                    .clone()
+                    .unwrap_or_else(|| format!("{}:{}", e.shard, e.id));
+                ledger.push(&e.sku, kind, e.qty, source, event_id, None);
             }
             _ => {}
         }
     }
+    (orders, ledger)
+}
 
-    let mut tx = pg.begin().await?;
-    if !order_rids.is_empty() {
-        sqlx::query(
-            "INSERT INTO orders (reservation_id, confirmed_at)
-             SELECT DISTINCT ON (rid) rid, at FROM UNNEST($1::text[], $2::timestamptz[]) AS t(rid, at)
-             ON CONFLICT (reservation_id) DO NOTHING",
-        )
-        .bind(&order_rids)
-        .bind(&order_at)
-        .execute(&mut *tx)
-        .await?;
-        sqlx::query(
-            "INSERT INTO order_lines (reservation_id, sku, qty)
-             SELECT t.rid, t.sku, t.qty FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS t(rid, sku, qty)
-             JOIN skus s ON s.sku = t.sku
-             ON CONFLICT (reservation_id, sku) DO NOTHING",
-        )
-        .bind(&line_rid)
-        .bind(&line_sku)
-        .bind(&line_qty)
-        .execute(&mut *tx)
-        .await?;
+/// Inserts `orders` and their lines (each once, whatever is retried).
+async fn insert_orders(tx: &mut sqlx::PgConnection, orders: &OrderRows) -> Result<(), EngineError> {
+    if orders.rid.is_empty() {
+        return Ok(());
     }
+    sqlx::query(
+        "INSERT INTO orders (reservation_id, confirmed_at)
+         SELECT DISTINCT ON (rid) rid, at FROM UNNEST($1::text[], $2::timestamptz[]) AS t(rid, at)
+         ON CONFLICT (reservation_id) DO NOTHING",
+    )
+    .bind(&orders.rid)
+    .bind(&orders.at)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO order_lines (reservation_id, sku, qty)
+         SELECT t.rid, t.sku, t.qty FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS t(rid, sku, qty)
+         JOIN skus s ON s.sku = t.sku
+         ON CONFLICT (reservation_id, sku) DO NOTHING",
+    )
+    .bind(&orders.line_rid)
+    .bind(&orders.line_sku)
+    .bind(&orders.line_qty)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// Inserts the `ledger` rows not recorded before and moves `on_hand` and
+/// `sold_recorded` by exactly those; returns `(sales, other movements)` added.
+async fn insert_ledger(
+    tx: &mut sqlx::PgConnection,
+    ledger: &LedgerRows,
+) -> Result<(u64, u64), EngineError> {
+    if ledger.sku.is_empty() {
+        return Ok((0, 0));
+    }
+    let rows: Vec<(String, i64)> = sqlx::query_as(
+        "WITH ins AS (
+             INSERT INTO ledger (sku, kind, qty, source, event_id, reservation_id)
+             SELECT t.sku, t.kind, t.qty, t.src, t.eid, t.rid
+               FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
+                    AS t(sku, kind, qty, src, eid, rid)
+               JOIN skus s ON s.sku = t.sku
+             ON CONFLICT (source, event_id) DO NOTHING
+             RETURNING sku, kind, qty
+         ), moved AS (
+             UPDATE skus s
+                SET on_hand = s.on_hand + agg.qty,
+                    sold_recorded = s.sold_recorded + agg.sold,
+                    updated_at = now()
+               FROM (SELECT sku, sum(qty)::bigint AS qty,
+                            sum(CASE WHEN kind = 'sale' THEN -qty ELSE 0 END)::bigint AS sold
+                       FROM ins GROUP BY sku) agg
+              WHERE s.sku = agg.sku
+         )
+         SELECT kind, count(*)::bigint FROM ins GROUP BY kind",
+    )
+    .bind(&ledger.sku)
+    .bind(&ledger.kind)
+    .bind(&ledger.qty)
+    .bind(&ledger.source)
+    .bind(&ledger.event_id)
+    .bind(&ledger.rid)
+    .fetch_all(&mut *tx)
+    .await?;
     let (mut sales, mut movements) = (0u64, 0u64);
-    if !l_sku.is_empty() {
-        let kinds: Vec<&str> = l_kind.clone();
-        let rows: Vec<(String, i64)> = sqlx::query_as(
-            "WITH ins AS (
-                 INSERT INTO ledger (sku, kind, qty, source, event_id, reservation_id)
-                 SELECT t.sku, t.kind, t.qty, t.src, t.eid, t.rid
-                   FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::text[])
-                        AS t(sku, kind, qty, src, eid, rid)
-                   JOIN skus s ON s.sku = t.sku
-                 ON CONFLICT (source, event_id) DO NOTHING
-                 RETURNING sku, kind, qty
-             ), moved AS (
-                 UPDATE skus s
-                    SET on_hand = s.on_hand + agg.qty,
-                        sold_recorded = s.sold_recorded + agg.sold,
-                        updated_at = now()
-                   FROM (SELECT sku, sum(qty)::bigint AS qty,
-                                sum(CASE WHEN kind = 'sale' THEN -qty ELSE 0 END)::bigint AS sold
-                           FROM ins GROUP BY sku) agg
-                  WHERE s.sku = agg.sku
-             )
-             SELECT kind, count(*)::bigint FROM ins GROUP BY kind",
-        )
-        .bind(&l_sku)
-        .bind(&kinds)
-        .bind(&l_qty)
-        .bind(&l_src)
-        .bind(&l_eid)
-        .bind(&l_rid)
-        .fetch_all(&mut *tx)
-        .await?;
-        for (kind, n) in rows {
-            if kind == "sale" {
-                sales += n as u64;
-            } else {
-                movements += n as u64;
-            }
+    for (kind, n) in rows {
+        if kind == "sale" {
+            sales += n as u64;
+        } else {
+            movements += n as u64;
         }
     }
-    let (mut p_shard, mut p_id, mut p_ms) = (Vec::new(), Vec::new(), Vec::new());
+    Ok((sales, movements))
+}
+
+/// Records how far each shard's stream is written behind (its last entry id and
+/// that entry's time), for lag figures.
+async fn record_progress(
+    tx: &mut sqlx::PgConnection,
+    batches: &[ShardBatch],
+) -> Result<(), EngineError> {
+    let (mut shard, mut last_id, mut last_ms) = (Vec::new(), Vec::new(), Vec::new());
     for b in batches.iter().filter(|b| !b.ids.is_empty()) {
         let last = b.ids.last().cloned().unwrap_or_default();
         let ms: i64 = last
@@ -445,9 +508,9 @@ async fn record_events(
             .next()
             .and_then(|m| m.parse().ok())
             .unwrap_or(0);
-        p_shard.push(i32::from(b.shard));
-        p_id.push(last);
-        p_ms.push(ms);
+        shard.push(i32::from(b.shard));
+        last_id.push(last);
+        last_ms.push(ms);
     }
     sqlx::query(
         "INSERT INTO write_behind_progress (shard, last_event_id, last_event_ms, committed_at)
@@ -456,11 +519,25 @@ async fn record_events(
             SET last_event_id = EXCLUDED.last_event_id, last_event_ms = EXCLUDED.last_event_ms,
                 committed_at = now()",
     )
-    .bind(&p_shard)
-    .bind(&p_id)
-    .bind(&p_ms)
+    .bind(&shard)
+    .bind(&last_id)
+    .bind(&last_ms)
     .execute(&mut *tx)
     .await?;
+    Ok(())
+}
+
+/// Applies `events` to PostgreSQL in one transaction; returns the rows it added.
+async fn record_events(
+    pg: &PgPool,
+    events: &[&Event],
+    batches: &[ShardBatch],
+) -> Result<BatchReport, EngineError> {
+    let (orders, ledger) = rows_of(events);
+    let mut tx = pg.begin().await?;
+    insert_orders(&mut tx, &orders).await?;
+    let (sales, movements) = insert_ledger(&mut tx, &ledger).await?;
+    record_progress(&mut tx, batches).await?;
     tx.commit().await?;
     Ok(BatchReport {
         entries: 0,

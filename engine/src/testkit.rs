@@ -110,7 +110,7 @@ impl TestRedis {
 impl TestRedis {
     /// A connection to this server (self-reconnecting).
     pub async fn connection(&self) -> redis::aio::ConnectionManager {
-        crate::kv::connect(&self.url())
+        crate::redis_conn::connect(&self.url())
             .await
             .expect("connect to the test redis-server")
     }
@@ -333,7 +333,7 @@ pub async fn fresh_database(name: &str) -> (sqlx::PgPool, String) {
         .await
         .expect("drop the old database");
     let url = format!("{server}/{name}");
-    let pool = crate::store::connect_and_migrate(&url, 8)
+    let pool = crate::postgres::connect_and_migrate(&url, 8)
         .await
         .expect("create the database");
     (pool, url)
@@ -411,4 +411,25 @@ pub fn redis_benchmark_reserve(
         .collect();
     // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
     (cols[0], cols[3], cols[5])
+}
+
+/// A `postgres://` URL for the database `opts` points at (`sqlx::test` hands out
+/// options, not URLs).
+pub fn pg_url(opts: &sqlx::postgres::PgConnectOptions) -> String {
+    format!(
+        "postgres://{}@{}:{}/{}",
+        opts.get_username(),
+        opts.get_host(),
+        opts.get_port(),
+        opts.get_database().unwrap_or("postgres")
+    )
+}
+
+/// Backends over the test database `pool` and the Redis at `redis_url`, with the
+/// default engine configuration.
+pub async fn backends(pool: sqlx::PgPool, redis_url: &str) -> crate::Backends {
+    let redis = crate::redis_conn::connect(redis_url)
+        .await
+        .expect("connect to the test Redis");
+    crate::Backends::new(pool, redis, crate::EngineConfig::default())
 }

@@ -6,38 +6,7 @@ use sqlx::PgPool;
 
 use crate::error::EngineError;
 
-/// What a token may do.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scope {
-    /// Reserve, confirm and release (the checkout service).
-    Checkout,
-    /// Push supplier and ERP webhooks.
-    Ingest,
-    /// Read stock and reservations.
-    Read,
-}
-
-impl Scope {
-    /// The name used in the database and on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Checkout => "checkout",
-            Self::Ingest => "ingest",
-            Self::Read => "read",
-        }
-    }
-
-    /// Parses a scope name.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "checkout" => Some(Self::Checkout),
-            "ingest" => Some(Self::Ingest),
-            "read" => Some(Self::Read),
-            _ => None,
-        }
-    }
-}
+pub use holdfast_domain::Scope;
 
 /// A token as listed (never the secret).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,4 +116,44 @@ pub async fn verify(pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, Engi
     .fetch_optional(pg)
     .await?;
     Ok(row.map(info))
+}
+
+/// How long a verified (or refused) token is remembered: a revocation takes
+/// effect within this long.
+pub const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// A verification result (`None`: no such live token) and when it was made.
+type Verified = (Option<TokenInfo>, std::time::Instant);
+
+/// Verified tokens by the SHA-256 of their secret, so the hot path does not query
+/// PostgreSQL per request.
+#[derive(Debug, Default)]
+pub struct TokenCache {
+    entries: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Verified>>,
+}
+
+impl TokenCache {
+    /// The live token whose secret is `secret`, from memory when verified within
+    /// [`TOKEN_CACHE_TTL`], otherwise from PostgreSQL.
+    pub async fn verify(
+        &self,
+        pg: &PgPool,
+        secret: &str,
+    ) -> Result<Option<TokenInfo>, EngineError> {
+        let key = digest(secret);
+        if let Ok(entries) = self.entries.lock()
+            && let Some((info, at)) = entries.get(&key)
+            && at.elapsed() < TOKEN_CACHE_TTL
+        {
+            return Ok(info.clone());
+        }
+        let info = verify(pg, secret).await?;
+        if let Ok(mut entries) = self.entries.lock() {
+            if entries.len() > 10_000 {
+                entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+            }
+            entries.insert(key, (info.clone(), std::time::Instant::now()));
+        }
+        Ok(info)
+    }
 }

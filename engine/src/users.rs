@@ -15,38 +15,7 @@ use sqlx::PgPool;
 use crate::error::EngineError;
 use crate::tokens::digest;
 
-/// What a dashboard user may do. Ordered: each role includes the ones before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Role {
-    /// Merchandising: reads everything, changes nothing.
-    Viewer,
-    /// Support staff: may also release holds.
-    Support,
-    /// Operators: everything, including locks, warm-up, users and tokens.
-    Admin,
-}
-
-impl Role {
-    /// The name stored in the database and typed on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Viewer => "viewer",
-            Self::Support => "support",
-            Self::Admin => "admin",
-        }
-    }
-
-    /// Parses a role name.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "viewer" => Some(Self::Viewer),
-            "support" => Some(Self::Support),
-            "admin" => Some(Self::Admin),
-            _ => None,
-        }
-    }
-}
+pub use holdfast_domain::Role;
 
 /// A dashboard user, without the password hash.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,7 +62,7 @@ pub const SESSION_TTL: Duration = Duration::from_secs(12 * 3600);
 pub const MIN_PASSWORD_LEN: usize = 10;
 
 /// Why a user could not be created or changed.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, thiserror::Error)]
 pub enum UserError {
     /// The name is not 1 to 63 of `a-z 0-9 . _ -`, starting with a letter or digit.
     #[error(
@@ -112,6 +81,15 @@ pub enum UserError {
     /// The change would leave nobody able to administer Holdfast.
     #[error("this would leave no admin; make another user admin first")]
     LastAdmin,
+    /// PostgreSQL failed: not the request's fault.
+    #[error(transparent)]
+    Engine(#[from] EngineError),
+}
+
+impl From<sqlx::Error> for UserError {
+    fn from(e: sqlx::Error) -> Self {
+        Self::Engine(e.into())
+    }
 }
 
 /// Whether `name` is an acceptable username.
@@ -197,10 +175,8 @@ pub async fn create(
     role: Role,
     password: &str,
     must_change: bool,
-) -> Result<Result<User, UserError>, EngineError> {
-    if let Err(e) = check_new(username, password) {
-        return Ok(Err(e));
-    }
+) -> Result<User, UserError> {
+    check_new(username, password)?;
     let hash = hash_password(password.to_owned()).await?;
     let row = sqlx::query_as::<_, UserRow>(
         "INSERT INTO users (username, password_hash, role, must_change_password)
@@ -214,9 +190,47 @@ pub async fn create(
     .fetch_optional(pg)
     .await?;
     match row {
-        Some(row) => Ok(Ok(row.into_user()?)),
-        None => Ok(Err(UserError::Taken(username.to_owned()))),
+        Some(row) => Ok(row.into_user()?),
+        None => Err(UserError::Taken(username.to_owned())),
     }
+}
+
+/// How people can sign in after start-up.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SignIn {
+    /// The demo users `admin`, `support` and `viewer` exist with this password
+    /// (unless they existed before with others).
+    Demo(String),
+    /// The database had no users: `admin` was created with this one-time password.
+    FirstAdmin(String),
+    /// Users existed; nothing was created.
+    Existing,
+}
+
+/// Prepares sign-in at start-up: with a demo password, creates the demo users
+/// that are missing (an existing one is left as it is); otherwise, on a database
+/// with no users, creates `admin` with a one-time password.
+pub async fn prepare_sign_in(
+    pg: &PgPool,
+    demo_password: Option<&str>,
+) -> Result<SignIn, EngineError> {
+    if let Some(password) = demo_password {
+        for (name, role) in [
+            ("admin", Role::Admin),
+            ("support", Role::Support),
+            ("viewer", Role::Viewer),
+        ] {
+            // An existing user (a taken name) is left as it is.
+            if let Err(UserError::Engine(e)) = create(pg, name, role, password, false).await {
+                return Err(e);
+            }
+        }
+        return Ok(SignIn::Demo(password.to_owned()));
+    }
+    Ok(match ensure_first_admin(pg).await? {
+        Some(password) => SignIn::FirstAdmin(password),
+        None => SignIn::Existing,
+    })
 }
 
 /// On a database with no users at all, creates `admin` with a generated
@@ -230,8 +244,9 @@ pub async fn ensure_first_admin(pg: &PgPool) -> Result<Option<String>, EngineErr
     }
     let password = generate_password();
     // Two servers starting at once: only one insert wins, and only it prints.
-    match create(pg, "admin", Role::Admin, &password, true).await? {
+    match create(pg, "admin", Role::Admin, &password, true).await {
         Ok(_) => Ok(Some(password)),
+        Err(UserError::Engine(e)) => Err(e),
         Err(_) => Ok(None),
     }
 }
@@ -258,13 +273,9 @@ async fn admins_other_than(pg: &PgPool, username: &str) -> Result<i64, EngineErr
 }
 
 /// Changes a user's role; refuses to demote the last admin.
-pub async fn set_role(
-    pg: &PgPool,
-    username: &str,
-    role: Role,
-) -> Result<Result<(), UserError>, EngineError> {
+pub async fn set_role(pg: &PgPool, username: &str, role: Role) -> Result<(), UserError> {
     if role != Role::Admin && admins_other_than(pg, username).await? == 0 {
-        return Ok(Err(UserError::LastAdmin));
+        return Err(UserError::LastAdmin);
     }
     let done = sqlx::query("UPDATE users SET role = $2 WHERE username = $1")
         .bind(username)
@@ -272,15 +283,15 @@ pub async fn set_role(
         .execute(pg)
         .await?
         .rows_affected();
-    Ok(if done == 1 {
+    if done == 1 {
         Ok(())
     } else {
         Err(UserError::Unknown(username.to_owned()))
-    })
+    }
 }
 
 /// Deletes a user and their sessions; refuses to delete the last admin.
-pub async fn delete(pg: &PgPool, username: &str) -> Result<Result<(), UserError>, EngineError> {
+pub async fn delete(pg: &PgPool, username: &str) -> Result<(), UserError> {
     if admins_other_than(pg, username).await? == 0 {
         let is_admin: Option<String> =
             sqlx::query_scalar("SELECT role FROM users WHERE username = $1")
@@ -288,7 +299,7 @@ pub async fn delete(pg: &PgPool, username: &str) -> Result<Result<(), UserError>
                 .fetch_optional(pg)
                 .await?;
         if is_admin.as_deref() == Some("admin") {
-            return Ok(Err(UserError::LastAdmin));
+            return Err(UserError::LastAdmin);
         }
     }
     let done = sqlx::query("DELETE FROM users WHERE username = $1")
@@ -296,11 +307,11 @@ pub async fn delete(pg: &PgPool, username: &str) -> Result<Result<(), UserError>
         .execute(pg)
         .await?
         .rows_affected();
-    Ok(if done == 1 {
+    if done == 1 {
         Ok(())
     } else {
         Err(UserError::Unknown(username.to_owned()))
-    })
+    }
 }
 
 /// Replaces a user's password and ends their other sessions. `one_time` marks a
@@ -312,9 +323,9 @@ pub async fn set_password(
     password: &str,
     one_time: bool,
     keep_session: Option<&str>,
-) -> Result<Result<(), UserError>, EngineError> {
+) -> Result<(), UserError> {
     if password.chars().count() < MIN_PASSWORD_LEN {
-        return Ok(Err(UserError::WeakPassword));
+        return Err(UserError::WeakPassword);
     }
     let hash = hash_password(password.to_owned()).await?;
     let mut tx = pg.begin().await?;
@@ -328,7 +339,7 @@ pub async fn set_password(
     .fetch_optional(&mut *tx)
     .await?;
     let Some(id) = id else {
-        return Ok(Err(UserError::Unknown(username.to_owned())));
+        return Err(UserError::Unknown(username.to_owned()));
     };
     let keep = keep_session.map(digest).unwrap_or_default();
     sqlx::query("DELETE FROM sessions WHERE user_id = $1 AND digest <> $2")
@@ -337,7 +348,7 @@ pub async fn set_password(
         .execute(&mut *tx)
         .await?;
     tx.commit().await?;
-    Ok(Ok(()))
+    Ok(())
 }
 
 /// Checks a username and password; on success starts a session and returns the

@@ -13,6 +13,7 @@ use sqlx::PgPool;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::reply::Reply;
+use holdfast_domain::Counters;
 
 /// How warm-up runs.
 #[derive(Debug, Clone, Copy)]
@@ -81,11 +82,11 @@ pub(crate) async fn stock_page(
     .await?)
 }
 
-/// Live counter fields of `skus`, pipelined: `[available, reserved, sold_pending, settled]`.
+/// The live counters of `skus`, in one pipelined round trip.
 pub(crate) async fn read_counters(
     engine: &Engine,
     skus: &[&str],
-) -> Result<Vec<Vec<Option<i64>>>, EngineError> {
+) -> Result<Vec<Counters>, EngineError> {
     // Redis refuses an empty pipeline.
     if skus.is_empty() {
         return Ok(Vec::new());
@@ -99,7 +100,19 @@ pub(crate) async fn read_counters(
             "settled",
         ]);
     }
-    Ok(pipe.query_async(&mut engine.conn.clone()).await?)
+    let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|c| {
+            let field = |i: usize| c.get(i).copied().flatten();
+            Counters {
+                available: field(0),
+                reserved: field(1).unwrap_or(0),
+                sold_pending: field(2).unwrap_or(0),
+                settled: field(3).unwrap_or(0),
+            }
+        })
+        .collect())
 }
 
 /// Warms every SKU in PostgreSQL, calling `progress` after each page.
@@ -130,19 +143,15 @@ pub async fn warm_all(
         let mut pipe = redis::pipe();
         let mut sent = 0;
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
-            let (available, reserved) = match cur[0] {
+            let (available, reserved) = match cur.available {
                 Some(_) if !options.force => {
                     report.existing += 1;
                     continue;
                 }
-                Some(_) => {
-                    let (r, sp, settled) = (
-                        cur[1].unwrap_or(0),
-                        cur[2].unwrap_or(0),
-                        cur[3].unwrap_or(0),
-                    );
-                    (row.on_hand - r - sp + (row.sold_recorded - settled), r)
-                }
+                Some(_) => (
+                    cur.expected_available(row.on_hand, row.sold_recorded),
+                    cur.reserved,
+                ),
                 None => {
                     let orphaned = if *open > 0 {
                         orphaned_units(engine, &row.sku).await?
@@ -192,12 +201,12 @@ pub async fn warm_all(
 async fn open_holds(
     engine: &Engine,
     rows: &[StockRow],
-    current: &[Vec<Option<i64>>],
+    current: &[Counters],
 ) -> Result<Vec<u64>, EngineError> {
     let mut pipe = redis::pipe();
     let mut asked = Vec::new();
     for (i, (row, cur)) in rows.iter().zip(current).enumerate() {
-        if cur[0].is_none() {
+        if cur.available.is_none() {
             pipe.cmd("ZCARD").arg(engine.keys.sku_holds(&row.sku));
             asked.push(i);
         }

@@ -3,7 +3,7 @@
 use holdfast_engine::catalog::{self, DEMO_DROP};
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn demo_drop_loads_once_and_keeps_later_changes(pool: PgPool) {
     let first = catalog::load_demo_drop(&pool).await.unwrap();
     assert_eq!(first.inserted as usize, first.total);
@@ -27,7 +27,7 @@ async fn demo_drop_loads_once_and_keeps_later_changes(pool: PgPool) {
     assert_eq!(skus[0].on_hand, 1_990, "a reload never resets stock");
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn an_unknown_drop_has_no_skus(pool: PgPool) {
     assert!(
         catalog::drop_skus(&pool, "no-such-drop")

@@ -10,7 +10,7 @@ use holdfast_engine::record::{
 };
 use holdfast_engine::testkit::{TestPostgres, TestRedis};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
-use holdfast_engine::{Engine, EngineError, ReserveOutcome, ReserveRequest, store};
+use holdfast_engine::{Engine, EngineError, ReserveOutcome, ReserveRequest, postgres};
 use sqlx::PgPool;
 
 async fn add_sku(pg: &PgPool, sku: &str, on_hand: i64) {
@@ -93,7 +93,7 @@ async fn drain(engine: &Engine, w: &mut WriteBehind) {
     panic!("write-behind did not drain");
 }
 
-#[sqlx::test(migrator = "store::MIGRATOR")]
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
@@ -183,7 +183,7 @@ async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "store::MIGRATOR")]
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn two_consumers_record_each_sale_once(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
@@ -227,7 +227,7 @@ async fn postgres_stopped_mid_sale_loses_nothing() {
     let mut postgres = TestPostgres::start();
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    let pg = store::connect_and_migrate(&postgres.url("holdfast"), 4)
+    let pg = postgres::connect_and_migrate(&postgres.url("holdfast"), 4)
         .await
         .unwrap();
     add_sku(&pg, "PG-1", 300).await;
@@ -296,7 +296,7 @@ async fn postgres_stopped_mid_sale_loses_nothing() {
     assert_eq!(300 + ledger_sum, 220, "ledger and on_hand agree");
 }
 
-#[sqlx::test(migrator = "store::MIGRATOR")]
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn after_redis_loses_everything_warm_up_resumes_the_sale_without_oversell(pg: PgPool) {
     let mut redis = TestRedis::start();
     let engine = redis.engine().await;
@@ -358,7 +358,7 @@ async fn after_redis_loses_everything_warm_up_resumes_the_sale_without_oversell(
     );
 }
 
-#[sqlx::test(migrator = "store::MIGRATOR")]
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn a_paused_lock_holder_cannot_write_with_its_old_fence(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
@@ -376,12 +376,14 @@ async fn a_paused_lock_holder_cannot_write_with_its_old_fence(pg: PgPool) {
         .unwrap();
     assert!(b.fence > a.fence);
     let mut tx = pg.begin().await.unwrap();
-    store::fence(&mut tx, "reconcile", b.fence).await.unwrap();
+    postgres::fence(&mut tx, "reconcile", b.fence)
+        .await
+        .unwrap();
     tx.commit().await.unwrap();
 
     // A wakes up and tries to write with its old token.
     let mut tx = pg.begin().await.unwrap();
-    let stale = store::fence(&mut tx, "reconcile", a.fence).await;
+    let stale = postgres::fence(&mut tx, "reconcile", a.fence).await;
     assert!(
         matches!(stale, Err(EngineError::StaleFence { token, .. }) if token == a.fence),
         "{stale:?}"
@@ -392,7 +394,7 @@ async fn a_paused_lock_holder_cannot_write_with_its_old_fence(pg: PgPool) {
     assert!(matches!(busy, Err(EngineError::Busy(_))), "{busy:?}");
 }
 
-#[sqlx::test(migrator = "store::MIGRATOR")]
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn reconciliation_corrects_down_at_once_and_up_only_when_asked(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_engine::events::{Event, EventReader, StreamCursor};
-use holdfast_engine::{EngineError, kv};
+use holdfast_engine::{EngineError, redis_conn};
 use tokio::sync::broadcast;
 
 /// The sending side; subscribe to receive every event from now on.
@@ -64,7 +64,7 @@ impl Feed {
         keys: holdfast_engine::keys::Keyspace,
         cursor: &mut Option<StreamCursor>,
     ) -> Result<(), EngineError> {
-        let mut reader = EventReader::new(kv::connect(redis_url).await?, keys);
+        let mut reader = EventReader::new(redis_conn::connect(redis_url).await?, keys);
         if cursor.is_none() {
             *cursor = Some(reader.tail_cursor().await?);
         }

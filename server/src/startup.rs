@@ -1,8 +1,35 @@
-//! Connecting to Redis and PostgreSQL at start-up, with checks that fail in one
-//! readable line.
+//! Building the application once: connect to Redis and PostgreSQL (with checks
+//! that fail in one readable line), load the demo drop when asked, start the
+//! background workers, assemble the state and the router, and serve until told
+//! to stop. `holdfast serve` and the tests use the same [`Application`].
 
-use holdfast_engine::kv::{self, EvictionCheck};
-use holdfast_engine::{Backends, EngineConfig, EngineError, redact_url, store};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use axum::Router;
+use holdfast_app::{App, shell};
+use holdfast_domain::Lane;
+use holdfast_engine::ingest::LaneConfig;
+use holdfast_engine::reaper::ReaperConfig;
+use holdfast_engine::record::WriteBehindConfig;
+use holdfast_engine::redis_conn::{self, EvictionCheck};
+use holdfast_engine::users::{self, SignIn};
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{Backends, EngineConfig, EngineError, catalog, postgres, redact_url};
+use leptos::prelude::provide_context;
+use leptos_axum::{LeptosRoutes, generate_route_list};
+use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
+
+use crate::badge::BadgeConfig;
+use crate::config::{GlobalArgs, ServeArgs};
+use crate::routes::ingest::IngestConfig;
+use crate::state::{AppState, StateOptions, leptos_options};
+use crate::workers::{WorkerConfig, WorkerStats, Workers};
+use crate::{api, badge, live, routes};
 
 /// Connects to Redis (checking its eviction policy) and PostgreSQL (creating the
 /// database and migrating it), in that order.
@@ -13,8 +40,8 @@ pub async fn connect(
     pg_max_connections: u32,
     engine: EngineConfig,
 ) -> Result<Backends, EngineError> {
-    let mut redis = kv::connect(redis_url).await?;
-    match kv::check_eviction_policy(&mut redis, redis_url, allow_evicting_redis).await? {
+    let mut redis = redis_conn::connect(redis_url).await?;
+    match redis_conn::check_eviction_policy(&mut redis, redis_url, allow_evicting_redis).await? {
         EvictionCheck::Safe(policy) => tracing::debug!(%policy, "Redis eviction policy is safe"),
         EvictionCheck::Overridden(policy) => tracing::warn!(
             %policy,
@@ -26,6 +53,258 @@ pub async fn connect(
             "could not read Redis' maxmemory-policy; make sure it is noeviction or volatile-*"
         ),
     }
-    let pg = store::connect_and_migrate(database_url, pg_max_connections).await?;
+    let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
     Ok(Backends::new(pg, redis, engine))
+}
+
+/// [`connect`] with the settings every command shares.
+pub async fn connect_with(
+    global: &GlobalArgs,
+    pg_max_connections: u32,
+) -> anyhow::Result<Backends> {
+    Ok(connect(
+        &global.redis_url,
+        &global.database_url,
+        global.allow_evicting_redis,
+        pg_max_connections,
+        global.engine.config(),
+    )
+    .await?)
+}
+
+/// Builds the whole HTTP surface: health probes, the API, webhooks, badges,
+/// metrics, the live socket, the Leptos pages and server functions, and the
+/// static site (WASM, JS, CSS, assets).
+pub fn router(state: AppState) -> Router {
+    let routes = generate_route_list(App);
+    let backends = state.backends.clone();
+    let jobs = state.jobs.clone();
+    let options = state.leptos.clone();
+    Router::new()
+        .route("/live", axum::routing::get(live::ws::live))
+        .merge(routes::health::routes())
+        .merge(api::routes())
+        .merge(routes::ingest::routes())
+        .merge(routes::metrics::routes())
+        .merge(badge::routes::routes())
+        .merge(routes::demo::routes())
+        .leptos_routes_with_context(
+            &state,
+            routes,
+            move || {
+                provide_context(backends.clone());
+                provide_context(jobs.clone());
+            },
+            move || shell(options.clone()),
+        )
+        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(TraceLayer::new_for_http())
+        .with_state(state)
+}
+
+/// Serves `router` on `listener` until `shutdown` completes, then drains in-flight
+/// requests.
+pub async fn serve(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    // Connect info gives handlers the client's address (per-client badge limits).
+    let service = router.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, service)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Starts the live side of a server over `state`: the event feed (one stream
+/// reader for the process), the listener that clears the sold-out cache when
+/// stock comes back, the badge hub and the dashboards' live hub. All stop when
+/// `stop` turns `true`.
+pub fn start_live(
+    state: &AppState,
+    redis_url: &str,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let stopped = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        let _ = rx.wait_for(|s| *s).await;
+    };
+    let feed = state.feed.clone();
+    let keys = state.backends.engine.keyspace();
+    let events = feed.subscribe();
+    let badge_events = feed.subscribe();
+    let live_events = feed.subscribe();
+    vec![
+        tokio::spawn(feed.run(redis_url.to_owned(), keys, stopped(stop.clone()))),
+        tokio::spawn(api::soldout::clear_on_restock(
+            events,
+            state.sold_out.clone(),
+            stopped(stop.clone()),
+        )),
+        tokio::spawn(
+            state
+                .badges
+                .clone()
+                .run(badge_events, stopped(stop.clone())),
+        ),
+        tokio::spawn(
+            state
+                .live
+                .clone()
+                .run(redis_url.to_owned(), live_events, stopped(stop)),
+        ),
+    ]
+}
+
+/// A built Holdfast server: connected, workers running, listening; call
+/// [`Application::run_until`] to serve.
+pub struct Application {
+    listener: TcpListener,
+    addr: SocketAddr,
+    state: AppState,
+    workers: Workers,
+    redis_url: String,
+    /// How people sign in first (demo users, or a one-time admin password).
+    pub sign_in: SignIn,
+}
+
+impl Application {
+    /// Connects, prepares the database (demo drop and users when asked), starts
+    /// the workers and binds the listener.
+    pub async fn build(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<Self> {
+        let backends = connect_with(global, args.pg_max_connections).await?;
+        if args.demo {
+            let load = catalog::load_demo_drop(&backends.pg).await?;
+            // The demo should sell at once: warm whatever counters are missing.
+            let warm = warm_all(
+                &backends.engine,
+                &backends.pg,
+                WarmOptions::default(),
+                |_| {},
+            )
+            .await?;
+            tracing::info!(
+                inserted = load.inserted,
+                skus = load.total,
+                counters_warmed = warm.warmed,
+                "demo drop loaded"
+            );
+        }
+        let sign_in = users::prepare_sign_in(
+            &backends.pg,
+            args.demo.then_some(args.demo_password.as_str()),
+        )
+        .await?;
+        let bundle = Path::new(&args.site_root).join("pkg").join("holdfast.wasm");
+        if !bundle.exists() {
+            tracing::warn!(
+                path = %bundle.display(),
+                "the dashboard's WASM bundle is missing, so pages will not be interactive; \
+                 build it with `cargo leptos build` or start Holdfast with scripts/run.sh"
+            );
+        }
+        let listener = TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let addr = listener.local_addr()?;
+        let options = StateOptions {
+            api_rate: args.api_rate,
+            ingest_rate: args.ingest_rate,
+            sold_out_ttl: Duration::from_millis(args.sold_out_cache_ms),
+            ingest: IngestConfig::parse(&args.ingest_sources)
+                .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?,
+            badge: BadgeConfig {
+                origins: args
+                    .badge_origins
+                    .iter()
+                    .map(|o| o.trim().trim_end_matches('/').to_owned())
+                    .collect(),
+                max_connections_per_client: args.badge_max_connections_per_client,
+                ..BadgeConfig::default()
+            },
+        };
+        let stats = Arc::new(WorkerStats::new());
+        let workers =
+            Workers::start(&backends, &global.redis_url, worker_config(&args), &stats).await?;
+        let state = AppState::build(
+            leptos_options(&args.site_root, addr),
+            backends,
+            stats,
+            options,
+        );
+        Ok(Self {
+            listener,
+            addr,
+            state,
+            workers,
+            redis_url: global.redis_url.clone(),
+            sign_in,
+        })
+    }
+
+    /// The address it listens on.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Serves until `shutdown` completes, then drains requests and stops the live
+    /// feeds and the workers.
+    pub async fn run_until(
+        self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> std::io::Result<()> {
+        let (stop_live, live_rx) = tokio::sync::watch::channel(false);
+        let live = start_live(&self.state, &self.redis_url, live_rx);
+        let served = serve(self.listener, router(self.state), shutdown).await;
+        let _ = stop_live.send(true);
+        for task in live {
+            let _ = task.await;
+        }
+        self.workers.stop().await;
+        served
+    }
+}
+
+/// The workers' settings from `serve`'s flags.
+fn worker_config(args: &ServeArgs) -> WorkerConfig {
+    WorkerConfig {
+        reaper: ReaperConfig {
+            interval: Duration::from_millis(args.reaper_interval_ms),
+            batch: args.reaper_batch,
+        },
+        write_behind: WriteBehindConfig {
+            batch_max: args.write_behind_batch,
+            ..WriteBehindConfig::default()
+        },
+        reconcile_every: (args.reconcile_every_secs > 0)
+            .then(|| Duration::from_secs(args.reconcile_every_secs)),
+        reconcile_correct_up: args.reconcile_correct_up,
+        lanes: Lane::ALL
+            .iter()
+            .map(|lane| {
+                let mut cfg = LaneConfig::default_for(*lane);
+                if *lane == Lane::Feeds {
+                    cfg.rate_per_sec = args.feeds_rate;
+                }
+                cfg
+            })
+            .collect(),
+    }
+}
+
+/// Serves `state` on `listener` in the background for as long as the runtime
+/// lives, with the live side (event feed, badges, dashboards) reading the Redis
+/// at `live_from` when given. For tests and benchmarks, which build their own
+/// state over private backing services.
+pub async fn spawn_in_background(listener: TcpListener, state: AppState, live_from: Option<&str>) {
+    if let Some(redis_url) = live_from {
+        let (stop, rx) = tokio::sync::watch::channel(false);
+        start_live(&state, redis_url, rx);
+        // Live until the runtime ends.
+        std::mem::forget(stop);
+    }
+    tokio::spawn(serve(listener, router(state), std::future::pending()));
+    if live_from.is_some() {
+        // Give the feed a moment to position itself at the streams' end.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }

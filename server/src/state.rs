@@ -1,6 +1,9 @@
-//! The state every handler shares.
+//! The application's state: built once by [`crate::startup`], then handed to each
+//! HTTP area as the part it needs (`FromRef`). The areas never import this module,
+//! so handlers and state do not depend on each other.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::extract::FromRef;
 use holdfast_app::server::jobs::JobBoard;
@@ -8,11 +11,41 @@ use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
 
 use crate::api::ApiState;
+use crate::api::soldout::SoldOutCache;
 use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
+use crate::http::auth::TokenCheck;
+use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
-use crate::routes::ingest::IngestConfig;
+use crate::routes::ingest::{IngestConfig, IngestState};
 use crate::workers::WorkerStats;
+
+/// The knobs of the state that differ between deployments (and tests).
+#[derive(Debug, Clone)]
+pub struct StateOptions {
+    /// API requests per second per token (0: no limit).
+    pub api_rate: u32,
+    /// Webhooks per second per source (0: no limit).
+    pub ingest_rate: u32,
+    /// How long a sell-out is answered from memory (zero: off).
+    pub sold_out_ttl: Duration,
+    /// Webhook sources and lane caps.
+    pub ingest: IngestConfig,
+    /// Badge limits and origins.
+    pub badge: BadgeConfig,
+}
+
+impl Default for StateOptions {
+    fn default() -> Self {
+        Self {
+            api_rate: DEFAULT_TOKEN_RATE,
+            ingest_rate: DEFAULT_SOURCE_RATE,
+            sold_out_ttl: Duration::from_secs(2),
+            ingest: IngestConfig::parse(&[]).unwrap_or_default(),
+            badge: BadgeConfig::default(),
+        }
+    }
+}
 
 /// Shared, cheaply clonable state behind the router.
 #[derive(Clone)]
@@ -23,12 +56,14 @@ pub struct AppState {
     pub backends: Backends,
     /// The background workers' counters and health.
     pub workers: Arc<WorkerStats>,
-    /// The API's per-process state (token cache, sold-out cache).
-    pub api: Arc<ApiState>,
+    /// API token verification and limits.
+    pub tokens: TokenCheck,
+    /// SKUs that just sold out.
+    pub sold_out: Arc<SoldOutCache>,
+    /// Webhook sources, lanes and limits.
+    pub ingest: IngestState,
     /// Live events from Redis, for every listener in this process.
     pub feed: Feed,
-    /// Webhook sources and lane caps.
-    pub ingest: Arc<IngestConfig>,
     /// Shopper badges (public, read-only).
     pub badges: Arc<BadgeHub>,
     /// Dashboard jobs (warm-up, reconciliation) and their progress.
@@ -38,9 +73,14 @@ pub struct AppState {
 }
 
 impl AppState {
-    /// State over `backends` serving the site in `leptos`, with fresh counters and caches.
-    pub fn new(leptos: LeptosOptions, backends: Backends) -> Self {
-        let workers = Arc::new(WorkerStats::new());
+    /// The state over `backends`, serving the site in `leptos`, with the workers'
+    /// counters `workers` and `options`.
+    pub fn build(
+        leptos: LeptosOptions,
+        backends: Backends,
+        workers: Arc<WorkerStats>,
+        options: StateOptions,
+    ) -> Self {
         let jobs = Arc::new(JobBoard::default());
         Self {
             leptos,
@@ -51,22 +91,78 @@ impl AppState {
             )),
             jobs,
             workers,
-            api: Arc::default(),
+            tokens: TokenCheck::new(backends.pg.clone(), options.api_rate),
+            sold_out: Arc::new(SoldOutCache::new(options.sold_out_ttl)),
+            ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
             feed: Feed::new(4_096),
-            ingest: Arc::new(IngestConfig::parse(&[]).unwrap_or_default()),
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),
-                BadgeConfig::default(),
+                options.badge,
             )),
             backends,
         }
+    }
+
+    /// State with default options and fresh worker counters (tests).
+    pub fn new(leptos: LeptosOptions, backends: Backends) -> Self {
+        Self::build(
+            leptos,
+            backends,
+            Arc::new(WorkerStats::new()),
+            StateOptions::default(),
+        )
     }
 }
 
 impl FromRef<AppState> for LeptosOptions {
     fn from_ref(state: &AppState) -> Self {
         state.leptos.clone()
+    }
+}
+
+impl FromRef<AppState> for Backends {
+    fn from_ref(state: &AppState) -> Self {
+        state.backends.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<WorkerStats> {
+    fn from_ref(state: &AppState) -> Self {
+        state.workers.clone()
+    }
+}
+
+impl FromRef<AppState> for TokenCheck {
+    fn from_ref(state: &AppState) -> Self {
+        state.tokens.clone()
+    }
+}
+
+impl FromRef<AppState> for ApiState {
+    fn from_ref(state: &AppState) -> Self {
+        ApiState {
+            backends: state.backends.clone(),
+            sold_out: state.sold_out.clone(),
+        }
+    }
+}
+
+impl FromRef<AppState> for IngestState {
+    fn from_ref(state: &AppState) -> Self {
+        state.ingest.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<BadgeHub> {
+    fn from_ref(state: &AppState) -> Self {
+        state.badges.clone()
+    }
+}
+
+impl FromRef<AppState> for Arc<LiveHub> {
+    fn from_ref(state: &AppState) -> Self {
+        state.live.clone()
     }
 }
 

@@ -1,15 +1,17 @@
 //! Background workers that run beside the HTTP server: the reaper, the
-//! write-behind to PostgreSQL, and scheduled reconciliation.
+//! write-behind to PostgreSQL, scheduled reconciliation and the ingestion lanes'
+//! consumers. Each is the engine's; this module starts, counts and stops them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use holdfast_engine::ingest::{LANES, LaneConfig, LaneConsumer, LaneStats, run_consumer};
+use holdfast_domain::Lane;
+use holdfast_engine::ingest::{LaneConfig, LaneConsumer, LaneStats, run_consumer};
 use holdfast_engine::reaper::{ReaperConfig, ReaperStats, run_reaper};
 use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
-use holdfast_engine::{Backends, EngineError, kv};
+use holdfast_engine::{Backends, EngineError, redis_conn};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -36,17 +38,14 @@ pub struct WorkerStats {
     /// The write-behind's.
     pub write_behind: Arc<WriteBehindStats>,
     /// Each ingestion lane's.
-    pub lanes: HashMap<String, Arc<LaneStats>>,
+    pub lanes: HashMap<Lane, Arc<LaneStats>>,
 }
 
 impl WorkerStats {
     /// Counters with an entry for every lane.
     pub fn new() -> Self {
         Self {
-            lanes: LANES
-                .iter()
-                .map(|l| ((*l).to_owned(), Arc::default()))
-                .collect(),
+            lanes: Lane::ALL.iter().map(|l| (*l, Arc::default())).collect(),
             ..Self::default()
         }
     }
@@ -77,7 +76,7 @@ impl Workers {
         let writer = WriteBehind::new(
             backends.engine.clone(),
             backends.pg.clone(),
-            kv::connect(redis_url).await?,
+            redis_conn::connect(redis_url).await?,
             config.write_behind,
             stats.write_behind.clone(),
         );
@@ -87,7 +86,7 @@ impl Workers {
             for n in 0..lane.concurrency.max(1) {
                 let consumer = LaneConsumer::new(
                     backends.engine.clone(),
-                    kv::connect(redis_url).await?,
+                    redis_conn::connect(redis_url).await?,
                     lane.clone(),
                     format!("{}-{}-{n}", lane.name, std::process::id()),
                     stats.clone(),

@@ -74,7 +74,7 @@ async fn setup(pool: PgPool, scopes: &[Scope]) -> (Api, TestRedis, holdfast_engi
     )
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn tokens_and_scopes_are_checked(pool: PgPool) {
     let (api, _redis, _engine) = setup(pool.clone(), &[Scope::Read]).await;
     let body = json!({"sku": "A-1", "qty": 1});
@@ -104,13 +104,12 @@ async fn tokens_and_scopes_are_checked(pool: PgPool) {
     // A revoked token stops working (after the short verification cache).
     let id = tokens::list(&pool).await.unwrap()[0].id;
     assert!(tokens::revoke(&pool, id).await.unwrap());
-    tokio::time::sleep(holdfast_server::api::auth::TOKEN_CACHE_TTL + Duration::from_millis(100))
-        .await;
+    tokio::time::sleep(tokens::TOKEN_CACHE_TTL + Duration::from_millis(100)).await;
     let (status, _) = api.get("/api/v1/stock/A-1").await;
     assert_eq!(status, 401);
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn reserve_answers_every_outcome_with_its_status(pool: PgPool) {
     let (api, _redis, engine) = setup(pool, &[Scope::Checkout]).await;
     stock(&engine, "A-1", 3).await;
@@ -309,7 +308,7 @@ async fn reserve_answers_every_outcome_with_its_status(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_late_confirm_is_410_and_records_a_remediation(pool: PgPool) {
     let (api, _redis, engine) = setup(pool.clone(), &[Scope::Checkout]).await;
     stock(&engine, "L-1", 2).await;
@@ -369,7 +368,7 @@ async fn a_late_confirm_is_410_and_records_a_remediation(pool: PgPool) {
     assert_eq!(engine.figures("L-1").await.unwrap().unwrap().available, 2);
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPool) {
     let (api, redis, engine) = setup(pool, &[Scope::Checkout]).await;
     stock(&engine, "HOT-9", 1).await;
@@ -459,7 +458,7 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
     assert!(reserved, "a released unit is sold again within a second");
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
     let (api, _redis, engine) = setup(pool, &[Scope::Checkout]).await;
     stock(&engine, "C-1", 5).await;
@@ -486,7 +485,7 @@ async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
     let (api, redis, engine) = setup(pool, &[Scope::Checkout]).await;
     stock(&engine, "E-1", 5).await;

@@ -49,7 +49,7 @@ async fn next(ws: &mut Socket) -> Value {
     }
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_badge_follows_the_stock_live(pool: PgPool) {
     holdfast_engine::catalog::load_demo_drop(&pool)
         .await
@@ -105,7 +105,7 @@ async fn a_badge_follows_the_stock_live(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn polling_is_cacheable_and_origins_and_limits_hold(pool: PgPool) {
     let redis = TestRedis::start();
     let backends = common::backends(pool, &redis.url()).await;

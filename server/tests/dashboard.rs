@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use futures_util::{SinkExt, StreamExt};
 use holdfast_app::api::GUARDED;
-use holdfast_app::dto::people::RoleView;
+use holdfast_domain::Role;
 use holdfast_engine::ReserveRequest;
 use holdfast_engine::testkit::{TestRedis, stock};
-use holdfast_engine::users::{self, Role};
+use holdfast_engine::users;
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest};
@@ -121,7 +121,6 @@ async fn setup(pool: PgPool) -> (Dash, TestRedis, holdfast_engine::Backends) {
     ] {
         users::create(&pool, name, role, PASSWORD, false)
             .await
-            .unwrap()
             .unwrap();
     }
     let redis = TestRedis::start();
@@ -135,7 +134,7 @@ async fn setup(pool: PgPool) -> (Dash, TestRedis, holdfast_engine::Backends) {
     (dash, redis, backends)
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn every_server_function_refuses_callers_without_the_role(pool: PgPool) {
     let (dash, _redis, _b) = setup(pool).await;
     let viewer = dash.login("viewer", PASSWORD).await;
@@ -146,7 +145,7 @@ async fn every_server_function_refuses_callers_without_the_role(pool: PgPool) {
         let (status, text) = dash.own(path, form, None).await;
         assert_eq!(status, 401, "{path} without a session: {text}");
         assert!(text.contains("not signed in"), "{path}: {text}");
-        for (role, cookie) in [(RoleView::Viewer, &viewer), (RoleView::Support, &support)] {
+        for (role, cookie) in [(Role::Viewer, &viewer), (Role::Support, &support)] {
             let (status, text) = dash.own(path, form, Some(cookie)).await;
             if role < *min {
                 assert_eq!(status, 403, "{path} as {role:?}: {text}");
@@ -168,7 +167,7 @@ async fn every_server_function_refuses_callers_without_the_role(pool: PgPool) {
     }
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_forged_cross_site_call_is_refused_and_changes_nothing(pool: PgPool) {
     let (dash, _redis, b) = setup(pool).await;
     let admin = dash.login("admin", PASSWORD).await;
@@ -239,7 +238,7 @@ async fn a_forged_cross_site_call_is_refused_and_changes_nothing(pool: PgPool) {
     assert!(text.contains("already ended"), "{text}");
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
     let redis = TestRedis::start();
     let backends = common::backends(pool.clone(), &redis.url()).await;
@@ -299,7 +298,7 @@ async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
     assert_eq!(status, 401);
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_forced_lock_release_needs_its_name_and_is_audited(pool: PgPool) {
     let (dash, _redis, b) = setup(pool).await;
     let lease = b
@@ -415,7 +414,7 @@ fn figure(msg: &Value, sku: &str, field: &str) -> Option<i64> {
     msg["skus"].as_array()?.iter().find(|s| s["sku"] == sku)?[field].as_i64()
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_live_socket_streams_changes_and_replays_what_a_reconnect_missed(pool: PgPool) {
     let (dash, _redis, b) = setup(pool).await;
     let viewer = dash.login("viewer", PASSWORD).await;
@@ -491,7 +490,7 @@ async fn the_live_socket_streams_changes_and_replays_what_a_reconnect_missed(poo
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_warm_up_reports_progress_to_every_tab_until_done(pool: PgPool) {
     let (dash, _redis, b) = setup(pool).await;
     let admin = dash.login("admin", PASSWORD).await;

@@ -6,7 +6,7 @@ use holdfast_engine::testkit::TestRedis;
 use serde_json::Value;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn readyz_reports_which_dependency_failed(pool: PgPool) {
     let mut redis = TestRedis::start();
     let server = common::spawn(common::backends(pool, &redis.url()).await).await;

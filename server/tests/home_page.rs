@@ -11,7 +11,6 @@ use sqlx::PgPool;
 async fn sign_in(server: &common::TestServer, pool: &PgPool) -> String {
     users::create(pool, "merch", Role::Viewer, "a-long-password", false)
         .await
-        .unwrap()
         .unwrap();
     let res = reqwest::Client::new()
         .post(server.url("/api/login"))
@@ -41,7 +40,7 @@ async fn page(server: &common::TestServer, cookie: Option<&str>) -> String {
     req.send().await.unwrap().text().await.unwrap()
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_overview_lists_the_demo_drop_with_live_figures(pool: PgPool) {
     catalog::load_demo_drop(&pool).await.unwrap();
     let redis = TestRedis::start();
@@ -73,7 +72,7 @@ async fn the_overview_lists_the_demo_drop_with_live_figures(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_overview_explains_an_empty_catalogue(pool: PgPool) {
     let redis = TestRedis::start();
     let server = common::spawn(common::backends(pool.clone(), &redis.url()).await).await;

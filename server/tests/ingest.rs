@@ -6,15 +6,15 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use holdfast_domain::Lane;
 use holdfast_engine::ingest::{self, LaneConfig, LaneConsumer, LaneStats};
 use holdfast_engine::testkit::{TestRedis, stock};
 use holdfast_engine::{Engine, ReserveRequest};
 use holdfast_server::routes::ingest::{IngestConfig, sign};
-use holdfast_server::state::{AppState, leptos_options};
+use holdfast_server::state::StateOptions;
 use reqwest::StatusCode;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 
 const SECRET: &str = "erp-secret-0123456789";
 
@@ -55,22 +55,16 @@ async fn setup(pool: PgPool, cap: u64) -> (Hook, TestRedis, Engine) {
     let redis = TestRedis::start();
     let backends = common::backends(pool, &redis.url()).await;
     let engine = backends.engine.clone();
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let mut ingest = IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap();
-    ingest.caps.insert("feeds".into(), cap);
-    let state = AppState {
-        ingest: Arc::new(ingest),
-        ..AppState::new(leptos_options("target/site", addr), backends)
+    ingest.caps.insert(Lane::Feeds, cap);
+    let options = StateOptions {
+        ingest,
+        ..StateOptions::default()
     };
-    tokio::spawn(holdfast_server::serve(
-        listener,
-        holdfast_server::router(state),
-        std::future::pending(),
-    ));
+    let server = common::spawn_with(backends, options, None).await;
     (
         Hook {
-            base: format!("http://{addr}"),
+            base: server.base,
             http: reqwest::Client::new(),
         },
         redis,
@@ -83,7 +77,7 @@ async fn consumer(engine: &Engine, redis: &TestRedis) -> (LaneConsumer, Arc<Lane
     let c = LaneConsumer::new(
         engine.clone(),
         redis.connection().await,
-        LaneConfig::default_for("feeds"),
+        LaneConfig::default_for(Lane::Feeds),
         "t".into(),
         stats.clone(),
     );
@@ -94,7 +88,12 @@ async fn drain(c: &mut LaneConsumer, redis: &TestRedis) {
     let mut conn = redis.connection().await;
     for _ in 0..100 {
         c.process_once(Duration::from_millis(20)).await.unwrap();
-        if ingest::status(&mut conn, "feeds").await.unwrap().backlog == 0 {
+        if ingest::status(&mut conn, Lane::Feeds)
+            .await
+            .unwrap()
+            .backlog
+            == 0
+        {
             return;
         }
     }
@@ -102,13 +101,13 @@ async fn drain(c: &mut LaneConsumer, redis: &TestRedis) {
 }
 
 async fn backlog(redis: &TestRedis) -> u64 {
-    ingest::status(&mut redis.connection().await, "feeds")
+    ingest::status(&mut redis.connection().await, Lane::Feeds)
         .await
         .unwrap()
         .backlog
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn bad_signatures_stale_timestamps_and_tampered_bodies_are_refused(pool: PgPool) {
     let (hook, redis, _engine) = setup(pool, 1_000).await;
     let body = json!({"event_id": "e1", "type": "delta", "sku": "F-1", "delta": 5})
@@ -166,7 +165,7 @@ async fn bad_signatures_stale_timestamps_and_tampered_bodies_are_refused(pool: P
     assert_eq!(backlog(&redis).await, 1);
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_webhook_delivered_twice_is_applied_once(pool: PgPool) {
     let (hook, redis, engine) = setup(pool, 1_000).await;
     stock(&engine, "F-2", 10).await;
@@ -191,7 +190,7 @@ async fn a_webhook_delivered_twice_is_applied_once(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_stale_snapshot_during_a_sale_changes_nothing_and_is_dead_lettered(pool: PgPool) {
     let (hook, redis, engine) = setup(pool, 1_000).await;
     stock(&engine, "F-3", 100).await;
@@ -235,7 +234,7 @@ async fn a_stale_snapshot_during_a_sale_changes_nothing_and_is_dead_lettered(poo
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn bad_payloads_and_unknown_skus_are_dead_lettered_and_can_be_replayed(pool: PgPool) {
     let (hook, redis, engine) = setup(pool, 1_000).await;
     let body = b"{\"event_id\": 12".to_vec();
@@ -280,12 +279,12 @@ async fn bad_payloads_and_unknown_skus_are_dead_lettered_and_can_be_replayed(poo
     assert_eq!(ingest::dead_letters(&mut conn, 10).await.unwrap().len(), 1);
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_paused_lane_queues_and_a_full_lane_answers_429(pool: PgPool) {
     let (hook, redis, engine) = setup(pool, 3).await;
     stock(&engine, "F-4", 0).await;
     let mut conn = redis.connection().await;
-    ingest::pause(&mut conn, "feeds").await.unwrap();
+    ingest::pause(&mut conn, Lane::Feeds).await.unwrap();
     for i in 0..3 {
         let (s, _) = hook
             .signed(
@@ -319,8 +318,13 @@ async fn a_paused_lane_queues_and_a_full_lane_answers_429(pool: PgPool) {
         0,
         "paused: nothing applied"
     );
-    assert!(ingest::status(&mut conn, "feeds").await.unwrap().paused);
-    ingest::resume(&mut conn, "feeds").await.unwrap();
+    assert!(
+        ingest::status(&mut conn, Lane::Feeds)
+            .await
+            .unwrap()
+            .paused()
+    );
+    ingest::resume(&mut conn, Lane::Feeds).await.unwrap();
     drain(&mut c, &redis).await;
     assert_eq!(engine.figures("F-4").await.unwrap().unwrap().available, 3);
 }

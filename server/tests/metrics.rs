@@ -6,13 +6,15 @@ use holdfast_engine::ingest;
 use holdfast_engine::testkit::TestRedis;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn metrics_expose_health_lag_and_lanes(pool: PgPool) {
     let redis = TestRedis::start();
     let server = common::spawn(common::backends(pool, &redis.url()).await).await;
     let mut conn = redis.connection().await;
-    ingest::pause(&mut conn, "feeds").await.unwrap();
-    ingest::enqueue(&mut conn, "feeds", "erp", b"{}", 10)
+    ingest::pause(&mut conn, holdfast_domain::Lane::Feeds)
+        .await
+        .unwrap();
+    ingest::enqueue(&mut conn, holdfast_domain::Lane::Feeds, "erp", b"{}", 10)
         .await
         .unwrap();
 

@@ -8,7 +8,7 @@ use holdfast_engine::testkit::TestRedis;
 use serde_json::Value;
 use sqlx::PgPool;
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn every_documented_operation_is_served(pool: PgPool) {
     let redis = TestRedis::start();
     let server = common::spawn(common::backends(pool, &redis.url()).await).await;

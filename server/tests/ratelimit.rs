@@ -2,34 +2,24 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use holdfast_engine::testkit::TestRedis;
 use holdfast_engine::tokens::{self, Scope};
-use holdfast_server::api::ApiState;
 use holdfast_server::routes::ingest::{IngestConfig, sign};
-use holdfast_server::state::{AppState, leptos_options};
+use holdfast_server::state::StateOptions;
 use sqlx::PgPool;
-use tokio::net::TcpListener;
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn tokens_and_sources_get_429_with_retry_after_past_their_rate(pool: PgPool) {
     let redis = TestRedis::start();
     let backends = common::backends(pool.clone(), &redis.url()).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
     let secret = "src-secret-0123456789";
-    let state = AppState {
-        api: Arc::new(ApiState::with_limits(2, 1)),
-        ingest: Arc::new(IngestConfig::parse(&[format!("erp=feeds:{secret}")]).unwrap()),
-        ..AppState::new(leptos_options("target/site", addr), backends)
+    let options = StateOptions {
+        api_rate: 2,
+        ingest_rate: 1,
+        ingest: IngestConfig::parse(&[format!("erp=feeds:{secret}")]).unwrap(),
+        ..StateOptions::default()
     };
-    tokio::spawn(holdfast_server::serve(
-        listener,
-        holdfast_server::router(state),
-        std::future::pending(),
-    ));
-    let base = format!("http://{addr}");
+    let base = common::spawn_with(backends, options, None).await.base;
     let http = reqwest::Client::new();
     let a = tokens::create(&pool, "a", &[Scope::Read])
         .await

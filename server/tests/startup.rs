@@ -2,8 +2,6 @@
 
 mod common;
 
-use std::process::Command;
-
 use holdfast_engine::testkit::{TestRedis, closed_port};
 use holdfast_engine::{EngineConfig, EngineError};
 use holdfast_server::startup;
@@ -82,7 +80,7 @@ async fn evicting_redis_is_refused_unless_overridden() {
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn evicting_redis_starts_with_the_override_and_volatile_is_fine(
     _pool: PgPoolOptions,
     opts: PgConnectOptions,
@@ -99,47 +97,4 @@ async fn evicting_redis_starts_with_the_override_and_volatile_is_fine(
         "volatile-* keeps counters safe: {:?}",
         backends.err()
     );
-}
-
-#[test]
-fn the_binary_prints_one_line_and_exits_non_zero_when_redis_is_down() {
-    let url = format!("redis://127.0.0.1:{}", closed_port());
-    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .arg("serve")
-        .env("REDIS_URL", &url)
-        .env("HOLDFAST_LOG", "off")
-        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
-        .output()
-        .expect("run holdfast");
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    let lines: Vec<&str> = stderr.lines().collect();
-    assert_eq!(lines.len(), 1, "exactly one line: {stderr}");
-    assert!(
-        lines[0].starts_with(&format!("error: cannot reach Redis at {url}")),
-        "{stderr}"
-    );
-    assert!(
-        !stderr.contains("panicked") && !stderr.contains("backtrace"),
-        "{stderr}"
-    );
-}
-
-#[test]
-fn help_lists_the_commands_and_environment() {
-    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .args(["serve", "--help"])
-        .output()
-        .expect("run holdfast --help");
-    assert!(out.status.success());
-    let help = String::from_utf8_lossy(&out.stdout);
-    for needle in [
-        "REDIS_URL",
-        "DATABASE_URL",
-        "HOLDFAST_LISTEN",
-        "--allow-evicting-redis",
-        "--demo",
-    ] {
-        assert!(help.contains(needle), "--help mentions {needle}:\n{help}");
-    }
 }

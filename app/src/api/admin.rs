@@ -2,7 +2,8 @@
 
 use leptos::prelude::*;
 
-use crate::dto::people::{NewTokenView, RoleView, TokenView, UserView};
+use crate::dto::people::{NewTokenView, TokenView, UserView};
+use holdfast_domain::Role;
 
 /// Every user.
 #[server(endpoint = "list_users")]
@@ -23,24 +24,17 @@ pub async fn list_users() -> Result<Vec<UserView>, ServerFnError> {
 /// Creates a user with a generated one-time password, returned once; they must
 /// choose their own at first sign-in.
 #[server(endpoint = "create_user")]
-pub async fn create_user(username: String, role: RoleView) -> Result<String, ServerFnError> {
+pub async fn create_user(username: String, role: Role) -> Result<String, ServerFnError> {
     use holdfast_engine::users::{self, Role};
 
-    use crate::server::{convert, guard};
+    use crate::server::guard;
 
     let caller = guard::authorize(Role::Admin).await?;
     let username = username.trim().to_lowercase();
     let password = users::generate_password();
-    users::create(
-        &caller.backends.pg,
-        &username,
-        convert::role(role),
-        &password,
-        true,
-    )
-    .await
-    .map_err(guard::internal("Creating the user"))?
-    .map_err(|e| guard::refuse(http::StatusCode::BAD_REQUEST, e.to_string()))?;
+    users::create(&caller.backends.pg, &username, role, &password, true)
+        .await
+        .map_err(guard::user_error("Creating the user"))?;
     guard::audit(
         &caller,
         "create_user",
@@ -53,16 +47,15 @@ pub async fn create_user(username: String, role: RoleView) -> Result<String, Ser
 
 /// Changes a user's role; the last admin cannot be demoted.
 #[server(endpoint = "set_user_role")]
-pub async fn set_user_role(username: String, role: RoleView) -> Result<(), ServerFnError> {
+pub async fn set_user_role(username: String, role: Role) -> Result<(), ServerFnError> {
     use holdfast_engine::users::{self, Role};
 
-    use crate::server::{convert, guard};
+    use crate::server::guard;
 
     let caller = guard::authorize(Role::Admin).await?;
-    users::set_role(&caller.backends.pg, &username, convert::role(role))
+    users::set_role(&caller.backends.pg, &username, role)
         .await
-        .map_err(guard::internal("Changing the role"))?
-        .map_err(|e| guard::refuse(http::StatusCode::BAD_REQUEST, e.to_string()))?;
+        .map_err(guard::user_error("Changing the role"))?;
     guard::audit(
         &caller,
         "set_user_role",
@@ -83,8 +76,7 @@ pub async fn delete_user(username: String) -> Result<(), ServerFnError> {
     let caller = guard::authorize(Role::Admin).await?;
     users::delete(&caller.backends.pg, &username)
         .await
-        .map_err(guard::internal("Deleting the user"))?
-        .map_err(|e| guard::refuse(http::StatusCode::BAD_REQUEST, e.to_string()))?;
+        .map_err(guard::user_error("Deleting the user"))?;
     guard::audit(&caller, "delete_user", &username, serde_json::json!({})).await;
     Ok(())
 }
@@ -93,7 +85,6 @@ pub async fn delete_user(username: String) -> Result<(), ServerFnError> {
 #[server(endpoint = "list_tokens")]
 pub async fn list_tokens() -> Result<Vec<TokenView>, ServerFnError> {
     use holdfast_engine::tokens;
-    use holdfast_engine::users::Role;
 
     use crate::server::{convert, guard};
 
@@ -111,20 +102,13 @@ pub async fn list_tokens() -> Result<Vec<TokenView>, ServerFnError> {
 #[server(endpoint = "create_token")]
 pub async fn create_token(name: String, scopes: String) -> Result<NewTokenView, ServerFnError> {
     use holdfast_engine::tokens::{self, Scope};
-    use holdfast_engine::users::Role;
 
     use crate::server::{convert, guard};
 
     let caller = guard::authorize(Role::Admin).await?;
     let name = name.trim().to_owned();
-    let parsed: Option<Vec<Scope>> = scopes
-        .split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(Scope::parse)
-        .collect();
     let bad = |m: &str| guard::refuse(http::StatusCode::BAD_REQUEST, m.to_owned());
-    let scopes = parsed.ok_or_else(|| bad("Scopes are checkout, ingest and read."))?;
+    let scopes = Scope::parse_list([scopes.as_str()]).map_err(|e| bad(&format!("{e}.")))?;
     if scopes.is_empty() || name.is_empty() {
         return Err(bad("Give the token a name and at least one scope."));
     }
@@ -135,7 +119,7 @@ pub async fn create_token(name: String, scopes: String) -> Result<NewTokenView, 
         &caller,
         "create_token",
         &name,
-        serde_json::json!({ "id": created.info.id, "scopes": scopes.iter().map(|s| s.as_str()).collect::<Vec<_>>() }),
+        serde_json::json!({ "id": created.info.id, "scopes": Scope::join(&scopes) }),
     )
     .await;
     Ok(NewTokenView {
@@ -148,7 +132,6 @@ pub async fn create_token(name: String, scopes: String) -> Result<NewTokenView, 
 #[server(endpoint = "revoke_token")]
 pub async fn revoke_token(id: i64) -> Result<(), ServerFnError> {
     use holdfast_engine::tokens;
-    use holdfast_engine::users::Role;
 
     use crate::server::guard;
 

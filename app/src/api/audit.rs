@@ -11,7 +11,7 @@ pub async fn audit_log(
     search: String,
     before: Option<i64>,
 ) -> Result<Vec<AuditView>, ServerFnError> {
-    use holdfast_engine::users::Role;
+    use holdfast_domain::Role;
 
     use crate::server::{convert, guard};
 

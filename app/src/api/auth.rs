@@ -69,8 +69,7 @@ pub async fn change_password(new_password: String, repeat: String) -> Result<Me,
         Some(&caller.session),
     )
     .await
-    .map_err(guard::internal("Changing the password"))?
-    .map_err(|e| guard::refuse(StatusCode::BAD_REQUEST, e.to_string()))?;
+    .map_err(guard::user_error("Changing the password"))?;
     guard::audit(
         &caller,
         "change_password",

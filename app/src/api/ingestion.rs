@@ -17,25 +17,20 @@ pub struct IngestionView {
 /// Lanes and dead letters now.
 #[server(endpoint = "ingestion_status")]
 pub async fn ingestion_status() -> Result<IngestionView, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::ingest;
-    use holdfast_engine::users::Role;
 
     use crate::server::guard;
 
     let caller = guard::authorize(Role::Viewer).await?;
     let internal = guard::internal("Reading the ingestion lanes");
     let mut conn = caller.backends.engine.connection();
-    let mut lanes = Vec::new();
-    for lane in ingest::LANES {
-        let s = ingest::status(&mut conn, lane).await.map_err(&internal)?;
-        lanes.push(LaneView {
-            lane: s.lane,
-            backlog: s.backlog,
-            pending: s.pending,
-            paused: s.paused,
-            rate: 0.0,
-        });
-    }
+    let lanes = ingest::statuses(&mut conn)
+        .await
+        .map_err(&internal)?
+        .iter()
+        .map(|s| LaneView::new(s, 0.0))
+        .collect();
     let dead_letters = ingest::dead_letters(&mut conn, 100)
         .await
         .map_err(&internal)?
@@ -58,30 +53,23 @@ pub async fn ingestion_status() -> Result<IngestionView, ServerFnError> {
 /// into the lane while it is paused.
 #[server(endpoint = "set_lane_paused")]
 pub async fn set_lane_paused(lane: String, paused: bool) -> Result<String, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::ingest;
-    use holdfast_engine::users::Role;
 
     use crate::server::guard;
 
     let caller = guard::authorize(Role::Admin).await?;
-    if !ingest::LANES.contains(&lane.as_str()) {
-        return Err(guard::refuse(
-            http::StatusCode::BAD_REQUEST,
-            format!(
-                "There is no lane {lane}; the lanes are {}.",
-                ingest::LANES.join(", ")
-            ),
-        ));
-    }
+    let lane = holdfast_domain::Lane::parse(&lane)
+        .map_err(|e| guard::refuse(http::StatusCode::BAD_REQUEST, format!("{e}.")))?;
     let mut conn = caller.backends.engine.connection();
     let internal = guard::internal("Changing the lane");
     if paused {
-        ingest::pause(&mut conn, &lane).await.map_err(&internal)?;
+        ingest::pause(&mut conn, lane).await.map_err(&internal)?;
     } else {
-        ingest::resume(&mut conn, &lane).await.map_err(&internal)?;
+        ingest::resume(&mut conn, lane).await.map_err(&internal)?;
     }
     let action = if paused { "pause_lane" } else { "resume_lane" };
-    guard::audit(&caller, action, &lane, serde_json::json!({})).await;
+    guard::audit(&caller, action, lane.as_str(), serde_json::json!({})).await;
     Ok(format!(
         "Lane {lane} {}.",
         if paused { "paused" } else { "resumed" }
@@ -91,8 +79,8 @@ pub async fn set_lane_paused(lane: String, paused: bool) -> Result<String, Serve
 /// Puts a dead letter back on its lane (admin).
 #[server(endpoint = "replay_dead_letter")]
 pub async fn replay_dead_letter(id: String) -> Result<String, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::ingest;
-    use holdfast_engine::users::Role;
 
     use crate::server::guard;
 

@@ -7,7 +7,7 @@ use crate::dto::ops::LockView;
 /// Every held lock.
 #[server(endpoint = "list_locks")]
 pub async fn list_locks() -> Result<Vec<LockView>, ServerFnError> {
-    use holdfast_engine::users::Role;
+    use holdfast_domain::Role;
 
     use crate::server::{convert, guard};
 
@@ -28,7 +28,7 @@ pub async fn list_locks() -> Result<Vec<LockView>, ServerFnError> {
 /// are refused by PostgreSQL.
 #[server(endpoint = "force_release_lock")]
 pub async fn force_release_lock(name: String, confirm: String) -> Result<String, ServerFnError> {
-    use holdfast_engine::users::Role;
+    use holdfast_domain::Role;
     use http::StatusCode;
 
     use crate::server::guard;

@@ -28,8 +28,8 @@ pub mod sku;
 /// Every role-checked server function with the least role it needs, as
 /// `(endpoint path, role)`. The tests walk this list to prove each refuses
 /// callers below that role and cross-site calls.
-pub const GUARDED: &[(&str, crate::dto::people::RoleView)] = {
-    use crate::dto::people::RoleView::{Admin, Support, Viewer};
+pub const GUARDED: &[(&str, holdfast_domain::Role)] = {
+    use holdfast_domain::Role::{Admin, Support, Viewer};
     &[
         ("/api/drop_overview", Viewer),
         ("/api/sku_detail", Viewer),

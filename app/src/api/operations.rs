@@ -33,7 +33,7 @@ pub struct OperationsView {
 /// Runs, drift and jobs now.
 #[server(endpoint = "operations_status")]
 pub async fn operations_status() -> Result<OperationsView, ServerFnError> {
-    use holdfast_engine::users::Role;
+    use holdfast_domain::Role;
     use holdfast_engine::{catalog, reconcile};
 
     use crate::server::{convert, guard, jobs::JobBoard};
@@ -68,56 +68,92 @@ fn job_board() -> Result<std::sync::Arc<crate::server::jobs::JobBoard>, ServerFn
     use_context().ok_or_else(|| ServerFnError::new("server misconfigured: no job board"))
 }
 
+/// Starts dashboard job `kind` (admin) unless one is running (then `busy` is the
+/// answer): writes the audit entry `action` with `detail`, and runs `work` in the
+/// background, reporting progress through the job. The job ends with the summary
+/// `work` returns, or with its error (logged, and shown as "`what` stopped").
+/// Returns the job id at once; progress arrives over the live connection.
+#[cfg(feature = "ssr")]
+async fn launch<F, Fut>(
+    kind: crate::dto::ops::JobKind,
+    action: &'static str,
+    what: &'static str,
+    detail: serde_json::Value,
+    busy: &str,
+    work: F,
+) -> Result<u64, ServerFnError>
+where
+    F: FnOnce(holdfast_engine::Backends, crate::server::jobs::JobHandle) -> Fut + Send + 'static,
+    Fut: Future<
+            Output = (
+                crate::server::jobs::JobHandle,
+                Result<String, holdfast_engine::EngineError>,
+            ),
+        > + Send
+        + 'static,
+{
+    use holdfast_domain::Role;
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Role::Admin).await?;
+    let board = job_board()?;
+    if board.running(kind) {
+        return Err(guard::refuse(http::StatusCode::CONFLICT, busy.to_owned()));
+    }
+    let job = board.start(kind, &caller.user.username);
+    let id = job.id();
+    let mut detail = detail;
+    detail["job"] = serde_json::json!(id);
+    guard::audit(&caller, action, "all skus", detail).await;
+    let backends = caller.backends.clone();
+    tokio::spawn(async move {
+        match work(backends, job).await {
+            (job, Ok(summary)) => job.finish(summary),
+            (job, Err(e)) => {
+                tracing::warn!(error = %e, action, "dashboard job failed");
+                job.fail(format!("{what} stopped: {e}"));
+            }
+        }
+    });
+    Ok(id)
+}
+
 /// Starts a reconciliation (admin) and returns its job id at once; progress
 /// arrives over the live connection.
 #[server(endpoint = "start_reconcile")]
 pub async fn start_reconcile(correct_up: bool) -> Result<u64, ServerFnError> {
     use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
-    use holdfast_engine::users::Role;
 
     use crate::dto::ops::JobKind;
-    use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
-    let board = job_board()?;
-    if board.running(JobKind::Reconcile) {
-        return Err(guard::refuse(
-            http::StatusCode::CONFLICT,
-            "A reconciliation is already running; watch its progress below.",
-        ));
-    }
-    let mut job = board.start(JobKind::Reconcile, &caller.user.username);
-    let id = job.id();
-    guard::audit(
-        &caller,
+    let trigger = crate::server::guard::authorize(holdfast_domain::Role::Admin)
+        .await
+        .map(|c| format!("dashboard:{}", c.user.username))?;
+    launch(
+        JobKind::Reconcile,
         "start_reconcile",
-        "all skus",
-        serde_json::json!({ "job": id, "correct_up": correct_up }),
-    )
-    .await;
-    let backends = caller.backends.clone();
-    let options = ReconcileOptions {
-        correct_up,
-        trigger: format!("dashboard:{}", caller.user.username),
-        ..ReconcileOptions::default()
-    };
-    tokio::spawn(async move {
-        let result = reconcile_all(&backends.engine, &backends.pg, &options, |p| {
-            job.progress(p.done, p.total);
-        })
-        .await;
-        match result {
-            Ok(r) => job.finish(format!(
+        "The reconciliation",
+        serde_json::json!({ "correct_up": correct_up }),
+        "A reconciliation is already running; watch its progress below.",
+        move |backends, mut job| async move {
+            let options = ReconcileOptions {
+                correct_up,
+                trigger,
+                ..ReconcileOptions::default()
+            };
+            let result = reconcile_all(&backends.engine, &backends.pg, &options, |p| {
+                job.progress(p.done, p.total);
+            })
+            .await
+            .map(|r| format!(
                 "Checked {} SKUs: {} drifted, {} corrected down, {} corrected up, {} reported, {} not warmed ({} ms).",
                 r.checked, r.drifted, r.corrected_down, r.corrected_up, r.reported, r.not_warmed, r.elapsed_ms
-            )),
-            Err(e) => {
-                tracing::warn!(error = %e, "dashboard reconciliation failed");
-                job.fail(format!("The reconciliation stopped: {e}"));
-            }
-        }
-    });
-    Ok(id)
+            ));
+            (job, result)
+        },
+    )
+    .await
 }
 
 /// Starts a warm-up (admin) and returns its job id at once; progress arrives over
@@ -125,49 +161,33 @@ pub async fn start_reconcile(correct_up: bool) -> Result<u64, ServerFnError> {
 /// `force` overwrites every counter from PostgreSQL (never during a sale).
 #[server(endpoint = "start_warmup")]
 pub async fn start_warmup(force: bool) -> Result<u64, ServerFnError> {
-    use holdfast_engine::users::Role;
     use holdfast_engine::warmup::{WarmOptions, warm_all};
 
     use crate::dto::ops::JobKind;
-    use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
-    let board = job_board()?;
-    if board.running(JobKind::Warmup) {
-        return Err(guard::refuse(
-            http::StatusCode::CONFLICT,
-            "A warm-up is already running; watch its progress below.",
-        ));
-    }
-    let mut job = board.start(JobKind::Warmup, &caller.user.username);
-    let id = job.id();
-    guard::audit(
-        &caller,
+    launch(
+        JobKind::Warmup,
         "start_warmup",
-        "all skus",
-        serde_json::json!({ "job": id, "force": force }),
+        "The warm-up",
+        serde_json::json!({ "force": force }),
+        "A warm-up is already running; watch its progress below.",
+        move |backends, mut job| async move {
+            let options = WarmOptions {
+                force,
+                ..WarmOptions::default()
+            };
+            let result = warm_all(&backends.engine, &backends.pg, options, |p| {
+                job.progress(p.done, p.total);
+            })
+            .await
+            .map(|r| {
+                format!(
+                    "{} SKUs: {} warmed, {} already had counters ({} ms).",
+                    r.skus, r.warmed, r.existing, r.elapsed_ms
+                )
+            });
+            (job, result)
+        },
     )
-    .await;
-    let backends = caller.backends.clone();
-    tokio::spawn(async move {
-        let options = WarmOptions {
-            force,
-            ..WarmOptions::default()
-        };
-        let result = warm_all(&backends.engine, &backends.pg, options, |p| {
-            job.progress(p.done, p.total);
-        })
-        .await;
-        match result {
-            Ok(r) => job.finish(format!(
-                "{} SKUs: {} warmed, {} already had counters ({} ms).",
-                r.skus, r.warmed, r.existing, r.elapsed_ms
-            )),
-            Err(e) => {
-                tracing::warn!(error = %e, "dashboard warm-up failed");
-                job.fail(format!("The warm-up stopped: {e}"));
-            }
-        }
-    });
-    Ok(id)
+    .await
 }

@@ -10,8 +10,8 @@ use crate::dto::DropOverview;
 pub async fn load_drop_overview(
     code: Option<String>,
 ) -> Result<Option<DropOverview>, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::catalog;
-    use holdfast_engine::users::Role;
 
     use crate::dto::SkuSummary;
     use crate::server::{convert, guard};

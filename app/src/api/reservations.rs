@@ -9,8 +9,8 @@ use crate::dto::holds::HoldSearch;
 /// ones when `query` is empty).
 #[server(endpoint = "search_holds")]
 pub async fn search_holds(query: String) -> Result<HoldSearch, ServerFnError> {
-    use holdfast_engine::users::Role;
-    use holdfast_engine::{catalog, remediation};
+    use holdfast_domain::Role;
+    use holdfast_engine::{checkout, remediation};
 
     use crate::server::{convert, guard};
 
@@ -18,25 +18,12 @@ pub async fn search_holds(query: String) -> Result<HoldSearch, ServerFnError> {
     let b = &caller.backends;
     let internal = guard::internal("Searching holds");
     let query = query.trim().to_owned();
-    let mut holds = Vec::new();
-    if !query.is_empty() {
-        if let Some(hold) = b.engine.hold(&query).await.map_err(&internal)? {
-            holds.push(convert::hold_view(hold));
-        } else {
-            // Buyers are not indexed across SKUs; the drops' SKUs are few, so
-            // their open holds are searched directly.
-            let mut seen = std::collections::HashSet::new();
-            for sku in catalog::all_drop_skus(&b.pg).await.map_err(&internal)? {
-                for hold in b.engine.holds_of(&sku, 5_000).await.map_err(&internal)? {
-                    if hold.buyer.as_deref() == Some(query.as_str())
-                        && seen.insert(hold.reservation_id.clone())
-                    {
-                        holds.push(convert::hold_view(hold));
-                    }
-                }
-            }
-        }
-    }
+    let holds = checkout::find_holds(b, &query)
+        .await
+        .map_err(&internal)?
+        .into_iter()
+        .map(convert::hold_view)
+        .collect();
     let remediations = remediation::list(&b.pg, Some(&query), 50)
         .await
         .map_err(&internal)?

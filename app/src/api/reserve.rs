@@ -13,8 +13,8 @@ pub async fn manual_reserve(
     buyer: Option<String>,
     ttl_secs: Option<u64>,
 ) -> Result<String, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::model::{ReserveOutcome, ReserveRequest};
-    use holdfast_engine::users::Role;
     use http::StatusCode;
 
     use crate::server::guard;

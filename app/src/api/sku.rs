@@ -7,7 +7,7 @@ use crate::dto::holds::SkuDetail;
 /// Everything the SKU page shows.
 #[server(endpoint = "sku_detail")]
 pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
-    use holdfast_engine::users::Role;
+    use holdfast_domain::Role;
     use holdfast_engine::{catalog, events};
 
     use crate::server::{convert, guard};
@@ -45,8 +45,8 @@ pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
 /// in the audit log with the reason.
 #[server(endpoint = "release_hold")]
 pub async fn release_hold(reservation_id: String, reason: String) -> Result<String, ServerFnError> {
+    use holdfast_domain::Role;
     use holdfast_engine::model::ReleaseOutcome;
-    use holdfast_engine::users::Role;
     use http::StatusCode;
 
     use crate::server::guard;

@@ -1,5 +1,7 @@
 //! Operations data: locks, ingestion lanes, dead letters, jobs and runs.
 
+use holdfast_domain::Lane;
+use holdfast_domain::lane::LaneStatus;
 use serde::{Deserialize, Serialize};
 
 /// A held lock.
@@ -18,8 +20,8 @@ pub struct LockView {
 /// An ingestion lane.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct LaneView {
-    /// `orders` or `feeds`.
-    pub lane: String,
+    /// The lane.
+    pub lane: Lane,
     /// Entries not yet delivered to a consumer.
     pub backlog: u64,
     /// Delivered but not yet acknowledged.
@@ -28,6 +30,19 @@ pub struct LaneView {
     pub paused: bool,
     /// Payloads applied per second (about the last second).
     pub rate: f64,
+}
+
+impl LaneView {
+    /// `status` with its measured `rate`.
+    pub fn new(status: &LaneStatus, rate: f64) -> Self {
+        Self {
+            lane: status.lane,
+            backlog: status.backlog,
+            pending: status.pending,
+            paused: status.paused(),
+            rate,
+        }
+    }
 }
 
 /// Write-behind progress.

@@ -1,39 +1,7 @@
 //! Users, sessions, API tokens and the audit log, as the dashboard shows them.
 
+use holdfast_domain::Role;
 use serde::{Deserialize, Serialize};
-
-/// What a user may do; each includes the ones before it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum RoleView {
-    /// Read-only.
-    Viewer,
-    /// May release holds.
-    Support,
-    /// Everything.
-    Admin,
-}
-
-impl RoleView {
-    /// The role's name as typed and stored.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Viewer => "viewer",
-            Self::Support => "support",
-            Self::Admin => "admin",
-        }
-    }
-
-    /// Parses a role name.
-    pub fn parse(s: &str) -> Option<Self> {
-        match s {
-            "viewer" => Some(Self::Viewer),
-            "support" => Some(Self::Support),
-            "admin" => Some(Self::Admin),
-            _ => None,
-        }
-    }
-}
 
 /// The signed-in user.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,14 +9,14 @@ pub struct Me {
     /// Login name.
     pub username: String,
     /// Role.
-    pub role: RoleView,
+    pub role: Role,
     /// The password is a one-time password that must be replaced first.
     pub must_change_password: bool,
 }
 
 impl Me {
     /// Whether this user has at least `role`.
-    pub fn can(&self, role: RoleView) -> bool {
+    pub fn can(&self, role: Role) -> bool {
         self.role >= role
     }
 }
@@ -59,7 +27,7 @@ pub struct UserView {
     /// Login name.
     pub username: String,
     /// Role.
-    pub role: RoleView,
+    pub role: Role,
     /// Still on a one-time password.
     pub must_change_password: bool,
     /// RFC 3339.

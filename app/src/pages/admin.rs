@@ -7,9 +7,9 @@ use crate::api::admin::{
     CreateToken, CreateUser, DeleteUser, RevokeToken, SetUserRole, list_tokens, list_users,
 };
 use crate::components::{Outcome, error_text, me, short_time};
-use crate::dto::people::RoleView;
+use holdfast_domain::Role;
 
-const ROLES: [RoleView; 3] = [RoleView::Viewer, RoleView::Support, RoleView::Admin];
+const ROLES: [Role; 3] = [Role::Viewer, Role::Support, Role::Admin];
 
 /// The users and tokens page (`/admin`).
 #[component]
@@ -58,7 +58,7 @@ pub fn AdminPage() -> impl IntoView {
                                         <tr data-user=u.username.clone()>
                                             <td>{u.username.clone()}{u.must_change_password.then_some(" (one-time password)")}</td>
                                             <td><select aria-label=format!("Role of {}", u.username) on:change:target=move |ev| {
-                                                if let Some(role) = RoleView::parse(&ev.target().value()) {
+                                                if let Some(role) = Role::parse(&ev.target().value()) {
                                                     set_role.dispatch(SetUserRole { username: name.clone(), role });
                                                 }
                                             }>

@@ -6,8 +6,8 @@ use leptos::prelude::*;
 use crate::api::ingestion::{ReplayDeadLetter, SetLanePaused, ingestion_status};
 use crate::components::{IfRole, Outcome, error_text, thousands};
 use crate::dto::ops::LaneView;
-use crate::dto::people::RoleView;
 use crate::live::Live;
+use holdfast_domain::{Lane, Role};
 
 /// The ingestion page (`/ingestion`).
 #[component]
@@ -39,8 +39,8 @@ pub fn IngestionPage() -> impl IntoView {
                                     <thead><tr><th scope="col">"Lane"</th><th scope="col" class="num">"Backlog"</th><th scope="col" class="num">"Pending"</th>
                                         <th scope="col" class="num">"Applied/s"</th><th scope="col">"State"</th><th scope="col"><span class="sr-only">"Actions"</span></th></tr></thead>
                                     <tbody>
-                                        <For each=move || lanes.get() key=|l| l.lane.clone() let(lane)>
-                                            <LaneRow lane=lane.lane.clone() lanes pause/>
+                                        <For each=move || lanes.get() key=|l| l.lane let(lane)>
+                                            <LaneRow lane=lane.lane lanes pause/>
                                         </For>
                                     </tbody>
                                 </table></div>
@@ -58,7 +58,7 @@ pub fn IngestionPage() -> impl IntoView {
                                                         <summary>{format!("{} · {} from {}: {}", d.id, d.lane, d.source, d.reason)}</summary>
                                                         <pre>{d.body.clone()}</pre>
                                                     </details>
-                                                    <IfRole min=RoleView::Admin>
+                                                    <IfRole min=Role::Admin>
                                                         {let id = id.clone(); view! {
                                                             <button type="button" on:click=move |_| { replay.dispatch(ReplayDeadLetter { id: id.clone() }); }>"Replay"</button>
                                                         }}
@@ -81,15 +81,14 @@ pub fn IngestionPage() -> impl IntoView {
 
 #[component]
 fn LaneRow(
-    lane: String,
+    lane: Lane,
     lanes: Signal<Vec<LaneView>>,
     pause: ServerAction<SetLanePaused>,
 ) -> impl IntoView {
-    let name = lane.clone();
-    let l = Memo::new(move |_| lanes.with(|all| all.iter().find(|l| l.lane == name).cloned()));
+    let l = Memo::new(move |_| lanes.with(|all| all.iter().find(|l| l.lane == lane).cloned()));
     let get = move |f: fn(&LaneView) -> String| move || l.get().map(|l| f(&l)).unwrap_or_default();
     let paused = move || l.get().is_some_and(|l| l.paused);
-    let (row_key, label) = (lane.clone(), lane.clone());
+    let (row_key, label) = (lane.as_str(), lane.as_str());
     view! {
         <tr data-lane=row_key>
             <td class="sku">{label}</td>
@@ -97,10 +96,10 @@ fn LaneRow(
             <td class="num">{get(|l| thousands(l.pending as i64))}</td>
             <td class="num">{get(|l| format!("{:.0}", l.rate))}</td>
             <td class:bad=paused>{move || if paused() { "paused" } else { "running" }}</td>
-            <td><IfRole min=RoleView::Admin>
-                {let lane = lane.clone(); view! {
+            <td><IfRole min=Role::Admin>
+                {view! {
                     <button type="button" on:click=move |_| {
-                        pause.dispatch(SetLanePaused { lane: lane.clone(), paused: !paused() });
+                        pause.dispatch(SetLanePaused { lane: lane.as_str().to_owned(), paused: !paused() });
                     }>{move || if paused() { "Resume" } else { "Pause" }}</button>
                 }}
             </IfRole></td>

@@ -6,8 +6,8 @@ use leptos::prelude::*;
 use crate::api::locks::{ForceReleaseLock, list_locks};
 use crate::components::{IfRole, Outcome, duration, error_text};
 use crate::dto::ops::LockView;
-use crate::dto::people::RoleView;
 use crate::live::Live;
+use holdfast_domain::Role;
 
 /// The locks page (`/locks`).
 #[component]
@@ -66,7 +66,7 @@ fn LockTable(
                             <td>{l.holder.clone()}</td>
                             <td class="num">{move || duration(remaining - (live.now_ms.get() - sampled_at))}</td>
                             <td class="num">{l.fence}</td>
-                            <td><IfRole min=RoleView::Admin>
+                            <td><IfRole min=Role::Admin>
                                 {
                                     let name = name.clone();
                                     move || if asking.get() {

@@ -5,8 +5,8 @@ use leptos::prelude::*;
 
 use crate::api::operations::{StartReconcile, StartWarmup, operations_status};
 use crate::components::{IfRole, JobBar, error_text, short_time, thousands};
-use crate::dto::people::RoleView;
 use crate::live::Live;
+use holdfast_domain::Role;
 
 /// The operations page (`/operations`).
 #[component]
@@ -32,7 +32,7 @@ pub fn OperationsPage() -> impl IntoView {
     view! {
         <section>
             <h1>"Reconciliation and warm-up"</h1>
-            <IfRole min=RoleView::Admin>
+            <IfRole min=Role::Admin>
                 <div class="actions panel">
                     <div>
                         <button type="button" on:click=move |_| { warm.dispatch(StartWarmup { force: force.get_untracked() }); }>"Run a warm-up"</button>

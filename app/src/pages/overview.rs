@@ -2,6 +2,7 @@
 //! drift, low-stock and sold-out states, take rate and estimated sell-out, and a
 //! live chart per SKU; variants grouped under their product.
 
+use holdfast_domain::StockState;
 use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
@@ -153,14 +154,11 @@ fn SkuRow(summary: SkuSummary, initial: SkuLive, show: Signal<bool>) -> impl Int
     let low = summary.low_stock_threshold;
     let state = move || {
         let f = f.get();
-        if !f.warmed {
-            ("not warmed", "state cold")
-        } else if f.available == 0 {
-            ("sold out", "state out")
-        } else if f.available <= low {
-            ("low stock", "state low")
-        } else {
-            ("", "state")
+        match StockState::of(f.warmed.then_some(f.available), low) {
+            StockState::Unknown => ("not warmed", "state cold"),
+            StockState::SoldOut => ("sold out", "state out"),
+            StockState::Low => ("low stock", "state low"),
+            StockState::InStock => ("", "state"),
         }
     };
     let rate_sku = sku.clone();

@@ -8,8 +8,8 @@ use crate::api::sku::{ReleaseHold, load_sku_detail};
 use crate::components::{IfRole, Outcome, Sparkline, duration, error_text, me, thousands};
 use crate::dto::holds::{HoldView, SkuDetail};
 use crate::dto::live::EventView;
-use crate::dto::people::RoleView;
 use crate::live::Live;
+use holdfast_domain::Role;
 
 /// The SKU page (`/sku/:sku`).
 #[component]
@@ -92,7 +92,7 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
     };
     let reason = RwSignal::new("customer asked to cancel".to_owned());
     let holds = detail.holds.clone();
-    let can_release = me().can(RoleView::Support);
+    let can_release = me().can(Role::Support);
     view! {
         <div class="page-head">
             <h1>{format!("{} · {}", sku, detail.title)}</h1>
@@ -112,7 +112,7 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
         </div>
         <div class="panel">
             <h2>{format!("Open holds ({})", holds.len())}</h2>
-            <IfRole min=RoleView::Support>
+            <IfRole min=Role::Support>
                 <label class="reason">"Reason for releases "
                     <input type="text" name="reason" prop:value=move || reason.get()
                         on:input:target=move |ev| reason.set(ev.target().value())/>

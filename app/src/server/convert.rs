@@ -7,37 +7,19 @@ use holdfast_engine::model::{Figures, Hold};
 use holdfast_engine::reconcile::{RunSummary, SkuDrift};
 use holdfast_engine::remediation::Remediation;
 use holdfast_engine::tokens::TokenInfo;
-use holdfast_engine::users::{Role, User};
+use holdfast_engine::users::User;
 use holdfast_engine::{Backends, EngineError};
 
 use crate::dto::holds::{HoldLineView, HoldView, RemediationView};
 use crate::dto::live::{EventView, SkuLive};
 use crate::dto::ops::{LockView, RunView};
-use crate::dto::people::{AuditView, Me, RoleView, TokenView, UserView};
-
-/// The engine's role as the DTO.
-pub fn role_view(role: Role) -> RoleView {
-    match role {
-        Role::Viewer => RoleView::Viewer,
-        Role::Support => RoleView::Support,
-        Role::Admin => RoleView::Admin,
-    }
-}
-
-/// The DTO's role as the engine's.
-pub fn role(role: RoleView) -> Role {
-    match role {
-        RoleView::Viewer => Role::Viewer,
-        RoleView::Support => Role::Support,
-        RoleView::Admin => Role::Admin,
-    }
-}
+use crate::dto::people::{AuditView, Me, TokenView, UserView};
 
 /// The signed-in user.
 pub fn me(user: &User) -> Me {
     Me {
         username: user.username.clone(),
-        role: role_view(user.role),
+        role: user.role,
         must_change_password: user.must_change_password,
     }
 }
@@ -46,7 +28,7 @@ pub fn me(user: &User) -> Me {
 pub fn user_view(user: User) -> UserView {
     UserView {
         username: user.username,
-        role: role_view(user.role),
+        role: user.role,
         must_change_password: user.must_change_password,
         created_at: user.created_at.to_rfc3339(),
     }

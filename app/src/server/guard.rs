@@ -6,7 +6,8 @@
 //! cookie and checks the user's role on the server. Refusals set the HTTP status
 //! (401, 403) and carry a message the page shows as it is.
 
-use holdfast_engine::users::{self, Role, User};
+use holdfast_domain::{ErrorCode, Role};
+use holdfast_engine::users::{self, User};
 use holdfast_engine::{Backends, EngineError};
 use http::{HeaderMap, Method, StatusCode, header};
 use leptos::prelude::*;
@@ -17,7 +18,7 @@ pub const SESSION_COOKIE: &str = "holdfast_session";
 
 /// A signed-in caller allowed to proceed.
 #[derive(Clone)]
-pub struct Caller {
+pub struct SignedIn {
     /// The user.
     pub user: User,
     /// The session secret from the cookie (to keep it across a password change).
@@ -34,20 +35,38 @@ pub fn refuse(status: StatusCode, message: impl Into<String>) -> ServerFnError {
     ServerFnError::new(message.into())
 }
 
-/// Logs an internal error once, with context, and returns an opaque message.
+/// Maps an engine error the way the HTTP API does ([`EngineError::code`] fixes
+/// the status): a backing service that is down or busy work is said plainly; an
+/// internal fault is logged once, with context, and shown opaquely.
 pub fn internal(what: &'static str) -> impl Fn(EngineError) -> ServerFnError {
     move |e| {
-        let message = match &e {
-            EngineError::RedisUnreachable { .. } | EngineError::PostgresUnreachable { .. } => {
-                format!("{what} failed: {e}. Try again once it is back.")
+        let code = e.code();
+        let message = match code {
+            ErrorCode::Unavailable => {
+                tracing::warn!(error = %e, "{what} failed");
+                format!(
+                    "{what} failed: a backing service is unavailable. Try again once it is back."
+                )
             }
-            EngineError::Busy(reason) => format!("{what}: {reason}."),
+            ErrorCode::Busy => format!("{what}: {e}."),
             _ => {
                 tracing::error!(error = %e, "{what} failed");
                 format!("{what} failed because of an internal error; it was logged.")
             }
         };
-        refuse(StatusCode::SERVICE_UNAVAILABLE, message)
+        refuse(
+            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+            message,
+        )
+    }
+}
+
+/// Maps a refused user change (bad name, weak password, last admin, …) to a 400
+/// that says why, and a failure of PostgreSQL the way [`internal`] does.
+pub fn user_error(what: &'static str) -> impl Fn(users::UserError) -> ServerFnError {
+    move |e| match e {
+        users::UserError::Engine(e) => internal(what)(e),
+        refused => refuse(StatusCode::BAD_REQUEST, refused.to_string()),
     }
 }
 
@@ -89,7 +108,7 @@ pub fn same_origin(headers: &HeaderMap) -> bool {
 }
 
 /// The signed-in user, if any, without any role check (the page shell uses it).
-pub async fn current() -> Result<Option<Caller>, ServerFnError> {
+pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     let backends = backends()?;
     let Some((_, headers)) = request() else {
         return Ok(None);
@@ -100,7 +119,7 @@ pub async fn current() -> Result<Option<Caller>, ServerFnError> {
     let user = users::session_user(&backends.pg, &secret)
         .await
         .map_err(internal("Checking your session"))?;
-    Ok(user.map(|user| Caller {
+    Ok(user.map(|user| SignedIn {
         user,
         session: secret,
         backends,
@@ -120,7 +139,7 @@ pub fn check_origin() -> Result<(), ServerFnError> {
 
 /// The caller, if signed in with at least `min`; otherwise a 401 or 403 with a
 /// message saying why.
-pub async fn authorize(min: Role) -> Result<Caller, ServerFnError> {
+pub async fn authorize(min: Role) -> Result<SignedIn, ServerFnError> {
     check_origin()?;
     let Some(caller) = current().await? else {
         return Err(refuse(
@@ -149,18 +168,15 @@ pub async fn authorize(min: Role) -> Result<Caller, ServerFnError> {
 
 /// Appends to the audit log; a failure is logged, never hidden from the log, but
 /// does not undo an action that already happened.
-pub async fn audit(caller: &Caller, action: &str, subject: &str, detail: serde_json::Value) {
-    if let Err(e) = holdfast_engine::audit::record(
+pub async fn audit(caller: &SignedIn, action: &str, subject: &str, detail: serde_json::Value) {
+    holdfast_engine::audit::note(
         &caller.backends.pg,
         &caller.user.username,
         action,
         subject,
         detail,
     )
-    .await
-    {
-        tracing::error!(error = %e, action, subject, "could not write the audit log");
-    }
+    .await;
 }
 
 /// The `Set-Cookie` value for a new session (or, with `None`, one that clears it).

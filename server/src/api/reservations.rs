@@ -6,42 +6,29 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::api::{CreateReservation, ErrorBody, LineView, ReservationView};
-use holdfast_engine::tokens::Scope;
-use holdfast_engine::{ConfirmOutcome, Hold, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest};
-use sha2::{Digest, Sha256};
+use holdfast_domain::{ErrorCode, Scope};
+use holdfast_engine::checkout;
+use holdfast_engine::idempotency::fingerprint;
+use holdfast_engine::{
+    ConfirmOutcome, Hold, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+};
 
-use super::auth::Caller;
-use super::error::ApiError;
-use super::idempotency::{self, Begin};
-use crate::state::AppState;
-
-/// The reservation id for `key` under token `token_id`: scoped per token, so two
-/// clients' keys never collide, and usable in Redis keys and URLs.
-pub fn reservation_id(token_id: i64, key: &str) -> String {
-    let safe = key.len() <= 100
-        && key
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-' | ':' | '@' | '+'));
-    if safe {
-        format!("t{token_id}-{key}")
-    } else {
-        format!(
-            "t{token_id}-h{}",
-            &hex::encode(Sha256::digest(key.as_bytes()))[..32]
-        )
-    }
-}
+use super::{ApiState, idempotent};
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
 
 fn rfc3339(ms: i64) -> Option<String> {
     chrono::DateTime::from_timestamp_millis(ms)
         .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
 }
 
-fn view(hold: &Hold) -> ReservationView {
+/// `hold` as the API shows it; `available_after` (each SKU's `available` right
+/// after the hold was made) only on the answer that made it.
+fn view(hold: &Hold, available_after: &[(String, i64)]) -> ReservationView {
     ReservationView {
         id: hold.reservation_id.clone(),
         state: hold.state.as_str().into(),
-        expires_at: (hold.state == holdfast_engine::HoldState::Held)
+        expires_at: (hold.state == HoldState::Held)
             .then(|| rfc3339(hold.expires_at_ms))
             .flatten(),
         lines: hold
@@ -50,7 +37,10 @@ fn view(hold: &Hold) -> ReservationView {
             .map(|l| LineView {
                 sku: l.sku.clone(),
                 qty: l.qty,
-                available_after: None,
+                available_after: available_after
+                    .iter()
+                    .find(|(s, _)| *s == l.sku)
+                    .map(|(_, a)| *a),
             })
             .collect(),
         buyer: hold.buyer.clone(),
@@ -59,57 +49,6 @@ fn view(hold: &Hold) -> ReservationView {
 
 fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_json::Value) {
     (status, serde_json::to_value(body).unwrap_or_default())
-}
-
-fn error_json(e: ApiError) -> (StatusCode, serde_json::Value, Option<u64>) {
-    (
-        e.status,
-        serde_json::to_value(&e.body).unwrap_or_default(),
-        e.retry_after,
-    )
-}
-
-fn respond(status: StatusCode, body: serde_json::Value, retry_after: Option<u64>) -> Response {
-    let mut response = (status, Json(body)).into_response();
-    if let Some(secs) = retry_after
-        && let Ok(v) = secs.to_string().parse()
-    {
-        response
-            .headers_mut()
-            .insert(axum::http::header::RETRY_AFTER, v);
-    }
-    response
-}
-
-/// Runs `work` under the request's `Idempotency-Key` (if any): a repeat with the
-/// same request is answered from the store, a different request with the key is 422.
-async fn idempotent<F>(
-    state: &AppState,
-    caller: &Caller,
-    key: Option<String>,
-    fp: String,
-    work: F,
-) -> Response
-where
-    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
-{
-    let Some(key) = key else {
-        return match work.await {
-            Ok((s, b)) => respond(s, b, None),
-            Err(e) => e.into_response(),
-        };
-    };
-    match idempotency::begin(state, caller.0.id, &key, &fp).await {
-        Err(e) => return e.into_response(),
-        Ok(Begin::Replay(status, body)) => return respond(status, body, None),
-        Ok(Begin::Fresh) => {}
-    }
-    let (status, body, retry) = match work.await {
-        Ok((s, b)) => (s, b, None),
-        Err(e) => error_json(e),
-    };
-    idempotency::finish(state, caller.0.id, &key, &fp, status, &body).await;
-    respond(status, body, retry)
 }
 
 /// `POST /api/v1/reservations`: 201 held, 200 for a retry, 409 sold out, 503 not warmed.
@@ -132,7 +71,7 @@ where
     security(("token" = []))
 )]
 pub async fn create(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     headers: HeaderMap,
     body: Bytes,
@@ -140,12 +79,11 @@ pub async fn create(
     if let Err(e) = caller.require(Scope::Checkout) {
         return e.into_response();
     }
-    let key = match idempotency::key(&headers) {
+    let key = match idempotent::key(&headers) {
         Ok(Some(key)) => key,
         Ok(None) => {
             return ApiError::new(
-                StatusCode::BAD_REQUEST,
-                "idempotency_key_required",
+                ErrorCode::IdempotencyKeyRequired,
                 "send an Idempotency-Key header: it names the reservation, so a retry never holds stock twice",
             )
             .field("Idempotency-Key")
@@ -153,21 +91,20 @@ pub async fn create(
         }
         Err(e) => return e.into_response(),
     };
-    let fp = idempotency::fingerprint("POST", "/api/v1/reservations", &body);
-    let rid = reservation_id(caller.0.id, &key);
+    let fp = fingerprint("POST", "/api/v1/reservations", &body);
+    let rid = checkout::reservation_id(caller.0.id, &key);
     let work = create_inner(&state, rid, body);
-    idempotent(&state, &caller, Some(key), fp, work).await
+    idempotent::run(&state.backends.engine, caller.0.id, Some(key), fp, work).await
 }
 
 async fn create_inner(
-    state: &AppState,
+    state: &ApiState,
     rid: String,
     body: Bytes,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let req: CreateReservation = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "bad_request",
+            ErrorCode::BadRequest,
             format!("the body is not a valid reservation request: {e}"),
         )
     })?;
@@ -193,10 +130,7 @@ async fn create_inner(
         }
     };
     // Shed load after a sell-out: answer from memory while the SKU is known empty.
-    if let Some(line) = lines
-        .iter()
-        .find(|l| state.api.sold_out.is_sold_out(&l.sku))
-    {
+    if let Some(line) = lines.iter().find(|l| state.sold_out.is_sold_out(&l.sku)) {
         return Err(ApiError::sold_out(&line.sku, 0));
     }
     let request = ReserveRequest {
@@ -206,45 +140,36 @@ async fn create_inner(
         ttl_ms: req.ttl_ms,
     };
     match state.backends.engine.reserve(&request).await? {
-        ReserveOutcome::Reserved { reservation_id, expires_at_ms, available_after } => Ok(json(
-            StatusCode::CREATED,
-            &ReservationView {
-                id: reservation_id,
-                state: "held".into(),
-                expires_at: rfc3339(expires_at_ms),
-                lines: request
-                    .lines
-                    .iter()
-                    .map(|l| LineView {
-                        sku: l.sku.clone(),
-                        qty: l.qty,
-                        available_after: available_after.iter().find(|(s, _)| *s == l.sku).map(|(_, a)| *a),
-                    })
-                    .collect(),
-                buyer: request.buyer.clone(),
-            },
-        )),
+        ReserveOutcome::Reserved { reservation_id, expires_at_ms, available_after } => {
+            let hold = Hold {
+                reservation_id,
+                state: HoldState::Held,
+                lines: request.lines,
+                buyer: request.buyer,
+                expires_at_ms,
+                created_at_ms: 0,
+            };
+            Ok(json(StatusCode::CREATED, &view(&hold, &available_after)))
+        }
         ReserveOutcome::AlreadyReserved { reservation_id, .. } => {
             let hold = state.backends.engine.hold(&reservation_id).await?;
             let hold = hold.ok_or_else(|| ApiError::not_found("that reservation has ended and is forgotten"))?;
-            Ok(json(StatusCode::OK, &view(&hold)))
+            Ok(json(StatusCode::OK, &view(&hold, &[])))
         }
         ReserveOutcome::SoldOut { sku, available } => {
             if available == 0 {
-                state.api.sold_out.mark(&sku);
+                state.sold_out.mark(&sku);
             }
             Err(ApiError::sold_out(&sku, available))
         }
         ReserveOutcome::NotWarmed { sku } => Err(ApiError::not_warmed(&sku)),
         ReserveOutcome::Conflict { .. } => Err(ApiError::new(
-            StatusCode::UNPROCESSABLE_ENTITY,
-            "idempotency_key_reused",
+            ErrorCode::IdempotencyKeyReused,
             "this reservation id was used for a different request; use a new Idempotency-Key",
         )
         .field("Idempotency-Key")),
         ReserveOutcome::LimitExceeded { sku, limit, already } => Err(ApiError::new(
-            StatusCode::CONFLICT,
-            "buyer_limit_reached",
+            ErrorCode::BuyerLimitReached,
             format!("{sku} is limited to {limit} per buyer and this buyer already holds or bought {already}"),
         )
         .sku(sku)),
@@ -262,23 +187,23 @@ fn action_guard(
 ) -> Result<(Option<String>, String), ApiError> {
     caller.require(Scope::Checkout)?;
     own(caller, id)?;
-    let key = idempotency::key(headers)?;
+    let key = idempotent::key(headers)?;
     Ok((
         key,
-        idempotency::fingerprint("POST", &format!("/api/v1/reservations/{id}/{action}"), b""),
+        fingerprint("POST", &format!("/api/v1/reservations/{id}/{action}"), b""),
     ))
 }
 
 /// The reservation as it is now, answered with 200.
-async fn current(state: &AppState, id: &str) -> Result<(StatusCode, serde_json::Value), ApiError> {
+async fn current(state: &ApiState, id: &str) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let hold = state.backends.engine.hold(id).await?;
     let hold = hold.ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
-    Ok(json(StatusCode::OK, &view(&hold)))
+    Ok(json(StatusCode::OK, &view(&hold, &[])))
 }
 
 /// A token only sees the reservations it made.
 fn own(caller: &Caller, id: &str) -> Result<(), ApiError> {
-    if id.starts_with(&format!("t{}-", caller.0.id)) {
+    if checkout::made_by(id, caller.0.id) {
         Ok(())
     } else {
         Err(ApiError::not_found(format!("no reservation {id}")))
@@ -298,7 +223,7 @@ fn own(caller: &Caller, id: &str) -> Result<(), ApiError> {
     security(("token" = []))
 )]
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<ReservationView>, ApiError> {
@@ -307,7 +232,7 @@ pub async fn get(
     }
     own(&caller, &id)?;
     let hold = state.backends.engine.hold(&id).await?;
-    hold.map(|h| Json(view(&h)))
+    hold.map(|h| Json(view(&h, &[])))
         .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))
 }
 
@@ -326,7 +251,7 @@ pub async fn get(
     security(("token" = []))
 )]
 pub async fn confirm(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -336,32 +261,22 @@ pub async fn confirm(
         Err(e) => return e.into_response(),
     };
     let work = async {
-        let engine = &state.backends.engine;
-        match engine.confirm(&id).await? {
+        match checkout::confirm_payment(&state.backends, &id).await? {
             ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
                 current(&state, &id).await
             }
-            ConfirmOutcome::Expired { state: ended } => {
-                holdfast_engine::remediation::record_late_payment(
-                    &state.backends.pg,
-                    &id,
-                    ended.as_str(),
-                )
-                .await?;
-                Err(ApiError::new(
-                    StatusCode::GONE,
-                    "hold_expired",
-                    format!(
-                        "the hold was {} before payment was confirmed; no stock was taken. \
+            ConfirmOutcome::Expired { state: ended } => Err(ApiError::new(
+                ErrorCode::HoldExpired,
+                format!(
+                    "the hold was {} before payment was confirmed; no stock was taken. \
                          A remediation record was written: refund or re-reserve",
-                        ended.as_str()
-                    ),
-                ))
-            }
+                    ended.as_str()
+                ),
+            )),
             ConfirmOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
         }
     };
-    idempotent(&state, &caller, key, fp, work).await
+    idempotent::run(&state.backends.engine, caller.0.id, key, fp, work).await
 }
 
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
@@ -377,7 +292,7 @@ pub async fn confirm(
     security(("token" = []))
 )]
 pub async fn release(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(id): Path<String>,
     headers: HeaderMap,
@@ -395,5 +310,5 @@ pub async fn release(
             ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
         }
     };
-    idempotent(&state, &caller, key, fp, work).await
+    idempotent::run(&state.backends.engine, caller.0.id, key, fp, work).await
 }

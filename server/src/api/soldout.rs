@@ -55,6 +55,28 @@ impl SoldOutCache {
     }
 }
 
+/// Clears `cache` whenever `events` show a SKU's stock coming back, until
+/// `shutdown`; after missed events (a lag) it forgets everything.
+pub async fn clear_on_restock(
+    mut events: tokio::sync::broadcast::Receiver<std::sync::Arc<holdfast_engine::events::Event>>,
+    cache: std::sync::Arc<SoldOutCache>,
+    shutdown: impl Future<Output = ()>,
+) {
+    use tokio::sync::broadcast::error::RecvError;
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => return,
+            event = events.recv() => match event {
+                Ok(e) if e.available.is_some_and(|a| a > 0) => cache.clear(&e.sku),
+                Ok(_) => {}
+                Err(RecvError::Lagged(_)) => cache.clear_all(),
+                Err(RecvError::Closed) => return,
+            }
+        }
+    }
+}
+
 impl Default for SoldOutCache {
     fn default() -> Self {
         Self::new(Duration::from_secs(2))

@@ -3,12 +3,12 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use holdfast_app::dto::api::{ErrorBody, StockView};
-use holdfast_engine::tokens::Scope;
+use holdfast_domain::{ErrorCode, Scope};
 use serde::Deserialize;
 
-use super::auth::Caller;
-use super::error::ApiError;
-use crate::state::AppState;
+use super::ApiState;
+use crate::http::auth::Caller;
+use crate::http::error::ApiError;
 
 /// Most SKUs one `GET /api/v1/stock?skus=` may ask for.
 pub const MAX_SKUS: usize = 100;
@@ -21,7 +21,7 @@ fn readable(caller: &Caller) -> Result<(), ApiError> {
     }
 }
 
-async fn one(state: &AppState, sku: &str) -> Result<StockView, ApiError> {
+async fn one(state: &ApiState, sku: &str) -> Result<StockView, ApiError> {
     if !holdfast_engine::engine::valid_sku(sku) {
         return Err(ApiError::invalid(
             "sku",
@@ -56,7 +56,7 @@ async fn one(state: &AppState, sku: &str) -> Result<StockView, ApiError> {
     security(("token" = []))
 )]
 pub async fn get(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Path(sku): Path<String>,
 ) -> Result<Json<StockView>, ApiError> {
@@ -84,7 +84,7 @@ pub struct ManyQuery {
     security(("token" = []))
 )]
 pub async fn many(
-    State(state): State<AppState>,
+    State(state): State<ApiState>,
     caller: Caller,
     Query(q): Query<ManyQuery>,
 ) -> Result<Json<Vec<StockView>>, ApiError> {
@@ -105,7 +105,7 @@ pub async fn many(
     for sku in skus {
         match one(&state, sku).await {
             Ok(v) => out.push(v),
-            Err(e) if e.body.code == "not_warmed" => {}
+            Err(e) if e.code == ErrorCode::NotWarmed => {}
             Err(e) => return Err(e),
         }
     }

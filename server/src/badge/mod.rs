@@ -14,11 +14,14 @@ use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use holdfast_engine::Engine;
+use holdfast_domain::StockState;
 use holdfast_engine::events::Event;
+use holdfast_engine::{Engine, catalog};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
+
+use crate::http::ratelimit::{Limit, RateLimiter};
 
 /// What a shopper sees for one SKU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -26,7 +29,7 @@ pub struct Badge {
     /// The SKU code.
     pub sku: String,
     /// `in_stock`, `low`, `sold_out`, or `unknown` (not on sale).
-    pub state: &'static str,
+    pub state: StockState,
     /// Units left, only when low (the count is what "Only 3 left" shows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left: Option<i64>,
@@ -34,12 +37,8 @@ pub struct Badge {
 
 impl Badge {
     fn new(sku: &str, available: Option<i64>, threshold: i64) -> Self {
-        let (state, left) = match available {
-            None => ("unknown", None),
-            Some(a) if a <= 0 => ("sold_out", None),
-            Some(a) if a <= threshold => ("low", Some(a)),
-            Some(_) => ("in_stock", None),
-        };
+        let state = StockState::of(available, threshold);
+        let left = available.filter(|_| state == StockState::Low);
         Self {
             sku: sku.to_owned(),
             state,
@@ -83,11 +82,14 @@ pub struct BadgeHub {
     thresholds: Mutex<HashMap<String, (i64, Instant)>>,
     connections: Mutex<HashMap<IpAddr, usize>>,
     /// Polls per client address.
-    pub polls: crate::api::ratelimit::RateLimiter,
+    pub polls: RateLimiter,
 }
 
 /// How long a SKU's low-stock threshold is cached.
 const THRESHOLD_TTL: Duration = Duration::from_secs(60);
+/// How long a threshold stands in after PostgreSQL failed to answer, before it
+/// is asked again.
+const THRESHOLD_RETRY: Duration = Duration::from_secs(5);
 /// Threshold for a SKU PostgreSQL does not know.
 const DEFAULT_THRESHOLD: i64 = 5;
 
@@ -100,9 +102,7 @@ impl BadgeHub {
             skus: Mutex::default(),
             thresholds: Mutex::default(),
             connections: Mutex::default(),
-            polls: crate::api::ratelimit::RateLimiter::new(
-                crate::api::ratelimit::Limit::per_second(config.polls_per_second),
-            ),
+            polls: RateLimiter::new(Limit::per_second(config.polls_per_second)),
             config,
         }
     }
@@ -114,15 +114,26 @@ impl BadgeHub {
         {
             return *v;
         }
-        let found: Option<i32> =
-            sqlx::query_scalar("SELECT low_stock_threshold FROM skus WHERE sku = $1")
-                .bind(sku)
-                .fetch_optional(&self.pg)
-                .await
-                .unwrap_or(None);
-        let v = found.map_or(DEFAULT_THRESHOLD, i64::from);
+        let (v, fresh_for) = match catalog::threshold(&self.pg, sku).await {
+            Ok(found) => (found.unwrap_or(DEFAULT_THRESHOLD), THRESHOLD_TTL),
+            Err(e) => {
+                // Keep the last known threshold (or the default) and ask again
+                // soon, rather than remembering a guess for a minute.
+                tracing::warn!(%sku, error = %e, "could not read a low-stock threshold");
+                let last = self
+                    .thresholds
+                    .lock()
+                    .ok()
+                    .and_then(|t| t.get(sku).map(|(v, _)| *v));
+                (last.unwrap_or(DEFAULT_THRESHOLD), THRESHOLD_RETRY)
+            }
+        };
         if let Ok(mut t) = self.thresholds.lock() {
-            t.insert(sku.to_owned(), (v, Instant::now()));
+            // Stored as if read `THRESHOLD_TTL - fresh_for` ago, so it lapses after `fresh_for`.
+            let at = Instant::now()
+                .checked_sub(THRESHOLD_TTL - fresh_for)
+                .unwrap_or_else(Instant::now);
+            t.insert(sku.to_owned(), (v, at));
         }
         v
     }

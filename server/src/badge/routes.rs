@@ -18,11 +18,18 @@ use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
 use tokio_stream::wrappers::WatchStream;
 
-use super::Badge;
-use crate::state::AppState;
+use std::sync::Arc;
 
-/// The badge routes.
-pub fn routes() -> Router<AppState> {
+use axum::extract::FromRef;
+
+use super::{Badge, BadgeHub};
+
+/// The badge routes, over the [`BadgeHub`] of any state that has one.
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Arc<BadgeHub>: FromRef<S>,
+{
     Router::new()
         .route("/public/stock", get(poll))
         .route("/public/ws", get(live))
@@ -31,7 +38,7 @@ pub fn routes() -> Router<AppState> {
 /// Whether a page from `origin` may use the feed: the server's own origin, or one
 /// on the deployment's allow-list. Requests without an Origin (not from a
 /// browser page) cannot be cross-site attacks and are allowed.
-fn origin_allowed(state: &AppState, headers: &HeaderMap) -> Result<Option<String>, ()> {
+fn origin_allowed(hub: &BadgeHub, headers: &HeaderMap) -> Result<Option<String>, ()> {
     let Some(origin) = headers.get(header::ORIGIN).and_then(|v| v.to_str().ok()) else {
         return Ok(None);
     };
@@ -41,7 +48,7 @@ fn origin_allowed(state: &AppState, headers: &HeaderMap) -> Result<Option<String
         .is_some_and(|host| {
             origin == format!("http://{host}") || origin == format!("https://{host}")
         });
-    if own || state.badges.config.origins.iter().any(|o| o == origin) {
+    if own || hub.config.origins.iter().any(|o| o == origin) {
         Ok(Some(origin.to_owned()))
     } else {
         Err(())
@@ -49,14 +56,14 @@ fn origin_allowed(state: &AppState, headers: &HeaderMap) -> Result<Option<String
 }
 
 /// The SKUs of a poll, or why they are refused.
-fn parse_skus(state: &AppState, list: &str) -> Result<Vec<String>, String> {
+fn parse_skus(hub: &BadgeHub, list: &str) -> Result<Vec<String>, String> {
     let skus: Vec<String> = list
         .split(',')
         .map(str::trim)
         .filter(|s| !s.is_empty())
         .map(str::to_owned)
         .collect();
-    let max = state.badges.config.max_subscriptions;
+    let max = hub.config.max_subscriptions;
     if skus.is_empty()
         || skus.len() > max
         || !skus.iter().all(|s| holdfast_engine::engine::valid_sku(s))
@@ -76,23 +83,23 @@ pub struct PollQuery {
 /// `GET /public/stock?skus=A,B`: the badges as JSON, with an ETag and a one-second
 /// public cache, so polling pages cost little.
 async fn poll(
-    State(state): State<AppState>,
+    State(hub): State<Arc<BadgeHub>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     Query(q): Query<PollQuery>,
 ) -> Response {
     // The address is the TCP peer's: behind a proxy every shopper would share one.
-    if let Err(secs) = state.badges.polls.check(&peer.ip().to_string()) {
+    if let Err(secs) = hub.polls.check(&peer.ip().to_string()) {
         let retry = [(header::RETRY_AFTER, secs.to_string())];
         return (StatusCode::TOO_MANY_REQUESTS, retry, "polling too fast").into_response();
     }
-    let skus = match parse_skus(&state, &q.skus) {
+    let skus = match parse_skus(&hub, &q.skus) {
         Ok(s) => s,
         Err(why) => return (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
     };
     let mut badges: Vec<Badge> = Vec::with_capacity(skus.len());
     for sku in &skus {
-        badges.push(state.badges.current(sku).await);
+        badges.push(hub.current(sku).await);
     }
     let body = serde_json::to_string(&badges).unwrap_or_default();
     let etag = format!(
@@ -117,7 +124,7 @@ async fn poll(
         HeaderValue::from_static("public, max-age=1"),
     );
     h.insert(header::VARY, HeaderValue::from_static("Origin"));
-    if let Ok(Some(origin)) = origin_allowed(&state, &headers)
+    if let Ok(Some(origin)) = origin_allowed(&hub, &headers)
         && let Ok(v) = HeaderValue::from_str(&origin)
     {
         h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, v);
@@ -128,12 +135,12 @@ async fn poll(
 /// `GET /public/ws`: the live feed. Refused (403) for an origin outside the
 /// allow-list and (429) past the connections allowed per client address.
 async fn live(
-    State(state): State<AppState>,
+    State(hub): State<Arc<BadgeHub>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
-    if origin_allowed(&state, &headers).is_err() {
+    if origin_allowed(&hub, &headers).is_err() {
         return (
             StatusCode::FORBIDDEN,
             "this origin may not embed Holdfast badges",
@@ -141,7 +148,7 @@ async fn live(
             .into_response();
     }
     let ip = peer.ip();
-    if !state.badges.admit(ip) {
+    if !hub.admit(ip) {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "10")],
@@ -155,8 +162,8 @@ async fn live(
         .max_write_buffer_size(64 * 1024)
         .max_message_size(4 * 1024)
         .on_upgrade(move |socket| async move {
-            serve_socket(&state, socket).await;
-            state.badges.leave(ip);
+            serve_socket(&hub, socket).await;
+            hub.leave(ip);
         })
 }
 
@@ -166,7 +173,7 @@ struct Subscribe {
     subscribe: Vec<String>,
 }
 
-async fn serve_socket(state: &AppState, mut socket: WebSocket) {
+async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
     let mut streams = tokio_stream::StreamMap::new();
     loop {
         tokio::select! {
@@ -177,7 +184,7 @@ async fn serve_socket(state: &AppState, mut socket: WebSocket) {
                     let _ = socket.send(Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await;
                     continue;
                 };
-                let max = state.badges.config.max_subscriptions;
+                let max = hub.config.max_subscriptions;
                 if request.subscribe.len() > max
                     || !request.subscribe.iter().all(|s| holdfast_engine::engine::valid_sku(s))
                 {
@@ -187,7 +194,7 @@ async fn serve_socket(state: &AppState, mut socket: WebSocket) {
                 streams = tokio_stream::StreamMap::new();
                 for sku in request.subscribe {
                     // WatchStream yields the current badge first, then the newest after each change.
-                    let rx = state.badges.watch(&sku).await;
+                    let rx = hub.watch(&sku).await;
                     streams.insert(sku, WatchStream::new(rx));
                 }
             }

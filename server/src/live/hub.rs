@@ -17,8 +17,9 @@ use holdfast_app::dto::live::{EventView, Sample, ServerMsg, SkuHistory, SkuLive}
 use holdfast_app::dto::ops::{JobView, LaneView, OpsView, WriteBehindView};
 use holdfast_app::server::convert;
 use holdfast_app::server::jobs::JobBoard;
+use holdfast_domain::Lane;
 use holdfast_engine::events::{Event, EventKind, EventReader, StreamCursor};
-use holdfast_engine::{Backends, EngineError, catalog, ingest, kv};
+use holdfast_engine::{Backends, EngineError, catalog, ingest, redis_conn};
 use tokio::sync::{broadcast, watch};
 
 use crate::workers::WorkerStats;
@@ -237,7 +238,7 @@ impl LiveHub {
         let b = &self.backends;
         let tracked = self.drop_skus().await?;
         let keys = b.engine.keyspace();
-        let cursor = EventReader::new(kv::connect(redis_url).await?, keys)
+        let cursor = EventReader::new(redis_conn::connect(redis_url).await?, keys)
             .tail_cursor()
             .await?;
         let figures = convert::figures_of(b, &tracked).await?;
@@ -431,7 +432,7 @@ impl LiveHub {
         }
     }
 
-    async fn sample_ops(&self, lane_counts: &mut HashMap<String, (u64, std::time::Instant)>) {
+    async fn sample_ops(&self, lane_counts: &mut HashMap<Lane, (u64, std::time::Instant)>) {
         let engine = &self.backends.engine;
         let mut conn = engine.connection();
         let mut ops = OpsView {
@@ -442,34 +443,22 @@ impl LiveHub {
             Ok(locks) => ops.locks = locks.into_iter().map(convert::lock_view).collect(),
             Err(e) => tracing::debug!(error = %e, "lock sample failed"),
         }
-        for lane in ingest::LANES {
-            let Ok(s) = ingest::status(&mut conn, lane).await else {
-                continue;
-            };
+        for s in ingest::statuses(&mut conn).await.unwrap_or_default() {
+            let lane = s.lane;
             let applied = self
                 .workers
                 .lanes
-                .get(lane)
+                .get(&lane)
                 .map_or(0, |l| l.applied.load(Ordering::Relaxed));
             let now = std::time::Instant::now();
-            let rate = lane_counts.get(lane).map_or(0.0, |(before, at)| {
+            let rate = lane_counts.get(&lane).map_or(0.0, |(before, at)| {
                 applied.saturating_sub(*before) as f64
                     / now.duration_since(*at).as_secs_f64().max(0.001)
             });
-            lane_counts.insert(lane.to_owned(), (applied, now));
-            ops.lanes.push(LaneView {
-                lane: s.lane,
-                backlog: s.backlog,
-                pending: s.pending,
-                paused: s.paused,
-                rate,
-            });
+            lane_counts.insert(lane, (applied, now));
+            ops.lanes.push(LaneView::new(&s, rate));
         }
-        ops.dead_letters = redis::cmd("XLEN")
-            .arg(ingest::DEAD_KEY)
-            .query_async(&mut conn)
-            .await
-            .unwrap_or(0);
+        ops.dead_letters = ingest::dead_letter_count(&mut conn).await.unwrap_or(0);
         ops.write_behind = engine
             .write_behind_lag()
             .await

@@ -18,7 +18,11 @@ use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 
 use crate::live::hub::HubMsg;
-use crate::state::AppState;
+use std::sync::Arc;
+
+use holdfast_engine::Backends;
+
+use crate::live::LiveHub;
 
 /// Query of `/live`.
 #[derive(Debug, Deserialize)]
@@ -29,7 +33,8 @@ pub struct LiveQuery {
 
 /// Refuses a cross-site or signed-out handshake; otherwise upgrades.
 pub async fn live(
-    State(state): State<AppState>,
+    State(backends): State<Backends>,
+    State(hub): State<Arc<LiveHub>>,
     Query(query): Query<LiveQuery>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
@@ -40,7 +45,7 @@ pub async fn live(
     let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
-    match holdfast_engine::users::session_user(&state.backends.pg, &secret).await {
+    match holdfast_engine::users::session_user(&backends.pg, &secret).await {
         Ok(Some(_)) => {}
         Ok(None) => {
             return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
@@ -50,10 +55,10 @@ pub async fn live(
             return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
         }
     }
-    upgrade.on_upgrade(move |socket| serve(socket, state, query.cursor))
+    upgrade.on_upgrade(move |socket| serve(socket, hub, query.cursor))
 }
 
-async fn serve(mut socket: WebSocket, state: AppState, resume: Option<String>) {
+async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>) {
     // The first message may name the watched SKU; wait for it briefly so a
     // resumed tab gets its missed events in the snapshot.
     let mut watched: Option<String> = None;
@@ -64,7 +69,6 @@ async fn serve(mut socket: WebSocket, state: AppState, resume: Option<String>) {
     {
         watched = sku;
     }
-    let hub = state.live.clone();
     let mut sub = hub.subscribe(resume.as_deref(), watched.as_deref());
     if socket
         .send(Message::Text(sub.snapshot.clone().into()))

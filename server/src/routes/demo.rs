@@ -8,10 +8,15 @@ use axum::response::Html;
 use axum::routing::get;
 use holdfast_engine::catalog;
 
-use crate::state::AppState;
+use axum::extract::FromRef;
+use holdfast_engine::Backends;
 
 /// The demo shop route.
-pub fn routes() -> Router<AppState> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Backends: FromRef<S>,
+{
     Router::new().route("/demo/shop", get(shop))
 }
 
@@ -23,8 +28,8 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-async fn shop(State(state): State<AppState>) -> Html<String> {
-    let skus = catalog::drop_skus(&state.backends.pg, catalog::DEMO_DROP)
+async fn shop(State(backends): State<Backends>) -> Html<String> {
+    let skus = catalog::drop_skus(&backends.pg, catalog::DEMO_DROP)
         .await
         .unwrap_or_default();
     let cards: String = skus

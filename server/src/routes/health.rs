@@ -3,16 +3,26 @@
 use std::time::Duration;
 
 use axum::{Json, Router, extract::State, http::StatusCode, routing::get};
-use holdfast_engine::{kv, store};
+use holdfast_engine::{postgres, redis_conn};
 use serde::Serialize;
 
-use crate::state::AppState;
+use std::sync::Arc;
+
+use axum::extract::FromRef;
+use holdfast_engine::Backends;
+
+use crate::workers::WorkerStats;
 
 /// How long a readiness probe waits for each dependency.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1_500);
 
 /// `/healthz` and `/readyz`.
-pub fn routes() -> Router<AppState> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Backends: FromRef<S>,
+    Arc<WorkerStats>: FromRef<S>,
+{
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -76,15 +86,18 @@ pub struct WriteBehindCheck {
 }
 
 /// Redis and PostgreSQL both answer: 200; otherwise 503 naming what failed.
-async fn readyz(State(state): State<AppState>) -> (StatusCode, Json<Readiness>) {
+async fn readyz(
+    State(backends): State<Backends>,
+    State(workers): State<Arc<WorkerStats>>,
+) -> (StatusCode, Json<Readiness>) {
     let (redis, postgres) = tokio::join!(
-        kv::ping(&state.backends.redis, PROBE_TIMEOUT),
-        store::ping(&state.backends.pg, PROBE_TIMEOUT),
+        redis_conn::ping(&backends.redis, PROBE_TIMEOUT),
+        postgres::ping(&backends.pg, PROBE_TIMEOUT),
     );
     let (redis, postgres) = (Check::from(redis), Check::from(postgres));
-    let error = state.workers.write_behind.last_error();
+    let error = workers.write_behind.last_error();
     let lag = if redis.ok {
-        let lag = state.backends.engine.write_behind_lag();
+        let lag = backends.engine.write_behind_lag();
         tokio::time::timeout(PROBE_TIMEOUT, lag)
             .await
             .ok()

@@ -7,20 +7,23 @@
 //! answer is 202 with the event id, in milliseconds, whatever the lane's backlog.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::Json;
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{DefaultBodyLimit, FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use hmac::{Hmac, Mac};
+use holdfast_domain::{ErrorCode, Lane};
 use holdfast_engine::ingest::{self, Intake};
+use redis::aio::ConnectionManager;
 use sha2::Sha256;
 
-use crate::api::error::ApiError;
-use crate::state::AppState;
+use crate::http::error::ApiError;
+use crate::http::ratelimit::{Limit, RateLimiter};
 
 /// Oldest (or furthest in the future) timestamp accepted, in seconds.
 pub const MAX_SKEW_SECS: i64 = 300;
@@ -31,7 +34,7 @@ pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 #[derive(Debug, Clone)]
 pub struct Source {
     /// The lane its payloads go to.
-    pub lane: String,
+    pub lane: Lane,
     /// The shared HMAC secret.
     pub secret: String,
 }
@@ -42,7 +45,7 @@ pub struct IngestConfig {
     /// Sources by name (the `{source}` in the URL).
     pub sources: HashMap<String, Source>,
     /// Most payloads waiting per lane.
-    pub caps: HashMap<String, u64>,
+    pub caps: HashMap<Lane, u64>,
 }
 
 impl IngestConfig {
@@ -57,12 +60,7 @@ impl IngestConfig {
             let (lane, secret) = rest
                 .split_once(':')
                 .ok_or_else(|| format!("'{entry}': expected name=lane:secret"))?;
-            if !ingest::LANES.contains(&lane) {
-                return Err(format!(
-                    "'{entry}': lane must be one of {}",
-                    ingest::LANES.join(", ")
-                ));
-            }
+            let lane = Lane::parse(lane).map_err(|e| format!("'{entry}': {e}"))?;
             if secret.len() < 16 {
                 return Err(format!(
                     "source '{name}': the secret must be at least 16 characters"
@@ -71,39 +69,73 @@ impl IngestConfig {
             config.sources.insert(
                 name.to_owned(),
                 Source {
-                    lane: lane.to_owned(),
+                    lane,
                     secret: secret.to_owned(),
                 },
             );
         }
-        for lane in ingest::LANES {
+        for lane in Lane::ALL {
             config
                 .caps
-                .insert(lane.to_owned(), ingest::LaneConfig::default_for(lane).cap);
+                .insert(lane, ingest::LaneConfig::default_for(lane).cap);
         }
         Ok(config)
     }
 }
 
+/// What the webhook route works with.
+#[derive(Clone)]
+pub struct IngestState {
+    /// Redis, where the lanes are.
+    pub redis: ConnectionManager,
+    /// Sources and lane caps.
+    pub config: Arc<IngestConfig>,
+    /// Webhooks per source.
+    pub per_source: Arc<RateLimiter>,
+}
+
+impl IngestState {
+    /// State over `redis` for `config`, allowing `per_source` webhooks per second per source.
+    pub fn new(redis: ConnectionManager, config: IngestConfig, per_source: u32) -> Self {
+        Self {
+            redis,
+            config: Arc::new(config),
+            per_source: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
+        }
+    }
+}
+
 /// The ingestion route.
-pub fn routes() -> Router<AppState> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    IngestState: FromRef<S>,
+{
     Router::new()
         .route("/ingest/{source}", post(receive))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
 }
 
-/// The signature a sender computes: `sha256=` and the hex HMAC of `timestamp.body`.
-pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
+/// The HMAC-SHA256 of `timestamp.body` under `secret`, ready to finish.
+fn mac(secret: &str, timestamp: i64, body: &[u8]) -> Hmac<Sha256> {
     let mut mac =
         Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
     mac.update(timestamp.to_string().as_bytes());
     mac.update(b".");
     mac.update(body);
-    format!("sha256={}", hex::encode(mac.finalize().into_bytes()))
+    mac
 }
 
-fn refuse(code: &str, message: &str) -> ApiError {
-    ApiError::new(StatusCode::UNAUTHORIZED, code, message)
+/// The signature a sender computes: `sha256=` and the hex HMAC of `timestamp.body`.
+pub fn sign(secret: &str, timestamp: i64, body: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        hex::encode(mac(secret, timestamp, body).finalize().into_bytes())
+    )
+}
+
+fn refuse(code: ErrorCode, message: &str) -> ApiError {
+    ApiError::new(code, message)
 }
 
 fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
@@ -112,7 +144,7 @@ fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError
         .and_then(|v| v.parse().ok())
         .ok_or_else(|| {
             refuse(
-                "missing_signature",
+                ErrorCode::MissingSignature,
                 "send X-Holdfast-Timestamp (Unix seconds) and X-Holdfast-Signature",
             )
         })?;
@@ -121,70 +153,61 @@ fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError
         .and_then(|v| hex::decode(v).ok())
         .ok_or_else(|| {
             refuse(
-                "missing_signature",
+                ErrorCode::MissingSignature,
                 "X-Holdfast-Signature must be sha256=<hex HMAC>",
             )
         })?;
     if (chrono::Utc::now().timestamp() - timestamp).abs() > MAX_SKEW_SECS {
         return Err(refuse(
-            "stale_timestamp",
+            ErrorCode::StaleTimestamp,
             "X-Holdfast-Timestamp is more than 5 minutes from now",
         ));
     }
-    let mut mac =
-        Hmac::<Sha256>::new_from_slice(secret.as_bytes()).expect("HMAC takes keys of any length");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
     // verify_slice compares in constant time.
-    mac.verify_slice(&signature)
-        .map_err(|_| refuse("bad_signature", "the signature does not match the body"))
+    mac(secret, timestamp, body)
+        .verify_slice(&signature)
+        .map_err(|_| {
+            refuse(
+                ErrorCode::BadSignature,
+                "the signature does not match the body",
+            )
+        })
 }
 
 async fn receive(
-    State(state): State<AppState>,
+    State(state): State<IngestState>,
     Path(source): Path<String>,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let Some(src) = state.ingest.sources.get(&source) else {
+    let Some(src) = state.config.sources.get(&source) else {
         return ApiError::not_found(format!("no webhook source '{source}'")).into_response();
     };
     if let Err(e) = verify(&src.secret, &headers, &body) {
         return e.into_response();
     }
-    if let Err(secs) = state.api.per_source.check(&source) {
-        return crate::api::too_many(secs).into_response();
+    if let Err(secs) = state.per_source.check(&source) {
+        return ApiError::too_many(secs).into_response();
     }
     let cap = state
-        .ingest
+        .config
         .caps
         .get(&src.lane)
         .copied()
         .unwrap_or(u64::MAX);
-    match ingest::enqueue(
-        &mut state.backends.redis.clone(),
-        &src.lane,
-        &source,
-        &body,
-        cap,
-    )
-    .await
-    {
+    match ingest::enqueue(&mut state.redis.clone(), src.lane, &source, &body, cap).await {
         Ok(Intake::Accepted(id)) => (
             StatusCode::ACCEPTED,
             Json(serde_json::json!({ "event_id": id, "lane": src.lane })),
         )
             .into_response(),
         Ok(Intake::Full { backlog }) => ApiError::new(
-            StatusCode::TOO_MANY_REQUESTS,
-            "lane_full",
+            ErrorCode::LaneFull,
             format!(
                 "the {} lane holds {backlog} payloads; retry later",
                 src.lane
             ),
         )
-        .retry_after(5)
         .into_response(),
         Err(e) => ApiError::internal(&e).into_response(),
     }

@@ -11,12 +11,22 @@ use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
 use axum::routing::get;
-use holdfast_engine::{ingest, kv, store};
+use holdfast_engine::{ingest, postgres, redis_conn};
 
-use crate::state::AppState;
+use std::sync::Arc;
+
+use axum::extract::FromRef;
+use holdfast_engine::Backends;
+
+use crate::workers::WorkerStats;
 
 /// The metrics route.
-pub fn routes() -> Router<AppState> {
+pub fn routes<S>() -> Router<S>
+where
+    S: Clone + Send + Sync + 'static,
+    Backends: FromRef<S>,
+    Arc<WorkerStats>: FromRef<S>,
+{
     Router::new().route("/metrics", get(metrics))
 }
 
@@ -35,11 +45,14 @@ impl Out {
     }
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(
+    State(backends): State<Backends>,
+    State(workers): State<Arc<WorkerStats>>,
+) -> impl IntoResponse {
     let mut out = Out(String::new());
     let timeout = Duration::from_millis(1_000);
-    let redis_up = kv::ping(&state.backends.redis, timeout).await.is_ok();
-    let pg_up = store::ping(&state.backends.pg, timeout).await.is_ok();
+    let redis_up = redis_conn::ping(&backends.redis, timeout).await.is_ok();
+    let pg_up = postgres::ping(&backends.pg, timeout).await.is_ok();
     out.one(
         "holdfast_redis_up",
         "gauge",
@@ -53,7 +66,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         f64::from(u8::from(pg_up)),
     );
 
-    let w = &state.workers;
+    let w = &workers;
     out.one(
         "holdfast_reaper_released_total",
         "counter",
@@ -92,8 +105,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         wb.failures.load(Ordering::Relaxed) as f64,
     );
     if redis_up
-        && let Ok(Ok(lag)) =
-            tokio::time::timeout(timeout, state.backends.engine.write_behind_lag()).await
+        && let Ok(Ok(lag)) = tokio::time::timeout(timeout, backends.engine.write_behind_lag()).await
     {
         out.one(
             "holdfast_write_behind_lag_entries",
@@ -140,16 +152,12 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         &lane_metric(|s| s.dead.load(Ordering::Relaxed)),
     );
     if redis_up {
-        let mut conn = state.backends.redis.clone();
+        let mut conn = backends.redis.clone();
         let (mut backlog, mut paused) = (Vec::new(), Vec::new());
-        for lane in ingest::LANES {
-            if let Ok(s) = ingest::status(&mut conn, lane).await {
-                backlog.push((format!("{{lane=\"{lane}\"}}"), s.backlog as f64));
-                paused.push((
-                    format!("{{lane=\"{lane}\"}}"),
-                    f64::from(u8::from(s.paused)),
-                ));
-            }
+        for s in ingest::statuses(&mut conn).await.unwrap_or_default() {
+            let label = format!("{{lane=\"{}\"}}", s.lane);
+            backlog.push((label.clone(), s.backlog as f64));
+            paused.push((label, f64::from(u8::from(s.paused()))));
         }
         out.metric(
             "holdfast_ingest_backlog",

@@ -2,10 +2,11 @@
 
 #![allow(dead_code)]
 
-use holdfast_engine::{Backends, kv};
-use holdfast_server::state::{AppState, leptos_options};
-use sqlx::PgPool;
-use sqlx::postgres::PgConnectOptions;
+use holdfast_engine::Backends;
+#[allow(unused_imports)]
+pub use holdfast_engine::testkit::{backends, pg_url};
+use holdfast_server::startup::spawn_in_background;
+use holdfast_server::state::{AppState, StateOptions, leptos_options};
 use tokio::net::TcpListener;
 
 /// A Holdfast server on a free loopback port, stopped when the test's runtime ends.
@@ -21,60 +22,34 @@ impl TestServer {
     }
 }
 
-/// Serves the full router over `backends` on port 0, with the live event feed
-/// reading the Redis at `redis_url`.
-pub async fn spawn_live(backends: Backends, redis_url: &str) -> TestServer {
+/// Serves the full router over `backends` with `options` on port 0, the live side
+/// reading the Redis at `live_from` when given.
+pub async fn spawn_with(
+    backends: Backends,
+    options: StateOptions,
+    live_from: Option<&str>,
+) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let addr = listener.local_addr().expect("local addr");
-    let state = AppState::new(leptos_options("target/site", addr), backends);
-    let (stop, rx) = tokio::sync::watch::channel(false);
-    holdfast_server::start_live(&state, redis_url, rx);
-    // Live until the test's runtime ends.
-    std::mem::forget(stop);
-    let router = holdfast_server::router(state);
-    tokio::spawn(holdfast_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    // Give the feed a moment to position itself at the streams' end.
-    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let state = AppState::build(
+        leptos_options("target/site", addr),
+        backends,
+        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
+        options,
+    );
+    spawn_in_background(listener, state, live_from).await;
     TestServer {
         base: format!("http://{addr}"),
     }
+}
+
+/// Serves the full router over `backends` on port 0, with the live event feed
+/// reading the Redis at `redis_url`.
+pub async fn spawn_live(backends: Backends, redis_url: &str) -> TestServer {
+    spawn_with(backends, StateOptions::default(), Some(redis_url)).await
 }
 
 /// Serves the full router over `backends` on port 0.
 pub async fn spawn(backends: Backends) -> TestServer {
-    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
-    let addr = listener.local_addr().expect("local addr");
-    let state = AppState::new(leptos_options("target/site", addr), backends);
-    let router = holdfast_server::router(state);
-    tokio::spawn(holdfast_server::serve(
-        listener,
-        router,
-        std::future::pending(),
-    ));
-    TestServer {
-        base: format!("http://{addr}"),
-    }
-}
-
-/// Backends over a test database and the Redis at `redis_url`.
-pub async fn backends(pool: PgPool, redis_url: &str) -> Backends {
-    let redis = kv::connect(redis_url)
-        .await
-        .expect("connect to the test Redis");
-    Backends::new(pool, redis, holdfast_engine::EngineConfig::default())
-}
-
-/// A `postgres://` URL for the database `opts` points at (sqlx::test hands out options, not URLs).
-pub fn pg_url(opts: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        opts.get_username(),
-        opts.get_host(),
-        opts.get_port(),
-        opts.get_database().unwrap_or("postgres")
-    )
+    spawn_with(backends, StateOptions::default(), None).await
 }

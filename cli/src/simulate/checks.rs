@@ -7,6 +7,8 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use holdfast_engine::Backends;
+use holdfast_engine::catalog::{self, NewSku};
+use holdfast_engine::events::{self, EventKind};
 use holdfast_engine::stock::WarmSpec;
 use serde::Serialize;
 
@@ -34,38 +36,21 @@ fn check(name: &'static str, passed: bool, detail: String) -> Check {
 
 /// Creates `sku` with `units` on hand in the `rehearsal` drop and warms its counter.
 pub async fn create_sku(b: &Backends, sku: &str, units: i64, limit: i64) -> anyhow::Result<()> {
-    let mut tx = b.pg.begin().await?;
-    sqlx::query(
-        "INSERT INTO drops (code, name) VALUES ($1, 'Drop rehearsal') ON CONFLICT (code) DO NOTHING",
-    )
-    .bind(DROP)
-    .execute(&mut *tx)
-    .await?;
-    let inserted = sqlx::query(
-        "INSERT INTO skus (sku, title, product, variant, on_hand, low_stock_threshold, per_buyer_limit)
-         VALUES ($1, 'Rehearsal ' || $1, 'Drop rehearsal', $1, $2, $3, $4) ON CONFLICT (sku) DO NOTHING",
-    )
-    .bind(sku)
-    .bind(units)
-    .bind((units / 10).clamp(1, 1_000) as i32)
-    .bind(i32::try_from(limit).ok().filter(|l| *l > 0))
-    .execute(&mut *tx)
-    .await?
-    .rows_affected();
-    if inserted == 0 {
+    let title = format!("Rehearsal {sku}");
+    let new = NewSku {
+        sku,
+        title: &title,
+        product: "Drop rehearsal",
+        variant: Some(sku),
+        on_hand: units,
+        low_stock_threshold: (units / 10).clamp(1, 1_000) as i32,
+        per_buyer_limit: i32::try_from(limit).ok().filter(|l| *l > 0),
+    };
+    if !catalog::add_sku(&b.pg, DROP, "Drop rehearsal", &new).await? {
         anyhow::bail!(
             "SKU {sku} already exists; a rehearsal needs a SKU of its own (leave out --sku)"
         );
     }
-    sqlx::query(
-        "INSERT INTO drop_skus (drop_code, sku, position)
-         SELECT $1, $2, coalesce(max(position), 0) + 1 FROM drop_skus WHERE drop_code = $1",
-    )
-    .bind(DROP)
-    .bind(sku)
-    .execute(&mut *tx)
-    .await?;
-    tx.commit().await?;
     let spec = WarmSpec {
         per_buyer_limit: limit.max(0),
         ..WarmSpec::new(sku, units)
@@ -76,55 +61,7 @@ pub async fn create_sku(b: &Backends, sku: &str, units: i64, limit: i64) -> anyh
 
 /// The id of the newest event in `sku`'s shard stream (`0-0` when empty).
 pub async fn stream_position(b: &Backends, sku: &str) -> anyhow::Result<String> {
-    let keys = b.engine.keyspace();
-    let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
-        .arg(keys.events(keys.shard_of(sku)))
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(&mut b.engine.connection())
-        .await?;
-    Ok(rows
-        .into_iter()
-        .next()
-        .map_or_else(|| "0-0".to_owned(), |(id, _)| id))
-}
-
-/// `(kind, reservation id)` of every event about `sku` after `after`.
-async fn events_since(
-    b: &Backends,
-    sku: &str,
-    after: &str,
-) -> anyhow::Result<Vec<(String, String)>> {
-    let keys = b.engine.keyspace();
-    let stream = keys.events(keys.shard_of(sku));
-    let mut from = format!("({after}");
-    let mut out = Vec::new();
-    loop {
-        let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
-            .arg(&stream)
-            .arg(&from)
-            .arg("+")
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut b.engine.connection())
-            .await?;
-        let Some((last, _)) = rows.last() else { break };
-        from = format!("({last}");
-        for (_, f) in rows {
-            if f.get("sku").map(String::as_str) == Some(sku) {
-                out.push((
-                    f.get("kind").cloned().unwrap_or_default(),
-                    f.get("rid")
-                        .or_else(|| f.get("reservation_id"))
-                        .cloned()
-                        .unwrap_or_default(),
-                ));
-            }
-        }
-    }
-    Ok(out)
+    Ok(events::latest_id(&b.engine, sku).await?)
 }
 
 struct Pg {
@@ -133,11 +70,9 @@ struct Pg {
 }
 
 async fn pg_figures(b: &Backends, sku: &str) -> anyhow::Result<Pg> {
-    let (on_hand, sold_recorded): (i64, i64) =
-        sqlx::query_as("SELECT on_hand, sold_recorded FROM skus WHERE sku = $1")
-            .bind(sku)
-            .fetch_one(&b.pg)
-            .await?;
+    let (on_hand, sold_recorded) = catalog::recorded(&b.pg, sku)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("SKU {sku} is not in PostgreSQL"))?;
     Ok(Pg {
         on_hand,
         sold_recorded,
@@ -217,15 +152,16 @@ pub async fn run_all(
         ),
     ];
 
-    let events = events_since(b, sku, start_id).await?;
+    let events = events::for_sku_since(&b.engine, sku, start_id).await?;
     let mut endings: HashMap<&str, Vec<&str>> = HashMap::new();
     let mut reserved = 0u64;
-    for (kind, rid) in &events {
-        match kind.as_str() {
-            "reserved" => reserved += 1,
-            "confirmed" | "released" | "expired" => {
-                endings.entry(rid.as_str()).or_default().push(kind.as_str())
-            }
+    for e in &events {
+        let rid = e.reservation_id.as_deref().unwrap_or_default();
+        match e.kind {
+            EventKind::Reserved => reserved += 1,
+            EventKind::Confirmed => endings.entry(rid).or_default().push("confirmed"),
+            EventKind::Released => endings.entry(rid).or_default().push("released"),
+            EventKind::Expired => endings.entry(rid).or_default().push("expired"),
             _ => {}
         }
     }

@@ -3,6 +3,8 @@
 use std::io::{IsTerminal, Write};
 use std::time::Instant;
 
+use holdfast_domain::text::thousands;
+
 /// Draws `label [#####-----] 50% 5,000/10,000` on stderr: redrawn in place on a
 /// terminal, and as a line per quarter when stderr is a file or pipe.
 pub struct Progress {
@@ -62,37 +64,10 @@ impl Progress {
     }
 }
 
-/// `1234567` as `1,234,567`.
-pub fn thousands(n: u64) -> String {
-    let s = n.to_string();
-    let mut out = String::with_capacity(s.len() + s.len() / 3);
-    for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i).is_multiple_of(3) {
-            out.push(',');
-        }
-        out.push(c);
-    }
-    out
-}
-
 /// Prints `rows` as a two-column table on stdout.
 pub fn table(rows: &[(&str, String)]) {
     let width = rows.iter().map(|(k, _)| k.len()).max().unwrap_or(0);
     for (k, v) in rows {
         println!("  {k:<width$}  {v}");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::thousands;
-
-    #[test]
-    fn groups_thousands() {
-        assert_eq!(thousands(0), "0");
-        assert_eq!(thousands(999), "999");
-        assert_eq!(thousands(1_000), "1,000");
-        assert_eq!(thousands(100_000), "100,000");
-        assert_eq!(thousands(1_234_567), "1,234,567");
     }
 }

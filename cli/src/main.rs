@@ -6,9 +6,9 @@ use clap::Parser;
 
 #[tokio::main]
 async fn main() -> ExitCode {
-    let cli = holdfast_server::config::Cli::parse();
-    holdfast_server::telemetry::init(&cli.global.log, cli.global.log_format);
-    match holdfast_server::cli::run(cli).await {
+    let cli = holdfast_cli::config::Cli::parse();
+    holdfast_cli::telemetry::init(&cli.global.log, cli.global.log_format);
+    match holdfast_cli::commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // One line an operator can act on; details were logged where they arose.

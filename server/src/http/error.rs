@@ -1,16 +1,19 @@
-//! API errors: each maps to one status code and a JSON body `{code, message, field?}`.
+//! The error every HTTP area answers with: a typed [`ErrorCode`] (which fixes the
+//! status and any `Retry-After`) and a JSON body `{code, message, field?, sku?,
+//! available?}`. Engine errors are mapped here, once: logged, shown opaquely.
 
 use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::api::ErrorBody;
+use holdfast_domain::ErrorCode;
 use holdfast_engine::EngineError;
 
 /// A failed API call.
 #[derive(Debug)]
 pub struct ApiError {
-    /// The HTTP status.
-    pub status: StatusCode,
+    /// Why; fixes the HTTP status.
+    pub code: ErrorCode,
     /// The body (boxed: errors travel through every `Result` of the hot path).
     pub body: Box<ErrorBody>,
     /// Seconds for `Retry-After`, when retrying later will help.
@@ -18,19 +21,24 @@ pub struct ApiError {
 }
 
 impl ApiError {
-    /// An error with `status`, `code` and `message`.
-    pub fn new(status: StatusCode, code: &str, message: impl Into<String>) -> Self {
+    /// An error with `code` and `message`, and the code's own retry hint.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
         Self {
-            status,
+            code,
             body: Box::new(ErrorBody {
-                code: code.into(),
+                code: code.as_str().into(),
                 message: message.into(),
                 field: None,
                 sku: None,
                 available: None,
             }),
-            retry_after: None,
+            retry_after: code.retry_after(),
         }
+    }
+
+    /// The HTTP status.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
     }
 
     /// Names the request field at fault.
@@ -45,17 +53,10 @@ impl ApiError {
         self
     }
 
-    /// Asks the client to retry after `secs`.
-    pub fn retry_after(mut self, secs: u64) -> Self {
-        self.retry_after = Some(secs);
-        self
-    }
-
     /// 401: no valid token.
     pub fn unauthorized() -> Self {
         Self::new(
-            StatusCode::UNAUTHORIZED,
-            "unauthorized",
+            ErrorCode::Unauthorized,
             "send a valid API token as `Authorization: Bearer hf_…` (create one with `holdfast token create`)",
         )
     }
@@ -63,27 +64,25 @@ impl ApiError {
     /// 403: the token lacks `scope`.
     pub fn forbidden(scope: &str) -> Self {
         Self::new(
-            StatusCode::FORBIDDEN,
-            "forbidden",
+            ErrorCode::Forbidden,
             format!("this token lacks the '{scope}' scope"),
         )
     }
 
     /// 422: a field is invalid.
     pub fn invalid(field: &str, message: impl Into<String>) -> Self {
-        Self::new(StatusCode::UNPROCESSABLE_ENTITY, "invalid", message).field(field)
+        Self::new(ErrorCode::Invalid, message).field(field)
     }
 
     /// 404: no such thing.
     pub fn not_found(what: impl Into<String>) -> Self {
-        Self::new(StatusCode::NOT_FOUND, "not_found", what)
+        Self::new(ErrorCode::NotFound, what)
     }
 
     /// 409: not enough stock; says how many are left.
     pub fn sold_out(sku: &str, available: i64) -> Self {
         let mut e = Self::new(
-            StatusCode::CONFLICT,
-            "sold_out",
+            ErrorCode::SoldOut,
             format!("{sku} has {available} unit(s) available, fewer than requested"),
         )
         .sku(sku);
@@ -94,32 +93,39 @@ impl ApiError {
     /// 503: the SKU's counter is not in Redis yet (never a 409).
     pub fn not_warmed(sku: &str) -> Self {
         Self::new(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "not_warmed",
+            ErrorCode::NotWarmed,
             format!(
                 "stock for {sku} is not loaded yet; retry shortly (operators: run `holdfast warm`)"
             ),
         )
         .sku(sku)
-        .retry_after(5)
     }
 
-    /// 500: logged once here, shown opaquely.
+    /// 429 with `Retry-After: secs`.
+    pub fn too_many(secs: u64) -> Self {
+        let mut e = Self::new(
+            ErrorCode::RateLimited,
+            format!("too many requests; retry in {secs} s"),
+        );
+        e.retry_after = Some(secs);
+        e
+    }
+
+    /// The answer for an engine failure: logged once here, shown opaquely.
     pub fn internal(e: &EngineError) -> Self {
         tracing::error!(error = %e, "API request failed");
-        match e {
-            EngineError::Redis(_) | EngineError::Postgres(_) => Self::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "unavailable",
-                "a backing service is unavailable; retry shortly",
-            )
-            .retry_after(2),
-            _ => Self::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                "something went wrong on our side",
-            ),
-        }
+        let code = e.code();
+        let message = match code {
+            ErrorCode::Unavailable => "a backing service is unavailable; retry shortly".to_owned(),
+            ErrorCode::Busy => e.to_string(),
+            _ => "something went wrong on our side".to_owned(),
+        };
+        Self::new(code, message)
+    }
+
+    /// The body as JSON, for storing an answer under an `Idempotency-Key`.
+    pub fn body_json(&self) -> serde_json::Value {
+        serde_json::to_value(&*self.body).unwrap_or_default()
     }
 }
 
@@ -129,14 +135,19 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// `status` with JSON `body` and, when given, `Retry-After`.
+pub fn respond(status: StatusCode, body: serde_json::Value, retry_after: Option<u64>) -> Response {
+    let mut response = (status, Json(body)).into_response();
+    if let Some(secs) = retry_after
+        && let Ok(v) = HeaderValue::from_str(&secs.to_string())
+    {
+        response.headers_mut().insert(header::RETRY_AFTER, v);
+    }
+    response
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body)).into_response();
-        if let Some(secs) = self.retry_after
-            && let Ok(v) = HeaderValue::from_str(&secs.to_string())
-        {
-            response.headers_mut().insert(header::RETRY_AFTER, v);
-        }
-        response
+        respond(self.status(), self.body_json(), self.retry_after)
     }
 }

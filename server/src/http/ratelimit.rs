@@ -8,6 +8,11 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Instant;
 
+/// Default requests per second per API token.
+pub const DEFAULT_TOKEN_RATE: u32 = 20_000;
+/// Default webhooks per second per source.
+pub const DEFAULT_SOURCE_RATE: u32 = 200;
+
 /// A refill rate and burst size.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Limit {

@@ -7,16 +7,16 @@ mod common;
 use std::time::Duration;
 
 use clap::Parser;
+use holdfast_cli::config::Cli;
+use holdfast_cli::simulate::{checks, load::Tally};
 use holdfast_engine::reaper::ReaperConfig;
 use holdfast_engine::record::WriteBehindConfig;
 use holdfast_engine::testkit::TestRedis;
-use holdfast_server::config::Cli;
-use holdfast_server::simulate::{checks, load::Tally};
 use holdfast_server::workers::{WorkerConfig, WorkerStats, Workers};
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
@@ -49,7 +49,7 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
         &pg_url,
         "simulate",
         "--url",
-        &server.base,
+        &server,
         "--shoppers",
         "400",
         "--units",
@@ -71,7 +71,7 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
         "--plot",
         plot.to_str().unwrap(),
     ]);
-    holdfast_server::cli::run(cli)
+    holdfast_cli::commands::run(cli)
         .await
         .expect("every truth check passes");
 
@@ -101,7 +101,7 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
     workers.stop().await;
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_checks_catch_a_sale_redis_never_made(pool: PgPool) {
     let redis = TestRedis::start();
     let backends = common::backends(pool, &redis.url()).await;

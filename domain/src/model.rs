@@ -1,4 +1,4 @@
-//! The engine's requests and outcomes: every case in the hold lifecycle is its own
+//! Reservations and their outcomes: every case in the hold lifecycle is its own
 //! variant, so callers (the API, the dashboard) map each to a distinct answer.
 
 use serde::{Deserialize, Serialize};

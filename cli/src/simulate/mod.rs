@@ -96,14 +96,7 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
     if args.confirm + args.abandon > 1.0 {
         anyhow::bail!("--confirm plus --abandon is more than 1 (the rest release their holds)");
     }
-    let backends = crate::startup::connect(
-        &global.redis_url,
-        &global.database_url,
-        global.allow_evicting_redis,
-        4,
-        global.engine.config(),
-    )
-    .await?;
+    let backends = holdfast_server::startup::connect_with(global, 4).await?;
     let base = args.url.trim_end_matches('/').to_owned();
     reqwest::get(format!("{base}/healthz"))
         .await

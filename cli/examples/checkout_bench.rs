@@ -132,7 +132,7 @@ async fn main() {
     let (alone, failed_alone) = drive(&base, &token, rate, seconds, "alone").await;
 
     if pause_feeds {
-        holdfast_engine::ingest::pause(&mut redis.connection().await, "feeds")
+        holdfast_engine::ingest::pause(&mut redis.connection().await, holdfast_domain::Lane::Feeds)
             .await
             .unwrap();
     }
@@ -163,7 +163,7 @@ async fn main() {
         })
     };
     if pause_feeds {
-        holdfast_engine::ingest::pause(&mut redis.connection().await, "feeds")
+        holdfast_engine::ingest::pause(&mut redis.connection().await, holdfast_domain::Lane::Feeds)
             .await
             .unwrap();
     }
@@ -171,15 +171,13 @@ async fn main() {
     let (busy, failed_busy) = drive(&base, &token, rate, seconds, "busy").await;
     let pages = feed.await.unwrap();
     let applied: i64 = {
-        let mut conn = redis.connection().await;
         let mut n = 0;
         for i in (0..feed_lines).step_by((feed_lines / 100).max(1) as usize) {
-            let a: Option<i64> = redis::cmd("HGET")
-                .arg(engine.keyspace().sku(&format!("CAT-{i:06}")))
-                .arg("available")
-                .query_async(&mut conn)
+            let a = engine
+                .figures(&format!("CAT-{i:06}"))
                 .await
-                .unwrap();
+                .unwrap()
+                .map(|f| f.available);
             n += i64::from(a == Some(105));
         }
         n

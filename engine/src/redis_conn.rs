@@ -5,7 +5,7 @@ use std::time::Duration;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{EngineError, redact_url};
-use crate::store::one_line;
+use crate::postgres::one_line;
 
 /// What Redis said about memory eviction, as checked at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -1,11 +1,12 @@
-//! `holdfast warm` and `holdfast reconcile` as an operator runs them.
+//! The `holdfast` binary as an operator runs it: `warm`, `reconcile`, `--help`,
+//! and a start-up failure in one line.
 
 mod common;
 
 use std::process::Command;
 
-use holdfast_engine::testkit::TestRedis;
-use holdfast_engine::{Engine, EngineConfig, catalog, kv};
+use holdfast_engine::testkit::{TestRedis, closed_port};
+use holdfast_engine::{Engine, EngineConfig, catalog, redis_conn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
@@ -23,7 +24,7 @@ fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
     )
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
     let pg = pool.connect_with(opts).await.unwrap();
@@ -52,10 +53,10 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
 
     // Corrupt one counter upward by hand: reconciliation must bring it down.
     let engine = Engine::new(
-        kv::connect(&redis.url()).await.unwrap(),
+        redis_conn::connect(&redis.url()).await.unwrap(),
         EngineConfig::default(),
     );
-    let mut conn = kv::connect(&redis.url()).await.unwrap();
+    let mut conn = redis_conn::connect(&redis.url()).await.unwrap();
     redis::cmd("HSET")
         .arg(engine.keyspace().sku("DROP-005"))
         .arg("available")
@@ -80,7 +81,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
     );
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
@@ -122,7 +123,7 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
     assert!(!ok && err.contains("no active token"), "{err}");
 }
 
-#[sqlx::test(migrator = "holdfast_engine::store::MIGRATOR")]
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: PgConnectOptions) {
     use std::io::{BufRead, BufReader};
     let pg_url = common::pg_url(&opts);
@@ -187,7 +188,7 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
         .unwrap();
     assert!(html.contains("Winter Launch Drop"), "{html}");
     let engine = Engine::new(
-        kv::connect(&redis.url()).await.unwrap(),
+        redis_conn::connect(&redis.url()).await.unwrap(),
         EngineConfig::default(),
     );
     let f = engine.figures("DROP-001").await.unwrap();
@@ -198,4 +199,47 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
     );
     let _ = child.kill();
     let _ = child.wait();
+}
+
+#[test]
+fn the_binary_prints_one_line_and_exits_non_zero_when_redis_is_down() {
+    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env("REDIS_URL", &url)
+        .env("HOLDFAST_LOG", "off")
+        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
+        .output()
+        .expect("run holdfast");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "exactly one line: {stderr}");
+    assert!(
+        lines[0].starts_with(&format!("error: cannot reach Redis at {url}")),
+        "{stderr}"
+    );
+    assert!(
+        !stderr.contains("panicked") && !stderr.contains("backtrace"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn help_lists_the_commands_and_environment() {
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["serve", "--help"])
+        .output()
+        .expect("run holdfast --help");
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for needle in [
+        "REDIS_URL",
+        "DATABASE_URL",
+        "HOLDFAST_LISTEN",
+        "--allow-evicting-redis",
+        "--demo",
+    ] {
+        assert!(help.contains(needle), "--help mentions {needle}:\n{help}");
+    }
 }

@@ -1,0 +1,242 @@
+//! The command line: `holdfast <command>` and each command's flags. The settings
+//! the server itself needs (connections, reservation rules, `serve`'s flags) live
+//! in [`holdfast_server::config`] and are flattened in here.
+
+use clap::{Args, Parser, Subcommand};
+pub use holdfast_server::config::{EngineArgs, GlobalArgs, LogFormat, ServeArgs};
+
+/// Holdfast keeps stock honest during flash sales: Redis decides every reservation
+/// atomically, PostgreSQL keeps the record, and a live dashboard shows it all.
+#[derive(Debug, Parser)]
+#[command(name = "holdfast", version, about, long_about = None)]
+pub struct Cli {
+    /// Settings every command shares.
+    #[command(flatten)]
+    pub global: GlobalArgs,
+    /// What to do; `serve` when omitted.
+    #[command(subcommand)]
+    pub command: Option<Command>,
+}
+
+/// The operator commands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the dashboard, the APIs and the background workers (the default).
+    Serve(ServeArgs),
+    /// Rebuild stock counters missing in Redis from PostgreSQL (after a Redis loss).
+    Warm(WarmArgs),
+    /// Measure drift between Redis and PostgreSQL, record it, and correct it.
+    Reconcile(ReconcileArgs),
+    /// Create, list and revoke API tokens.
+    #[command(subcommand)]
+    Token(TokenCommand),
+    /// Pause, resume and inspect ingestion lanes.
+    #[command(subcommand)]
+    Lane(LaneCommand),
+    /// Inspect and replay webhook payloads that could not be applied.
+    #[command(subcommand, name = "dead-letters")]
+    DeadLetters(DeadLetterCommand),
+    /// Add, list and change dashboard users.
+    #[command(subcommand)]
+    User(UserCommand),
+    /// List, take and force-release locks.
+    #[command(subcommand)]
+    Lock(LockCommand),
+    /// Rehearse a drop: simulated shoppers through the HTTP API of a running
+    /// Holdfast, a live view, then truth checks (non-zero exit when one fails).
+    Simulate(SimulateArgs),
+}
+
+/// Settings for `holdfast simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// The running Holdfast to drive.
+    #[arg(long, env = "HOLDFAST_URL", default_value = "http://127.0.0.1:3000")]
+    pub url: String,
+    /// An API token with the checkout scope; without one a temporary token is
+    /// created in PostgreSQL and revoked at the end.
+    #[arg(long, env = "HOLDFAST_TOKEN")]
+    pub token: Option<String>,
+    /// Shoppers arriving in all.
+    #[arg(long, default_value_t = 20_000)]
+    pub shoppers: u64,
+    /// Units on sale (a new SKU of its own is stocked with them).
+    #[arg(long, default_value_t = 2_000)]
+    pub units: i64,
+    /// Use this new SKU code instead of a generated `SIM-…` one.
+    #[arg(long)]
+    pub sku: Option<String>,
+    /// Arrivals per second at the peak.
+    #[arg(long, default_value_t = 2_000.0)]
+    pub peak_rps: f64,
+    /// Seconds at the peak (a step from zero), before the decay.
+    #[arg(long, default_value_t = 5.0)]
+    pub peak_secs: f64,
+    /// Seconds over which arrivals decay to about 5% of the peak (0: no decay).
+    #[arg(long, default_value_t = 10.0)]
+    pub decay_secs: f64,
+    /// Share of holders who pay (after a think time).
+    #[arg(long, default_value_t = 0.6)]
+    pub confirm: f64,
+    /// Share of holders who walk away, leaving the hold to expire; the rest release.
+    #[arg(long, default_value_t = 0.25)]
+    pub abandon: f64,
+    /// Longest think time before paying or releasing, in ms (each shopper's is random).
+    #[arg(long, default_value_t = 1_500)]
+    pub think_ms: u64,
+    /// Hold lifetime asked for, in seconds (abandoned holds expire after it).
+    #[arg(long, default_value_t = 5)]
+    pub hold_ttl_secs: u64,
+    /// Share of reservations sent a second time with the same idempotency key.
+    #[arg(long, default_value_t = 0.1)]
+    pub retry: f64,
+    /// Share of shoppers who try again after their first attempt.
+    #[arg(long, default_value_t = 0.1)]
+    pub repeat: f64,
+    /// The SKU's per-buyer limit; shoppers ask for 1 up to this many units (0: no
+    /// limit, one unit each).
+    #[arg(long, default_value_t = 2)]
+    pub per_buyer_limit: i64,
+    /// Seed for the shoppers' choices.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Longest wait after the run for holds to end and sales to reach PostgreSQL.
+    #[arg(long, default_value_t = 60)]
+    pub settle_secs: u64,
+    /// Also write the report as JSON here.
+    #[arg(long)]
+    pub json: Option<std::path::PathBuf>,
+    /// Also write an SVG plot of throughput and latency over the run here.
+    #[arg(long)]
+    pub plot: Option<std::path::PathBuf>,
+}
+
+/// `holdfast lock …`.
+#[derive(Debug, Subcommand)]
+pub enum LockCommand {
+    /// Show held locks with holder, remaining lease and fencing token.
+    List,
+    /// Take a lock and leave it held for `--ttl-secs` (e.g. hold `reconcile` to
+    /// keep scheduled reconciliation off during maintenance). Prints the fencing
+    /// token; fails if someone else holds it.
+    Take {
+        /// The lock's name.
+        name: String,
+        /// How long the lease lasts.
+        #[arg(long, default_value_t = 600)]
+        ttl_secs: u64,
+    },
+    /// Delete a lock whoever holds it; their fencing token becomes stale.
+    ForceRelease {
+        /// The lock's name.
+        name: String,
+    },
+}
+
+/// `holdfast user …`.
+#[derive(Debug, Subcommand)]
+pub enum UserCommand {
+    /// Add a user. Prints a one-time password they replace at first sign-in,
+    /// unless `--password-stdin` gives their password.
+    Add {
+        /// Login name: lower-case letters, digits, '.', '_' or '-'.
+        username: String,
+        /// viewer (read-only), support (may release holds) or admin.
+        #[arg(long, default_value = "viewer")]
+        role: String,
+        /// Read the password from standard input (one line) instead.
+        #[arg(long)]
+        password_stdin: bool,
+    },
+    /// List users and their roles.
+    List,
+    /// Change a user's role.
+    Role {
+        /// The user.
+        username: String,
+        /// viewer, support or admin.
+        role: String,
+    },
+    /// Give a user a new one-time password (ends their sessions).
+    ResetPassword {
+        /// The user.
+        username: String,
+    },
+    /// Delete a user and end their sessions.
+    Delete {
+        /// The user.
+        username: String,
+    },
+}
+
+/// `holdfast lane …`.
+#[derive(Debug, Subcommand)]
+pub enum LaneCommand {
+    /// Show every lane's backlog, pending payloads and state.
+    Status,
+    /// Stop a lane's consumers (payloads still queue, up to the lane's cap).
+    Pause {
+        /// `orders` or `feeds`.
+        lane: String,
+    },
+    /// Let a paused lane's consumers run again.
+    Resume {
+        /// `orders` or `feeds`.
+        lane: String,
+    },
+}
+
+/// `holdfast dead-letters …`.
+#[derive(Debug, Subcommand)]
+pub enum DeadLetterCommand {
+    /// Show the newest dead letters with their reasons.
+    List {
+        /// How many.
+        #[arg(long, default_value_t = 20)]
+        count: usize,
+    },
+    /// Put a dead letter back on its lane (after fixing its cause).
+    Replay {
+        /// Its id, as `list` shows it.
+        id: String,
+    },
+}
+
+/// `holdfast token …`.
+#[derive(Debug, Subcommand)]
+pub enum TokenCommand {
+    /// Create a token and print its secret (shown only this once).
+    Create {
+        /// A name for people, e.g. `checkout-prod`.
+        #[arg(long)]
+        name: String,
+        /// Comma-separated scopes: checkout, ingest, read.
+        #[arg(long, value_delimiter = ',', required = true)]
+        scopes: Vec<String>,
+    },
+    /// List tokens (never their secrets).
+    List,
+    /// Revoke a token by id; it stops working within seconds.
+    Revoke {
+        /// The token's id, as `list` shows it.
+        id: i64,
+    },
+}
+
+/// Settings for `holdfast warm`.
+#[derive(Debug, Clone, Args)]
+pub struct WarmArgs {
+    /// Also rewrite existing counters' `available` from PostgreSQL and their live
+    /// reserved, pending and settled figures.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Settings for `holdfast reconcile`.
+#[derive(Debug, Clone, Args)]
+pub struct ReconcileArgs {
+    /// Also correct negative drift (stranded units) up. Positive drift (Redis could
+    /// oversell) is always corrected down.
+    #[arg(long)]
+    pub correct_up: bool,
+}

@@ -1,0 +1,132 @@
+//! The codes every refusal is answered with, shared by the HTTP API and the
+//! dashboard's server functions so that one failure reads the same through every
+//! door: each code has one HTTP status and, where waiting helps, a `Retry-After`.
+
+use serde::{Deserialize, Serialize};
+
+/// A stable, machine-readable reason a request was not done.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// The body is not a valid request.
+    BadRequest,
+    /// No valid API token or session.
+    Unauthorized,
+    /// The caller may not do this.
+    Forbidden,
+    /// No such thing (for this caller).
+    NotFound,
+    /// A field is invalid; the answer names it.
+    Invalid,
+    /// Not enough stock; the answer says how much is left.
+    SoldOut,
+    /// The buyer reached the SKU's per-buyer limit.
+    BuyerLimitReached,
+    /// The hold had ended before payment was confirmed.
+    HoldExpired,
+    /// A create needs an `Idempotency-Key`.
+    IdempotencyKeyRequired,
+    /// The `Idempotency-Key` header is malformed.
+    InvalidIdempotencyKey,
+    /// The `Idempotency-Key` was used for a different request.
+    IdempotencyKeyReused,
+    /// The first request with this `Idempotency-Key` is still running.
+    RequestInProgress,
+    /// The work is already running elsewhere (its lock is held).
+    Busy,
+    /// A webhook came without its timestamp or signature headers.
+    MissingSignature,
+    /// A webhook's timestamp is too far from now (a replay, or a skewed clock).
+    StaleTimestamp,
+    /// A webhook's signature does not match its body.
+    BadSignature,
+    /// A webhook lane is at its cap.
+    LaneFull,
+    /// Too many requests.
+    RateLimited,
+    /// The SKU's counter is not in Redis yet (never `sold_out`).
+    NotWarmed,
+    /// A backing service (Redis, PostgreSQL) is unavailable.
+    Unavailable,
+    /// A fault on our side, logged; shown opaquely.
+    Internal,
+}
+
+impl ErrorCode {
+    /// The code as the API's JSON body carries it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::BadRequest => "bad_request",
+            Self::Unauthorized => "unauthorized",
+            Self::Forbidden => "forbidden",
+            Self::NotFound => "not_found",
+            Self::Invalid => "invalid",
+            Self::SoldOut => "sold_out",
+            Self::BuyerLimitReached => "buyer_limit_reached",
+            Self::HoldExpired => "hold_expired",
+            Self::IdempotencyKeyRequired => "idempotency_key_required",
+            Self::InvalidIdempotencyKey => "invalid_idempotency_key",
+            Self::IdempotencyKeyReused => "idempotency_key_reused",
+            Self::RequestInProgress => "request_in_progress",
+            Self::Busy => "busy",
+            Self::MissingSignature => "missing_signature",
+            Self::StaleTimestamp => "stale_timestamp",
+            Self::BadSignature => "bad_signature",
+            Self::LaneFull => "lane_full",
+            Self::RateLimited => "rate_limited",
+            Self::NotWarmed => "not_warmed",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
+        }
+    }
+
+    /// The HTTP status this code is answered with.
+    pub fn status(self) -> u16 {
+        match self {
+            Self::BadRequest | Self::IdempotencyKeyRequired | Self::InvalidIdempotencyKey => 400,
+            Self::Unauthorized
+            | Self::MissingSignature
+            | Self::StaleTimestamp
+            | Self::BadSignature => 401,
+            Self::Forbidden => 403,
+            Self::NotFound => 404,
+            Self::SoldOut | Self::BuyerLimitReached | Self::RequestInProgress | Self::Busy => 409,
+            Self::HoldExpired => 410,
+            Self::Invalid | Self::IdempotencyKeyReused => 422,
+            Self::RateLimited | Self::LaneFull => 429,
+            Self::Internal => 500,
+            Self::NotWarmed | Self::Unavailable => 503,
+        }
+    }
+
+    /// Seconds after which a retry may succeed, sent as `Retry-After`; `None`
+    /// when retrying the same request will not help. (A rate limit names its own
+    /// wait, which overrides this.)
+    pub fn retry_after(self) -> Option<u64> {
+        match self {
+            Self::NotWarmed | Self::LaneFull => Some(5),
+            Self::Unavailable => Some(2),
+            Self::RequestInProgress | Self::RateLimited => Some(1),
+            _ => None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ErrorCode;
+
+    #[test]
+    fn names_match_serde() {
+        for code in [
+            ErrorCode::SoldOut,
+            ErrorCode::NotWarmed,
+            ErrorCode::IdempotencyKeyReused,
+        ] {
+            let json = serde_json::to_string(&code).unwrap_or_default();
+            assert_eq!(json, format!("\"{}\"", code.as_str()));
+        }
+        assert_eq!(ErrorCode::NotWarmed.status(), 503);
+        assert_eq!(ErrorCode::NotWarmed.retry_after(), Some(5));
+    }
+}

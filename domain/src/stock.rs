@@ -1,0 +1,102 @@
+//! The rules over a SKU's live counters: the conservation equation and the stock
+//! state a shopper or merchandiser sees.
+
+use serde::{Deserialize, Serialize};
+
+/// A SKU's counters as Redis holds them, read together. `available` is `None`
+/// when the SKU was never warmed (or Redis lost it); the others read 0 when absent.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Units a shopper can reserve now; `None`: not warmed.
+    pub available: Option<i64>,
+    /// Units in open holds.
+    pub reserved: i64,
+    /// Units sold in Redis and not yet taken out by the write-behind.
+    pub sold_pending: i64,
+    /// Units the write-behind has taken out of `sold_pending` since warm-up.
+    pub settled: i64,
+}
+
+impl Counters {
+    /// What `available` must be for a SKU whose system of record says `on_hand`
+    /// with `sold_recorded` units recorded as sold.
+    ///
+    /// The conservation equation, `available + reserved + sold_pending = on_hand`,
+    /// holds once every event is written behind. Sales PostgreSQL has recorded
+    /// (lowering `on_hand`) that Redis has not yet settled out of `sold_pending`
+    /// are counted twice, so they are added back: `sold_recorded - settled`.
+    pub fn expected_available(&self, on_hand: i64, sold_recorded: i64) -> i64 {
+        on_hand - self.reserved - self.sold_pending + (sold_recorded - self.settled)
+    }
+
+    /// `available` minus what the equation expects (positive: units that do not
+    /// exist are sellable; negative: units are stranded). `None` when not warmed.
+    pub fn drift(&self, on_hand: i64, sold_recorded: i64) -> Option<i64> {
+        self.available
+            .map(|a| a - self.expected_available(on_hand, sold_recorded))
+    }
+}
+
+/// How a SKU's stock reads to a shopper.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StockState {
+    /// Not on sale: never warmed, or unknown to Holdfast.
+    Unknown,
+    /// Nothing left to reserve.
+    SoldOut,
+    /// At or under the SKU's low-stock threshold.
+    Low,
+    /// Plenty.
+    InStock,
+}
+
+impl StockState {
+    /// The state of a SKU with `available` units (`None`: not warmed) and a
+    /// low-stock `threshold`.
+    pub fn of(available: Option<i64>, threshold: i64) -> Self {
+        match available {
+            None => Self::Unknown,
+            Some(a) if a <= 0 => Self::SoldOut,
+            Some(a) if a <= threshold => Self::Low,
+            Some(_) => Self::InStock,
+        }
+    }
+
+    /// The name the badge API sends (`in_stock`, `low`, `sold_out`, `unknown`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unknown => "unknown",
+            Self::SoldOut => "sold_out",
+            Self::Low => "low",
+            Self::InStock => "in_stock",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn equation_counts_recorded_unsettled_sales_once() {
+        let c = Counters {
+            available: Some(5),
+            reserved: 3,
+            sold_pending: 2,
+            settled: 0,
+        };
+        assert_eq!(c.drift(10, 0), Some(0));
+        // PostgreSQL recorded the two sales (on_hand 8) before Redis settled them.
+        assert_eq!(c.drift(8, 2), Some(0));
+        assert_eq!(Counters::default().drift(10, 0), None);
+    }
+
+    #[test]
+    fn states() {
+        assert_eq!(StockState::of(None, 5), StockState::Unknown);
+        assert_eq!(StockState::of(Some(0), 5), StockState::SoldOut);
+        assert_eq!(StockState::of(Some(5), 5), StockState::Low);
+        assert_eq!(StockState::of(Some(6), 5), StockState::InStock);
+    }
+}

@@ -1,0 +1,127 @@
+//! `Idempotency-Key` storage: the same key with the same request gets the stored
+//! answer, status included; the same key with a different request is refused; a
+//! key is claimed while its first request runs. Keys are scoped to the API token
+//! and kept 24 hours in Redis ([`Keyspace::idempotency`]).
+//!
+//! Answers that invite a retry (5xx, 429) are not stored: a client that follows
+//! `Retry-After` with the same key gets the real outcome (for example a 201 once a
+//! not-warmed SKU has been warmed), never a replay of the temporary failure.
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::keys::Keyspace;
+
+/// How long a key and its answer are kept.
+pub const KEY_TTL_SECS: u64 = 24 * 3_600;
+/// How long a key stays claimed by a request that is still running.
+const PENDING_TTL_SECS: u64 = 60;
+
+/// What the store holds per key.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Stored {
+    fp: String,
+    status: Option<u16>,
+    body: Option<serde_json::Value>,
+}
+
+/// What to do with a request carrying a key.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Begin {
+    /// First use, now claimed: run it, then [`finish`].
+    Fresh,
+    /// Seen before with the same request: answer with this status and body.
+    Replay(u16, serde_json::Value),
+    /// The key was used for a different request.
+    Reused,
+    /// The first request with this key is still running.
+    InProgress,
+}
+
+/// The fingerprint of a request: method, path and exact body.
+pub fn fingerprint(method: &str, path: &str, body: &[u8]) -> String {
+    let mut h = Sha256::new();
+    h.update(method.as_bytes());
+    h.update(b" ");
+    h.update(path.as_bytes());
+    h.update(b"\n");
+    h.update(body);
+    hex::encode(h.finalize())
+}
+
+/// Claims `key` of token `token_id` for the request fingerprinted `fp`, or says
+/// how to answer a repeat.
+pub async fn begin(
+    engine: &Engine,
+    token_id: i64,
+    key: &str,
+    fp: &str,
+) -> Result<Begin, EngineError> {
+    let mut conn = engine.connection();
+    let k = Keyspace::idempotency(token_id, key);
+    let pending = serde_json::to_string(&Stored {
+        fp: fp.to_owned(),
+        status: None,
+        body: None,
+    })
+    .unwrap_or_default();
+    let claimed: Option<String> = redis::cmd("SET")
+        .arg(&k)
+        .arg(&pending)
+        .arg("NX")
+        .arg("EX")
+        .arg(PENDING_TTL_SECS)
+        .query_async(&mut conn)
+        .await?;
+    if claimed.is_some() {
+        return Ok(Begin::Fresh);
+    }
+    let raw: Option<String> = redis::cmd("GET").arg(&k).query_async(&mut conn).await?;
+    let Some(stored) = raw.and_then(|r| serde_json::from_str::<Stored>(&r).ok()) else {
+        // Lapsed between SET and GET: treat as new.
+        return Ok(Begin::Fresh);
+    };
+    if stored.fp != fp {
+        return Ok(Begin::Reused);
+    }
+    Ok(match (stored.status, stored.body) {
+        (Some(status), Some(body)) => Begin::Replay(status, body),
+        _ => Begin::InProgress,
+    })
+}
+
+/// Stores the answer to `key` (`status` and `body`), or frees the key when the
+/// answer invites a retry (5xx, 429). A failure is logged, not returned: the
+/// caller's answer stands, and a retry will simply run again.
+pub async fn finish(
+    engine: &Engine,
+    token_id: i64,
+    key: &str,
+    fp: &str,
+    status: u16,
+    body: &serde_json::Value,
+) {
+    let mut conn = engine.connection();
+    let k = Keyspace::idempotency(token_id, key);
+    let result = if status >= 500 || status == 429 {
+        redis::cmd("DEL").arg(&k).query_async::<()>(&mut conn).await
+    } else {
+        let stored = Stored {
+            fp: fp.to_owned(),
+            status: Some(status),
+            body: Some(body.clone()),
+        };
+        redis::cmd("SET")
+            .arg(&k)
+            .arg(serde_json::to_string(&stored).unwrap_or_default())
+            .arg("EX")
+            .arg(KEY_TTL_SECS)
+            .query_async::<()>(&mut conn)
+            .await
+    };
+    if let Err(e) = result {
+        tracing::warn!(error = %e, "could not store an idempotent answer; a retry will run again");
+    }
+}

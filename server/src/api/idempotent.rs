@@ -1,0 +1,79 @@
+//! `Idempotency-Key` over HTTP: the header's validation and running a handler's
+//! work under a key, answering a repeat from the engine's store
+//! ([`holdfast_engine::idempotency`]).
+
+use std::future::Future;
+
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use holdfast_domain::ErrorCode;
+use holdfast_engine::Engine;
+use holdfast_engine::idempotency::{self, Begin};
+
+use crate::http::error::{ApiError, respond};
+
+/// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
+pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
+    let Some(value) = headers.get("idempotency-key") else {
+        return Ok(None);
+    };
+    let key = value.to_str().unwrap_or_default();
+    if key.is_empty() || key.len() > 255 || !key.bytes().all(|b| b.is_ascii_graphic()) {
+        return Err(ApiError::new(
+            ErrorCode::InvalidIdempotencyKey,
+            "Idempotency-Key must be 1 to 255 visible ASCII characters",
+        )
+        .field("Idempotency-Key"));
+    }
+    Ok(Some(key.to_owned()))
+}
+
+/// Runs `work` under `key` (if any) of token `token_id`: a repeat with the same
+/// request (fingerprint `fp`) is answered from the postgres, a different request
+/// with the key is 422, and one still running is 409.
+pub async fn run<F>(
+    engine: &Engine,
+    token_id: i64,
+    key: Option<String>,
+    fp: String,
+    work: F,
+) -> Response
+where
+    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+{
+    let Some(key) = key else {
+        return match work.await {
+            Ok((s, b)) => respond(s, b, None),
+            Err(e) => e.into_response(),
+        };
+    };
+    match idempotency::begin(engine, token_id, &key, &fp).await {
+        Err(e) => return ApiError::from(e).into_response(),
+        Ok(Begin::Replay(status, body)) => {
+            let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+            return respond(status, body, None);
+        }
+        Ok(Begin::Reused) => {
+            return ApiError::new(
+                ErrorCode::IdempotencyKeyReused,
+                "this Idempotency-Key was used with a different request; use a new key for a new request",
+            )
+            .field("Idempotency-Key")
+            .into_response();
+        }
+        Ok(Begin::InProgress) => {
+            return ApiError::new(
+                ErrorCode::RequestInProgress,
+                "a request with this Idempotency-Key is still being processed; retry shortly",
+            )
+            .into_response();
+        }
+        Ok(Begin::Fresh) => {}
+    }
+    let (status, body, retry) = match work.await {
+        Ok((s, b)) => (s, b, None),
+        Err(e) => (e.status(), e.body_json(), e.retry_after),
+    };
+    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &body).await;
+    respond(status, body, retry)
+}

@@ -1,0 +1,81 @@
+//! Bearer-token authentication for the API: the [`Caller`] extractor verifies the
+//! token (through the engine's short-lived cache, so the hot path does not query
+//! PostgreSQL per request) and applies the per-token rate limit.
+
+use std::sync::Arc;
+
+use axum::extract::{FromRef, FromRequestParts};
+use axum::http::request::Parts;
+use holdfast_domain::Scope;
+use holdfast_engine::tokens::{TokenCache, TokenInfo};
+use sqlx::PgPool;
+
+use super::error::ApiError;
+use super::ratelimit::{Limit, RateLimiter};
+
+/// What checking a token needs: the cache, PostgreSQL behind it, and the
+/// per-token limiter. Any router state that can hand one out (`FromRef`) can
+/// authenticate [`Caller`]s.
+#[derive(Clone)]
+pub struct TokenCheck {
+    /// Verified tokens.
+    pub cache: Arc<TokenCache>,
+    /// Where tokens are kept.
+    pub pg: PgPool,
+    /// Requests per API token.
+    pub per_token: Arc<RateLimiter>,
+}
+
+impl TokenCheck {
+    /// Checks against `pg`, allowing `per_token` requests per second per token.
+    pub fn new(pg: PgPool, per_token: u32) -> Self {
+        Self {
+            cache: Arc::default(),
+            pg,
+            per_token: Arc::new(RateLimiter::new(Limit::per_second(per_token))),
+        }
+    }
+}
+
+/// The authenticated caller of an API route.
+#[derive(Debug, Clone)]
+pub struct Caller(pub TokenInfo);
+
+impl Caller {
+    /// Refuses the call (403) unless the token carries `scope`.
+    pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
+        if self.0.allows(scope) {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(scope.as_str()))
+        }
+    }
+}
+
+impl<S> FromRequestParts<S> for Caller
+where
+    S: Send + Sync,
+    TokenCheck: FromRef<S>,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, Self::Rejection> {
+        let check = TokenCheck::from_ref(state);
+        let secret = parts
+            .headers
+            .get(axum::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .map(str::trim)
+            .filter(|s| s.starts_with("hf_"))
+            .ok_or_else(ApiError::unauthorized)?;
+        let Some(info) = check.cache.verify(&check.pg, secret).await? else {
+            return Err(ApiError::unauthorized());
+        };
+        check
+            .per_token
+            .check(&format!("t{}", info.id))
+            .map_err(ApiError::too_many)?;
+        Ok(Self(info))
+    }
+}

@@ -1,0 +1,7 @@
+//! What every HTTP area shares, below the areas that use it: the error type
+//! ([`error::ApiError`]), bearer-token authentication ([`auth::Caller`]) and
+//! per-key rate limits ([`ratelimit::RateLimiter`]).
+
+pub mod auth;
+pub mod error;
+pub mod ratelimit;
