@@ -8,16 +8,22 @@
 -- then, for line i = 1..n (the hold's lines, in its order), at b = 3 + 3 * (i - 1):
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --
--- ARGV[1] reservation id   ARGV[2] stream MAXLEN   ARGV[3] tombstone ttl ms
--- ARGV[4..] sku of each line, in KEYS order (checked against the hold)
+-- ARGV[1] reservation id   ARGV[2] tombstone ttl ms
+-- ARGV[3..] sku of each line, in KEYS order (checked against the hold)
+--
+-- A SKU whose `owed` exceeds its other open holds has fewer real units than this
+-- hold: confirming sells units a feed removed. The sale stands (the shopper
+-- paid) and the units sold that do not exist are reported as `oversold`, in the
+-- reply and on the event, for a remediation.
 --
 -- Returns one of:
---   {'confirmed'}               units moved from reserved to sold_pending
+--   {'confirmed', sku1, oversold1, ...}  units moved from reserved to sold_pending;
+--                               each line whose sale oversold, with how many units
 --   {'already_confirmed'}       a repeat: nothing moves
 --   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
-local rid, maxlen, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local rid, tomb = ARGV[1], tonumber(ARGV[2])
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
 if not h[1] then return {'unknown'} end
 if h[1] == 'confirmed' then return {'already_confirmed'} end
@@ -32,24 +38,35 @@ local i = 0
 local parsed = {}
 for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   i = i + 1
-  if ARGV[3 + i] ~= sku then return {'mismatch'} end
+  if ARGV[2 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 3 ~= i then return {'mismatch'} end
+if #ARGV - 2 ~= i then return {'mismatch'} end
+local reply = {'confirmed'}
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
-  local available, reserved, pending = '', '', ''
+  local available, reserved, pending, owed, oversold = '', '', '', '', 0
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
+    owed = tonumber(redis.call('HGET', KEYS[b + 1], 'owed') or '0')
     if overdue then
-      available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty)
+      local paid = math.min(owed, qty)
+      if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
+      available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty - paid)
       reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
       pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
     else
+      local before = tonumber(redis.call('HGET', KEYS[b + 1], 'reserved') or '0')
       reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
+      -- Units owed beyond the other open holds cannot be backed by anything.
+      oversold = math.max(0, owed - reserved) - math.max(0, owed - before)
       pending = redis.call('HINCRBY', KEYS[b + 1], 'sold_pending', qty)
       redis.call('HINCRBY', KEYS[b + 1], 'sold', qty)
       available = redis.call('HGET', KEYS[b + 1], 'available')
+      if oversold > 0 then
+        reply[#reply + 1] = sku
+        reply[#reply + 1] = oversold
+      end
     end
   end
   redis.call('ZREM', KEYS[b + 2], rid)
@@ -57,12 +74,12 @@ for j = 1, i do
     local left = redis.call('DECRBY', KEYS[b + 3], qty)
     if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
   end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', kind, 'sku', sku,
+  redis.call('XADD', KEYS[3], '*', 'kind', kind, 'sku', sku,
     'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'ts', now)
+    'sold_pending', pending, 'owed', owed, 'oversold', oversold, 'ts', now)
 end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('HSET', KEYS[1], 'state', kind, 'ended', now)
 redis.call('PEXPIRE', KEYS[1], tomb)
 if overdue then return {'expired', 'expired'} end
-return {'confirmed'}
+return reply

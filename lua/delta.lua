@@ -4,30 +4,35 @@
 -- KEYS[2]  shard event stream   hf:{hfN}:events
 -- KEYS[3]  event guard          hf:{hfN}:seen:<source>:<event id>
 --
--- ARGV[1] sku   ARGV[2] delta (signed integer)   ARGV[3] source   ARGV[4] event id
--- ARGV[5] guard ttl ms (how long a delivered event id is remembered)   ARGV[6] stream MAXLEN
+-- ARGV[1] sku   ARGV[2] delta (signed whole number)   ARGV[3] source   ARGV[4] event id
+-- ARGV[5] guard ttl ms (how long a delivered event id is remembered)
 --
--- A negative delta larger than what is available takes `available` to 0, never
--- below: units in open holds cannot be taken back. The part not applied is
--- returned as the shortfall for the operator.
+-- The whole movement is applied and recorded: on hand follows the feed. Units in
+-- open holds cannot be taken back, so a decrease larger than `available` takes
+-- `available` to 0 and the rest becomes `owed`: held units that no longer exist.
+-- Units coming back (a release, an expiry) pay the debt before they are available
+-- again; a receipt pays it first too. `available - owed` is what the equation
+-- counts (see docs/stock-rules.md).
 --
--- Returns {'applied', available, shortfall}, {'duplicate'} or {'not_warmed'}.
-local sku, delta = ARGV[1], tonumber(ARGV[2])
-if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending')
-if not c[1] then return {'not_warmed'} end
-local available = tonumber(c[1])
-local applied = delta
-local shortfall = 0
-if available + delta < 0 then
-  applied = -available
-  shortfall = -(available + delta)
+-- Returns {'applied', available, owed}, {'duplicate'} or {'not_warmed'}.
+local function whole(v)
+  local n = tonumber(v)
+  if n and n == math.floor(n) and n > -1e15 and n < 1e15 then return n end
+  return nil
 end
-available = redis.call('HINCRBY', KEYS[1], 'available', applied)
+local sku, delta = ARGV[1], whole(ARGV[2])
+if not delta then return redis.error_reply('ERR delta.lua: the delta must be a whole number') end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed')
+if not c[1] then return {'not_warmed'} end
+local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
+local available, owed = effective, 0
+if effective < 0 then available, owed = 0, -effective end
+redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[6], '*', 'kind', 'delta', 'sku', sku,
-  'qty', applied, 'rid', '', 'available', available, 'reserved', c[2] or '0',
-  'sold_pending', c[3] or '0', 'source', ARGV[3], 'event_id', ARGV[4], 'ts', now)
-return {'applied', available, shortfall}
+redis.call('XADD', KEYS[2], '*', 'kind', 'delta', 'sku', sku,
+  'qty', delta, 'rid', '', 'available', available, 'reserved', c[2] or '0',
+  'sold_pending', c[3] or '0', 'owed', owed, 'source', ARGV[3], 'event_id', ARGV[4], 'ts', now)
+return {'applied', available, owed}

@@ -9,8 +9,11 @@
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --
 -- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired'
--- ARGV[3] stream MAXLEN    ARGV[4] tombstone ttl ms (how long the ended hold is remembered)
--- ARGV[5..] sku of each line, in KEYS order (checked against the hold)
+-- ARGV[3] tombstone ttl ms (how long the ended hold is remembered)
+-- ARGV[4..] sku of each line, in KEYS order (checked against the hold)
+--
+-- Units coming back pay the SKU's `owed` debt first (units a feed removed while
+-- they were held); only the rest becomes available again.
 --
 -- Returns one of:
 --   {'released', reason}   units returned now
@@ -18,7 +21,7 @@
 --   {'not_due', deadline}  reason 'expired' but the deadline has not passed
 --   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
 --   {'mismatch'}           the keys given do not match the hold's lines
-local rid, reason, maxlen, tomb = ARGV[1], ARGV[2], ARGV[3], tonumber(ARGV[4])
+local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
 if not h[1] then return {'unknown'} end
 if h[1] ~= 'held' then return {'gone', h[1]} end
@@ -31,18 +34,21 @@ local i = 0
 local parsed = {}
 for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   i = i + 1
-  if ARGV[4 + i] ~= sku then return {'mismatch'} end
+  if ARGV[3 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 4 ~= i then return {'mismatch'} end
+if #ARGV - 3 ~= i then return {'mismatch'} end
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
   -- A missing counter is never recreated here: that would fabricate a "warmed"
   -- SKU holding only these units. Warm-up rebuilds it from PostgreSQL instead.
-  local available, reserved, pending = '', '', ''
+  local available, reserved, pending, owed = '', '', '', ''
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
-    available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty)
+    owed = tonumber(redis.call('HGET', KEYS[b + 1], 'owed') or '0')
+    local paid = math.min(owed, qty)
+    if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
+    available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty - paid)
     reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
     pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
   end
@@ -51,9 +57,9 @@ for j = 1, i do
     local left = redis.call('DECRBY', KEYS[b + 3], qty)
     if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
   end
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', reason, 'sku', sku,
+  redis.call('XADD', KEYS[3], '*', 'kind', reason, 'sku', sku,
     'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'ts', now)
+    'sold_pending', pending, 'owed', owed, 'ts', now)
 end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)

@@ -11,8 +11,12 @@
 --
 -- ARGV[1] reservation id   ARGV[2] ttl ms        ARGV[3] buyer ('' for none)
 -- ARGV[4] fingerprint of the request (same id + same request = a retry)
--- ARGV[5] stream MAXLEN (approximate)   ARGV[6] buyer counter ttl ms
--- ARGV[7..] sku, qty pairs, one per line, in KEYS order
+-- ARGV[5] buyer counter ttl ms
+-- ARGV[6..] sku, qty pairs, one per line, in KEYS order
+--
+-- Every number is checked here too, before anything is written: a caller that
+-- skipped validation cannot raise `available` with a qty of 0 or less, nor write
+-- half a cart.
 --
 -- Returns one of:
 --   {'reserved', deadline_ms, available_after_1, ..., available_after_n}
@@ -21,9 +25,25 @@
 --   {'not_warmed', sku}               a counter is missing (never "sold out")
 --   {'sold_out', sku, available}
 --   {'limit', sku, limit, already}    the per-buyer limit would be exceeded
-local rid, ttl, buyer, fp = ARGV[1], tonumber(ARGV[2]), ARGV[3], ARGV[4]
-local maxlen, buyer_ttl = ARGV[5], tonumber(ARGV[6])
-local n = (#ARGV - 6) / 2
+--   {'invalid', field, message}       a number is not a whole number in range
+local function whole(v)
+  local x = tonumber(v)
+  if x and x == math.floor(x) and x >= 1 and x < 1e15 then return x end
+  return nil
+end
+local rid, ttl, buyer, fp = ARGV[1], whole(ARGV[2]), ARGV[3], ARGV[4]
+local buyer_ttl = whole(ARGV[5])
+if not ttl then return {'invalid', 'ttl_ms', 'the hold time must be a whole number of milliseconds, at least 1'} end
+if not buyer_ttl then return {'invalid', 'ttl_ms', 'the buyer counter lifetime must be a whole number of milliseconds'} end
+if (#ARGV - 5) % 2 ~= 0 or #ARGV < 7 or #KEYS ~= 3 + 3 * (#ARGV - 5) / 2 then
+  return {'invalid', 'lines', 'every line needs a sku and a qty, with its keys'}
+end
+local n = (#ARGV - 5) / 2
+for i = 1, n do
+  if not whole(ARGV[5 + 2 * i]) then
+    return {'invalid', 'qty', ARGV[4 + 2 * i] .. ': qty must be a whole number of at least 1'}
+  end
+end
 
 local existing = redis.call('HMGET', KEYS[1], 'fp', 'state', 'deadline')
 if existing[1] then
@@ -33,7 +53,7 @@ end
 
 -- Check every line before changing anything: all or nothing.
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[5 + 2 * i], tonumber(ARGV[6 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
   local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit')
   if not c[1] then return {'not_warmed', sku} end
   local available = tonumber(c[1])
@@ -51,7 +71,7 @@ local deadline = now + ttl
 local reply = {'reserved', deadline}
 local lines = {}
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[5 + 2 * i], tonumber(ARGV[6 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
   local available = redis.call('HINCRBY', KEYS[b + 1], 'available', -qty)
   local reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', qty)
   local pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
@@ -62,9 +82,9 @@ for i = 1, n do
   end
   lines[#lines + 1] = sku .. '=' .. qty
   reply[#reply + 1] = available
-  redis.call('XADD', KEYS[3], 'MAXLEN', '~', maxlen, '*', 'kind', 'reserved', 'sku', sku,
+  redis.call('XADD', KEYS[3], '*', 'kind', 'reserved', 'sku', sku,
     'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'ts', now)
+    'sold_pending', pending, 'buyer', buyer, 'ts', now)
 end
 redis.call('HSET', KEYS[1], 'state', 'held', 'fp', fp, 'buyer', buyer, 'deadline', deadline,
   'created', now, 'lines', table.concat(lines, ','))

@@ -6,7 +6,7 @@
 -- KEYS[2]  SKU counters hash    hf:{hfN}:sku:<sku>
 -- KEYS[3]  shard event stream   hf:{hfN}:events
 --
--- ARGV[1] reservation id   ARGV[2] sku   ARGV[3] qty   ARGV[4] stream MAXLEN
+-- ARGV[1] reservation id   ARGV[2] sku   ARGV[3] qty
 --
 -- Returns {'settled', sold_pending}, {'already'} (settled before: nothing moves), or
 -- {'no_hold'} (the hold's record has lapsed; reconciliation will see the
@@ -24,6 +24,6 @@ end
 local c = redis.call('HMGET', KEYS[2], 'available', 'reserved')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[3], 'MAXLEN', '~', ARGV[4], '*', 'kind', 'settled', 'sku', sku,
+redis.call('XADD', KEYS[3], '*', 'kind', 'settled', 'sku', sku,
   'qty', qty, 'rid', rid, 'available', c[1], 'reserved', c[2], 'sold_pending', pending, 'ts', now)
 return {'settled', pending}

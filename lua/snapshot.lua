@@ -4,28 +4,43 @@
 -- KEYS[2]  shard event stream   hf:{hfN}:events
 -- KEYS[3]  event guard          hf:{hfN}:seen:<source>:<event id>
 --
--- ARGV[1] sku   ARGV[2] on_hand per the feed   ARGV[3] version (monotonic per SKU)
--- ARGV[4] source   ARGV[5] event id   ARGV[6] guard ttl ms   ARGV[7] stream MAXLEN
+-- ARGV[1] sku   ARGV[2] on_hand per the feed (whole, >= 0)   ARGV[3] version
+-- (monotonic per SKU)   ARGV[4] source   ARGV[5] event id   ARGV[6] guard ttl ms
 --
--- The feed cannot know about open holds or sales not yet in its books, so the new
--- `available` is on_hand - reserved - sold_pending, and never below 0.
+-- The feed cannot know about open holds or sales not yet in its books, so what is
+-- sellable is on_hand - reserved - sold_pending. When that is negative (the feed
+-- lowered stock under open holds), `available` is 0 and the rest is `owed`: held
+-- units that no longer exist, paid back first by units that return. The event's
+-- qty is the whole change of `available - owed`, so PostgreSQL follows the feed.
 --
--- Returns {'applied', available, previous_available}, {'stale', current_version},
+-- Returns {'applied', available, previous_available, owed}, {'stale', current_version},
 -- {'duplicate'} or {'not_warmed'}.
-local sku, on_hand, version = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local function whole(v)
+  local n = tonumber(v)
+  if n and n == math.floor(n) and n > -1e15 and n < 1e15 then return n end
+  return nil
+end
+local sku, on_hand, version = ARGV[1], whole(ARGV[2]), whole(ARGV[3])
+if not on_hand or on_hand < 0 then
+  return redis.error_reply('ERR snapshot.lua: on_hand must be a whole number of at least 0')
+end
+if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed')
 if not c[1] then return {'not_warmed'} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
-local available = on_hand - reserved - pending
-if available < 0 then available = 0 end
-redis.call('HSET', KEYS[1], 'available', available, 'version', version)
+local before = tonumber(c[1]) - tonumber(c[5] or '0')
+local effective = on_hand - reserved - pending
+local available, owed = effective, 0
+if effective < 0 then available, owed = 0, -effective end
+redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'version', version)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'snapshot', 'sku', sku,
-  'qty', available - tonumber(c[1]), 'rid', '', 'available', available, 'reserved', reserved,
-  'sold_pending', pending, 'source', ARGV[4], 'event_id', ARGV[5], 'version', version, 'ts', now)
-return {'applied', available, tonumber(c[1])}
+redis.call('XADD', KEYS[2], '*', 'kind', 'snapshot', 'sku', sku,
+  'qty', effective - before, 'rid', '', 'available', available, 'reserved', reserved,
+  'sold_pending', pending, 'owed', owed, 'source', ARGV[4], 'event_id', ARGV[5],
+  'version', version, 'ts', now)
+return {'applied', available, tonumber(c[1]), owed}

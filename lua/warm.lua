@@ -1,30 +1,55 @@
--- warm.lua: set a SKU's counters from the system of record.
+-- warm.lua: set a SKU's counters from the system of record, computed here so that
+-- nothing can move between reading the live figures and writing `available`.
 -- Only where the counter is missing, unless forced: a live counter is the truth
 -- for open holds, so a plain warm-up never overwrites it.
 --
 -- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
 -- KEYS[2]  shard event stream   hf:{hfN}:events
 --
--- ARGV[1] sku   ARGV[2] available (floored at 0)   ARGV[3] reserved (units in holds
--- that survived the counter)   ARGV[4] settled (PostgreSQL's sold_recorded)
--- ARGV[5] per-buyer limit (0 = none)   ARGV[6] force ('1': the counter exists and
--- only available and the limit are rewritten; reserved, sold_pending and settled
--- are live figures and stay)   ARGV[7] stream MAXLEN
+-- ARGV[1] sku   ARGV[2] on_hand (PostgreSQL's)   ARGV[3] reserved (units in holds
+-- that survived a lost counter; a new counter only)   ARGV[4] sold_recorded
+-- (PostgreSQL's)   ARGV[5] per-buyer limit (0 = none)   ARGV[6] force ('1')
+-- ARGV[7] snapshot version PostgreSQL last recorded (-1: none)
 --
--- Returns {'warmed', available} or {'exists', available}.
-local sku, available = ARGV[1], tonumber(ARGV[2])
-local current = redis.call('HGET', KEYS[1], 'available')
-if current and ARGV[6] ~= '1' then return {'exists', tonumber(current)} end
-if available < 0 then available = 0 end
-if current then
-  redis.call('HSET', KEYS[1], 'available', available, 'limit', ARGV[5])
-else
-  redis.call('HSET', KEYS[1], 'available', available, 'reserved', ARGV[3], 'sold_pending', 0,
-    'settled', ARGV[4], 'limit', ARGV[5])
+-- A new counter gets available - owed = on_hand - reserved, settled =
+-- sold_recorded. A forced one keeps its live reserved, sold_pending and settled
+-- and gets available - owed = on_hand - reserved - sold_pending + (sold_recorded -
+-- settled), the conservation equation. A negative result is `owed` (held units
+-- that do not exist), never a negative `available`. The snapshot version only
+-- ever rises, so a late, older snapshot stays refused after a Redis loss.
+--
+-- Returns {'warmed', available, owed} or {'exists', available}.
+local function whole(v)
+  local n = tonumber(v)
+  if n and n == math.floor(n) and n > -1e15 and n < 1e15 then return n end
+  return nil
 end
-local c = redis.call('HMGET', KEYS[1], 'reserved', 'sold_pending')
+local sku = ARGV[1]
+local on_hand, held, recorded = whole(ARGV[2]), whole(ARGV[3]), whole(ARGV[4])
+local limit, version = whole(ARGV[5]), whole(ARGV[7])
+if not (on_hand and held and recorded and limit and version) or held < 0 or limit < 0 then
+  return redis.error_reply('ERR warm.lua: on_hand, reserved, sold_recorded, limit and version must be whole numbers')
+end
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'settled', 'version')
+if c[1] and ARGV[6] ~= '1' then return {'exists', tonumber(c[1])} end
+local effective
+if c[1] then
+  effective = on_hand - tonumber(c[2] or '0') - tonumber(c[3] or '0')
+    + (recorded - tonumber(c[4] or '0'))
+else
+  effective = on_hand - held
+  redis.call('HSET', KEYS[1], 'reserved', held, 'sold_pending', 0, 'settled', recorded)
+end
+local available, owed = effective, 0
+if effective < 0 then available, owed = 0, -effective end
+redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'limit', limit)
+if version >= tonumber(c[5] or '-1') and version >= 0 then
+  redis.call('HSET', KEYS[1], 'version', version)
+end
+local f = redis.call('HMGET', KEYS[1], 'reserved', 'sold_pending')
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', 'kind', 'warmed', 'sku', sku,
-  'qty', 0, 'rid', '', 'available', available, 'reserved', c[1], 'sold_pending', c[2], 'ts', now)
-return {'warmed', available}
+redis.call('XADD', KEYS[2], '*', 'kind', 'warmed', 'sku', sku,
+  'qty', 0, 'rid', '', 'available', available, 'reserved', f[1], 'sold_pending', f[2],
+  'owed', owed, 'ts', now)
+return {'warmed', available, owed}

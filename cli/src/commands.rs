@@ -7,11 +7,11 @@ use holdfast_domain::text::thousands;
 use holdfast_domain::{Lane, Scope};
 use holdfast_engine::Backends;
 use holdfast_engine::audit::{cli_actor, note};
-use holdfast_engine::ingest;
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::tokens;
 use holdfast_engine::users::SignIn;
 use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{ingest, postgres};
 use holdfast_server::startup::{Application, connect_with};
 
 use crate::config::{
@@ -54,7 +54,11 @@ async fn lock(global: &GlobalArgs, cmd: LockCommand) -> anyhow::Result<()> {
         }
         LockCommand::Take { name, ttl_secs } => {
             match engine
-                .acquire_lock(&name, Duration::from_secs(ttl_secs))
+                .acquire_lock_above(
+                    &name,
+                    Duration::from_secs(ttl_secs),
+                    postgres::last_fence(&backends.pg, &name).await?,
+                )
                 .await?
             {
                 Some(lease) => {
@@ -175,7 +179,7 @@ async fn dead_letters(global: &GlobalArgs, cmd: DeadLetterCommand) -> anyhow::Re
 }
 
 async fn token(global: &GlobalArgs, cmd: TokenCommand) -> anyhow::Result<()> {
-    let pg = holdfast_engine::postgres::connect_and_migrate(&global.database_url, 2).await?;
+    let pg = postgres::connect_and_migrate(&global.database_url, 2).await?;
     match cmd {
         TokenCommand::Create { name, scopes } => {
             let scopes =
@@ -256,6 +260,7 @@ async fn warm(global: &GlobalArgs, args: WarmArgs) -> anyhow::Result<()> {
         ("SKUs", thousands(report.skus)),
         ("counters written", thousands(report.warmed)),
         ("already warm (left alone)", thousands(report.existing)),
+        ("feed event guards restored", thousands(report.guards)),
         ("time", format!("{} ms", took.as_millis())),
     ]);
     Ok(())

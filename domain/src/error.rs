@@ -24,6 +24,8 @@ pub enum ErrorCode {
     BuyerLimitReached,
     /// The hold had ended before payment was confirmed.
     HoldExpired,
+    /// Redis lost the reservation; a remediation was recorded.
+    ReservationLost,
     /// A create needs an `Idempotency-Key`.
     IdempotencyKeyRequired,
     /// The `Idempotency-Key` header is malformed.
@@ -64,6 +66,7 @@ impl ErrorCode {
             Self::SoldOut => "sold_out",
             Self::BuyerLimitReached => "buyer_limit_reached",
             Self::HoldExpired => "hold_expired",
+            Self::ReservationLost => "reservation_lost",
             Self::IdempotencyKeyRequired => "idempotency_key_required",
             Self::InvalidIdempotencyKey => "invalid_idempotency_key",
             Self::IdempotencyKeyReused => "idempotency_key_reused",
@@ -91,7 +94,7 @@ impl ErrorCode {
             Self::Forbidden => 403,
             Self::NotFound => 404,
             Self::SoldOut | Self::BuyerLimitReached | Self::RequestInProgress | Self::Busy => 409,
-            Self::HoldExpired => 410,
+            Self::HoldExpired | Self::ReservationLost => 410,
             Self::Invalid | Self::IdempotencyKeyReused => 422,
             Self::RateLimited | Self::LaneFull => 429,
             Self::Internal => 500,

@@ -169,6 +169,10 @@ pub enum ConfirmOutcome {
     },
     /// No such reservation (never made, or ended more than a day ago).
     Unknown,
+    /// Redis no longer knows the reservation (it lost its data) but the system of
+    /// record saw it made: no stock was taken, and a remediation with its buyer
+    /// and lines is recorded for support.
+    Lost,
 }
 
 /// The outcome of releasing a reservation.
@@ -201,6 +205,11 @@ pub struct Figures {
     pub open_holds: u64,
     /// Per-buyer limit (0: none).
     pub per_buyer_limit: i64,
+    /// Held units that no longer exist: a feed lowered stock below what open holds
+    /// keep. Units that come back pay this first; a held unit confirmed while it is
+    /// owed is an oversell (recorded as a remediation).
+    #[serde(default)]
+    pub owed: i64,
 }
 
 /// One reservation as Redis holds it.
@@ -227,4 +236,8 @@ pub struct ReapReport {
     pub due: u64,
     /// Holds this pass released (the rest were ended by someone else meanwhile).
     pub released: u64,
+    /// Due holds that could not be read or ended (malformed, or a failure on
+    /// that one hold): skipped and reported, never stopping the pass.
+    #[serde(default)]
+    pub skipped: u64,
 }

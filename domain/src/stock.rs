@@ -5,6 +5,10 @@ use serde::{Deserialize, Serialize};
 
 /// A SKU's counters as Redis holds them, read together. `available` is `None`
 /// when the SKU was never warmed (or Redis lost it); the others read 0 when absent.
+///
+/// The conservation equation: `available + reserved + sold_pending - owed =
+/// on_hand` once every event is written behind. `owed` counts held units a feed
+/// removed (they exist in holds but not on the shelf).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     /// Units a shopper can reserve now; `None`: not warmed.
@@ -15,25 +19,29 @@ pub struct Counters {
     pub sold_pending: i64,
     /// Units the write-behind has taken out of `sold_pending` since warm-up.
     pub settled: i64,
+    /// Held units that no longer exist (a feed lowered stock under open holds).
+    pub owed: i64,
 }
 
 impl Counters {
-    /// What `available` must be for a SKU whose system of record says `on_hand`
-    /// with `sold_recorded` units recorded as sold.
+    /// What `available - owed` must be for a SKU whose system of record says
+    /// `on_hand` with `sold_recorded` units recorded as sold.
     ///
-    /// The conservation equation, `available + reserved + sold_pending = on_hand`,
-    /// holds once every event is written behind. Sales PostgreSQL has recorded
-    /// (lowering `on_hand`) that Redis has not yet settled out of `sold_pending`
-    /// are counted twice, so they are added back: `sold_recorded - settled`.
+    /// The conservation equation, `available + reserved + sold_pending - owed =
+    /// on_hand`, holds once every event is written behind. Sales PostgreSQL has
+    /// recorded (lowering `on_hand`) that Redis has not yet settled out of
+    /// `sold_pending` are counted twice, so they are added back:
+    /// `sold_recorded - settled`. A negative result is owed, never available.
     pub fn expected_available(&self, on_hand: i64, sold_recorded: i64) -> i64 {
         on_hand - self.reserved - self.sold_pending + (sold_recorded - self.settled)
     }
 
-    /// `available` minus what the equation expects (positive: units that do not
-    /// exist are sellable; negative: units are stranded). `None` when not warmed.
+    /// `available - owed` minus what the equation expects (positive: units that
+    /// do not exist are sellable; negative: units are stranded). `None` when not
+    /// warmed.
     pub fn drift(&self, on_hand: i64, sold_recorded: i64) -> Option<i64> {
         self.available
-            .map(|a| a - self.expected_available(on_hand, sold_recorded))
+            .map(|a| a - self.owed - self.expected_available(on_hand, sold_recorded))
     }
 }
 
@@ -85,11 +93,21 @@ mod tests {
             reserved: 3,
             sold_pending: 2,
             settled: 0,
+            owed: 0,
         };
         assert_eq!(c.drift(10, 0), Some(0));
         // PostgreSQL recorded the two sales (on_hand 8) before Redis settled them.
         assert_eq!(c.drift(8, 2), Some(0));
         assert_eq!(Counters::default().drift(10, 0), None);
+        // A feed took on_hand to 0 under 3 held units: 3 are owed, no drift.
+        let owed = Counters {
+            available: Some(0),
+            reserved: 3,
+            sold_pending: 0,
+            settled: 0,
+            owed: 3,
+        };
+        assert_eq!(owed.drift(0, 0), Some(0));
     }
 
     #[test]

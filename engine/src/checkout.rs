@@ -33,12 +33,35 @@ pub fn made_by(id: &str, token_id: i64) -> bool {
 /// Confirms (records the payment of) reservation `id`. A payment for a hold that
 /// had already ended takes no stock and leaves a remediation record (refund or
 /// re-reserve) for support; a repeated late confirm records nothing more.
+///
+/// When Redis does not know `id`, the system of record decides: an order for it
+/// means it was confirmed before Redis lost it ([`ConfirmOutcome::AlreadyConfirmed`]);
+/// a hold PostgreSQL saw made means Redis lost it: no stock is taken and a
+/// remediation with its buyer and lines is recorded ([`ConfirmOutcome::Lost`]).
 pub async fn confirm_payment(b: &Backends, id: &str) -> Result<ConfirmOutcome, EngineError> {
     let outcome = b.engine.confirm(id).await?;
-    if let ConfirmOutcome::Expired { state } = &outcome {
-        remediation::record_late_payment(&b.pg, id, state.as_str()).await?;
+    match &outcome {
+        ConfirmOutcome::Expired { state } => {
+            remediation::record_late_payment(&b.pg, id, state.as_str()).await?;
+        }
+        ConfirmOutcome::Unknown => return remediation::confirm_unknown(&b.pg, id).await,
+        _ => {}
     }
     Ok(outcome)
+}
+
+impl Backends {
+    /// `(sku, owed)` for every SKU of the drops that owes units: a feed lowered
+    /// its stock below what open holds keep.
+    pub async fn owed_units(&self) -> Result<Vec<(String, i64)>, EngineError> {
+        let skus = catalog::all_drop_skus(&self.pg).await?;
+        let figures = self.engine.figures_many(&skus).await?;
+        Ok(skus
+            .into_iter()
+            .zip(figures)
+            .filter_map(|(sku, f)| f.filter(|f| f.owed > 0).map(|f| (sku, f.owed)))
+            .collect())
+    }
 }
 
 /// Reservation `query` if it exists, otherwise the open holds of buyer `query` on

@@ -36,8 +36,6 @@ pub struct EngineConfig {
     pub max_qty_per_line: i64,
     /// Most lines in one cart.
     pub max_lines: usize,
-    /// Approximate cap of each event stream (`XADD MAXLEN ~`).
-    pub stream_maxlen: u64,
     /// How long an ended hold is remembered (retries, late confirms).
     pub tombstone_ttl: Duration,
     /// How long a buyer's per-SKU count is kept after their last hold.
@@ -54,7 +52,6 @@ impl Default for EngineConfig {
             max_hold_ttl: Duration::from_secs(3_600),
             max_qty_per_line: 10,
             max_lines: 20,
-            stream_maxlen: 1_000_000,
             tombstone_ttl: Duration::from_secs(24 * 3_600),
             buyer_ttl: Duration::from_secs(7 * 24 * 3_600),
             guard_ttl: Duration::from_secs(24 * 3_600),
@@ -290,7 +287,6 @@ impl Engine {
             .arg(ttl.as_millis() as u64)
             .arg(buyer)
             .arg(fp)
-            .arg(self.config.stream_maxlen)
             .arg(self.config.buyer_ttl.as_millis() as u64);
         for line in lines {
             inv.arg(&line.sku).arg(line.qty);
@@ -330,6 +326,9 @@ impl Engine {
                 limit: reply.int(2)?,
                 already: reply.int(3)?,
             },
+            // The script checks every number itself too (a caller that skipped
+            // validation cannot write a bad hold).
+            "invalid" => ReserveOutcome::Invalid(invalid(&reply.text(1)?, reply.text(2)?)),
             other => return Err(EngineError::UnexpectedReply(format!("reserve: {other}"))),
         })
     }
@@ -409,7 +408,19 @@ impl Engine {
                 .run_on_hold(&self.scripts.confirm, *shard, hold, None)
                 .await?;
             let part = match reply.tag()?.as_str() {
-                "confirmed" => ConfirmOutcome::Confirmed,
+                "confirmed" => {
+                    // {'confirmed', sku, oversold, ...}: lines that sold units a
+                    // feed had removed. The write-behind records the remediation
+                    // from the event; this is the operator's first sign.
+                    for pair in (1..).step_by(2).take_while(|i| reply.text(*i).is_ok()) {
+                        let (sku, units) = (reply.text(pair)?, reply.int(pair + 1)?);
+                        tracing::warn!(
+                            reservation = %rid, %sku, units,
+                            "oversold: a feed lowered stock under this hold before it was paid"
+                        );
+                    }
+                    ConfirmOutcome::Confirmed
+                }
                 "already_confirmed" => ConfirmOutcome::AlreadyConfirmed,
                 "expired" => ConfirmOutcome::Expired {
                     state: reply.state(1)?,
@@ -479,8 +490,8 @@ impl Engine {
     }
 
     /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
-    /// its lines; ARGV the id, `extra` (release's reason), the stream cap, the
-    /// tombstone lifetime, then each line's SKU (checked against the hold).
+    /// its lines; ARGV the id, `extra` (release's reason), the tombstone lifetime,
+    /// then each line's SKU (checked against the hold).
     async fn run_on_hold(
         &self,
         script: &redis::Script,
@@ -497,8 +508,7 @@ impl Engine {
         if let Some(extra) = extra {
             inv.arg(extra);
         }
-        inv.arg(self.config.stream_maxlen)
-            .arg(self.config.tombstone_ttl.as_millis() as u64);
+        inv.arg(self.config.tombstone_ttl.as_millis() as u64);
         for line in &hold.lines {
             inv.arg(&line.sku);
         }
@@ -524,25 +534,62 @@ impl Engine {
                     .arg(&HOLD_FIELDS)
                     .query_async(&mut self.conn.clone())
                     .await?;
-                let Some(hold) = parse_hold(&rid, &row)? else {
-                    // The hold vanished but its index entry did not: drop the entry.
-                    redis::cmd("ZREM")
-                        .arg(self.keys.due(shard))
-                        .arg(&rid)
-                        .query_async::<()>(&mut self.conn.clone())
-                        .await?;
-                    continue;
+                let hold = match parse_hold(&rid, &row) {
+                    Ok(Some(hold)) => hold,
+                    Ok(None) => {
+                        // The hold vanished but its index entry did not: drop the entry.
+                        redis::cmd("ZREM")
+                            .arg(self.keys.due(shard))
+                            .arg(&rid)
+                            .query_async::<()>(&mut self.conn.clone())
+                            .await?;
+                        continue;
+                    }
+                    Err(e) => {
+                        // One unreadable hold must not stop the reaper for everyone,
+                        // nor sit at the front of the due set: it moves aside for
+                        // an operator (its units stay reserved until then).
+                        tracing::error!(shard, reservation = %rid, error = %e, "a malformed hold was set aside");
+                        self.set_aside(shard, &rid).await?;
+                        report.skipped += 1;
+                        continue;
+                    }
                 };
-                if self
+                match self
                     .release_in_shard(shard, &hold, HoldState::Expired)
-                    .await?
-                    == ReleaseOutcome::Released
+                    .await
                 {
-                    report.released += 1;
+                    Ok(ReleaseOutcome::Released) => report.released += 1,
+                    Ok(_) => {}
+                    Err(e @ EngineError::UnexpectedReply(_)) => {
+                        tracing::error!(shard, reservation = %rid, error = %e, "could not expire a hold; set aside");
+                        self.set_aside(shard, &rid).await?;
+                        report.skipped += 1;
+                    }
+                    Err(e) => return Err(e),
                 }
             }
         }
         Ok(report)
+    }
+
+    /// Moves hold `rid` from shard `shard`'s due set to its set-aside set, for an
+    /// operator to look at; the reaper no longer trips over it.
+    async fn set_aside(&self, shard: u16, rid: &str) -> Result<(), EngineError> {
+        redis::pipe()
+            .atomic()
+            .cmd("ZREM")
+            .arg(self.keys.due(shard))
+            .arg(rid)
+            .ignore()
+            .cmd("ZADD")
+            .arg(self.keys.set_aside(shard))
+            .arg(chrono::Utc::now().timestamp_millis())
+            .arg(rid)
+            .ignore()
+            .query_async::<()>(&mut self.conn.clone())
+            .await?;
+        Ok(())
     }
 
     /// A SKU's live figures; `None` when its counter is missing (not warmed).
@@ -568,7 +615,14 @@ impl Engine {
         for sku in skus {
             pipe.cmd("HMGET")
                 .arg(self.keys.sku(sku.as_ref()))
-                .arg(&["available", "reserved", "sold_pending", "sold", "limit"])
+                .arg(&[
+                    "available",
+                    "reserved",
+                    "sold_pending",
+                    "sold",
+                    "limit",
+                    "owed",
+                ])
                 .cmd("ZCARD")
                 .arg(self.keys.sku_holds(sku.as_ref()));
         }
@@ -577,15 +631,22 @@ impl Engine {
             .chunks(2)
             .map(|pair| {
                 let bad = |e: redis::ParsingError| EngineError::UnexpectedReply(e.to_string());
-                let row: Vec<Option<i64>> = redis::from_redis_value_ref(&pair[0]).map_err(bad)?;
-                let open_holds: u64 = redis::from_redis_value_ref(&pair[1]).map_err(bad)?;
-                Ok(row[0].map(|available| Figures {
+                let [row, holds] = pair else {
+                    return Err(EngineError::UnexpectedReply(format!(
+                        "figures: expected two replies per SKU, got {pair:?}"
+                    )));
+                };
+                let row: Vec<Option<i64>> = redis::from_redis_value_ref(row).map_err(bad)?;
+                let open_holds: u64 = redis::from_redis_value_ref(holds).map_err(bad)?;
+                let field = |i: usize| row.get(i).copied().flatten();
+                Ok(field(0).map(|available| Figures {
                     available,
-                    reserved: row[1].unwrap_or(0),
-                    sold_pending: row[2].unwrap_or(0),
-                    sold: row[3].unwrap_or(0),
+                    reserved: field(1).unwrap_or(0),
+                    sold_pending: field(2).unwrap_or(0),
+                    sold: field(3).unwrap_or(0),
                     open_holds,
-                    per_buyer_limit: row[4].unwrap_or(0),
+                    per_buyer_limit: field(4).unwrap_or(0),
+                    owed: field(5).unwrap_or(0),
                 }))
             })
             .collect()
@@ -616,8 +677,11 @@ impl Engine {
         let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
         let mut holds = Vec::with_capacity(rows.len());
         for (rid, row) in rids.iter().zip(rows) {
-            if let Some(hold) = parse_hold(rid, &row)? {
-                holds.push(hold);
+            match parse_hold(rid, &row) {
+                Ok(Some(hold)) => holds.push(hold),
+                Ok(None) => {}
+                // A list of holds shows the readable ones; the bad one is reported.
+                Err(e) => tracing::error!(%sku, error = %e, "skipping a malformed hold"),
             }
         }
         Ok(holds)

@@ -31,8 +31,9 @@ pub enum EngineError {
     /// Redis is configured so that it may evict stock counters under memory pressure.
     #[error(
         "Redis at {url} has maxmemory-policy '{policy}', which may evict stock counters and make \
-         sold-out SKUs look unwarmed or lose holds. Set `maxmemory-policy noeviction` (or a volatile-* \
-         policy), or pass --allow-evicting-redis to start anyway"
+         sold-out SKUs look unwarmed, lose holds, or forget the guards that stop a feed event or a \
+         retry applying twice. Set `maxmemory-policy noeviction`, or pass --allow-evicting-redis to \
+         start anyway"
     )]
     EvictingRedis {
         /// The URL checked, with any password removed.

@@ -93,6 +93,19 @@ pub struct Event {
     pub source: Option<String>,
     /// The feed's own event id, for feed events.
     pub event_id: Option<String>,
+    /// `owed` right after (held units a feed removed), when the script reports it.
+    #[serde(default)]
+    pub owed: Option<i64>,
+    /// For a confirmation: units of this line sold that a feed had removed (an
+    /// oversell to remediate).
+    #[serde(default)]
+    pub oversold: Option<i64>,
+    /// For a snapshot: its version.
+    #[serde(default)]
+    pub version: Option<i64>,
+    /// For a new hold: its buyer, when one was given.
+    #[serde(default)]
+    pub buyer: Option<String>,
 }
 
 impl Event {
@@ -121,6 +134,10 @@ impl Event {
             at_ms: int("ts").unwrap_or(0),
             source: some_text("source"),
             event_id: some_text("event_id"),
+            owed: int("owed"),
+            oversold: int("oversold").filter(|n| *n > 0),
+            version: int("version"),
+            buyer: some_text("buyer"),
         })
     }
 }

@@ -25,13 +25,23 @@ struct Stored {
     fp: String,
     status: Option<u16>,
     body: Option<serde_json::Value>,
+    /// The last attempt failed in a way that invites a retry (5xx, 429): what it
+    /// did is uncertain, so the retry must ask Redis rather than any shortcut.
+    #[serde(default)]
+    failed: bool,
 }
 
 /// What to do with a request carrying a key.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Begin {
-    /// First use, now claimed: run it, then [`finish`].
-    Fresh,
+    /// First use (or a retry after a failed attempt), now claimed: run it, then
+    /// [`finish`]. `after_failure`: an earlier attempt with this key failed with a
+    /// 5xx or 429 and may have done its work, so answers from memory (the
+    /// sold-out cache) must not be used: only Redis knows.
+    Fresh {
+        /// An earlier attempt failed in a way that leaves its effect uncertain.
+        after_failure: bool,
+    },
     /// Seen before with the same request: answer with this status and body.
     Replay(u16, serde_json::Value),
     /// The key was used for a different request.
@@ -61,30 +71,59 @@ pub async fn begin(
 ) -> Result<Begin, EngineError> {
     let mut conn = engine.connection();
     let k = Keyspace::idempotency(token_id, key);
-    let pending = serde_json::to_string(&Stored {
-        fp: fp.to_owned(),
-        status: None,
-        body: None,
-    })
-    .unwrap_or_default();
+    let pending = |failed: bool| {
+        serde_json::to_string(&Stored {
+            fp: fp.to_owned(),
+            status: None,
+            body: None,
+            failed,
+        })
+        .unwrap_or_default()
+    };
     let claimed: Option<String> = redis::cmd("SET")
         .arg(&k)
-        .arg(&pending)
+        .arg(pending(false))
         .arg("NX")
         .arg("EX")
         .arg(PENDING_TTL_SECS)
         .query_async(&mut conn)
         .await?;
     if claimed.is_some() {
-        return Ok(Begin::Fresh);
+        return Ok(Begin::Fresh {
+            after_failure: false,
+        });
     }
     let raw: Option<String> = redis::cmd("GET").arg(&k).query_async(&mut conn).await?;
     let Some(stored) = raw.and_then(|r| serde_json::from_str::<Stored>(&r).ok()) else {
         // Lapsed between SET and GET: treat as new.
-        return Ok(Begin::Fresh);
+        return Ok(Begin::Fresh {
+            after_failure: false,
+        });
     };
     if stored.fp != fp {
         return Ok(Begin::Reused);
+    }
+    if stored.failed {
+        // Claim it again for this retry, unless another retry just did.
+        let swapped: Option<String> = redis::cmd("SET")
+            .arg(&k)
+            .arg(pending(false))
+            .arg("XX")
+            .arg("EX")
+            .arg(PENDING_TTL_SECS)
+            .arg("GET")
+            .query_async(&mut conn)
+            .await?;
+        let was_failed = swapped
+            .and_then(|r| serde_json::from_str::<Stored>(&r).ok())
+            .is_some_and(|s| s.failed);
+        return Ok(if was_failed {
+            Begin::Fresh {
+                after_failure: true,
+            }
+        } else {
+            Begin::InProgress
+        });
     }
     Ok(match (stored.status, stored.body) {
         (Some(status), Some(body)) => Begin::Replay(status, body),
@@ -92,9 +131,10 @@ pub async fn begin(
     })
 }
 
-/// Stores the answer to `key` (`status` and `body`), or frees the key when the
-/// answer invites a retry (5xx, 429). A failure is logged, not returned: the
-/// caller's answer stands, and a retry will simply run again.
+/// Stores the answer to `key` (`status` and `body`), or, when the answer invites
+/// a retry (5xx, 429), marks the key as failed so the retry runs again and asks
+/// Redis itself. A failure to store is logged, not returned: the caller's answer
+/// stands, and a retry will simply run again.
 pub async fn finish(
     engine: &Engine,
     token_id: i64,
@@ -106,12 +146,25 @@ pub async fn finish(
     let mut conn = engine.connection();
     let k = Keyspace::idempotency(token_id, key);
     let result = if status >= 500 || status == 429 {
-        redis::cmd("DEL").arg(&k).query_async::<()>(&mut conn).await
+        let failed = Stored {
+            fp: fp.to_owned(),
+            status: None,
+            body: None,
+            failed: true,
+        };
+        redis::cmd("SET")
+            .arg(&k)
+            .arg(serde_json::to_string(&failed).unwrap_or_default())
+            .arg("EX")
+            .arg(KEY_TTL_SECS)
+            .query_async::<()>(&mut conn)
+            .await
     } else {
         let stored = Stored {
             fp: fp.to_owned(),
             status: Some(status),
             body: Some(body.clone()),
+            failed: false,
         };
         redis::cmd("SET")
             .arg(&k)

@@ -19,6 +19,7 @@ use serde::Serialize;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::keys::Keyspace;
 use crate::payload::{self, Change, FeedEvent};
 use crate::redis_conn;
 use crate::stock::{DeltaOutcome, SnapshotOutcome};
@@ -52,6 +53,9 @@ pub struct LaneConfig {
     pub rate_per_sec: u32,
     /// Payloads read per consumer per call.
     pub batch: usize,
+    /// Payloads pending this long on another consumer are taken over (it died
+    /// after the sender was answered 202).
+    pub claim_idle: Duration,
 }
 
 impl LaneConfig {
@@ -64,6 +68,7 @@ impl LaneConfig {
                 concurrency: 2,
                 rate_per_sec: 0,
                 batch: 50,
+                claim_idle: CLAIM_IDLE,
             },
             Lane::Feeds => Self {
                 name,
@@ -71,6 +76,7 @@ impl LaneConfig {
                 concurrency: 1,
                 rate_per_sec: 5_000,
                 batch: 10,
+                claim_idle: CLAIM_IDLE,
             },
         }
     }
@@ -291,6 +297,8 @@ pub struct LaneStats {
     pub stale: AtomicU64,
     /// Payloads or events dead-lettered.
     pub dead: AtomicU64,
+    /// Feed events that lowered stock under open holds (leaving units owed).
+    pub shortfalls: AtomicU64,
 }
 
 /// What one consumer call did.
@@ -314,6 +322,13 @@ fn documented(e: &FeedEvent) -> String {
     v.to_string()
 }
 
+/// A lane entry as `(id, source, raw body)`.
+fn payload_of(entry: redis::streams::StreamId) -> (String, String, Vec<u8>) {
+    let source = entry.get::<String>("source").unwrap_or_default();
+    let body = entry.get::<Vec<u8>>("body").unwrap_or_default();
+    (entry.id, source, body)
+}
+
 /// One consumer of one lane.
 pub struct LaneConsumer {
     engine: Engine,
@@ -322,7 +337,12 @@ pub struct LaneConsumer {
     name: String,
     stats: Arc<LaneStats>,
     group_ready: bool,
+    last_claim: Instant,
 }
+
+/// The default for [`LaneConfig::claim_idle`]: longer than a healthy consumer
+/// ever keeps a payload, so a live one is never robbed.
+pub const CLAIM_IDLE: Duration = Duration::from_secs(30);
 
 impl LaneConsumer {
     /// Consumer `name` of `lane`, reading with `conn` (its own: reads block).
@@ -333,6 +353,10 @@ impl LaneConsumer {
         name: String,
         stats: Arc<LaneStats>,
     ) -> Self {
+        // Look for a dead predecessor's payloads on the first call.
+        let last_claim = Instant::now()
+            .checked_sub(lane.claim_idle)
+            .unwrap_or_else(Instant::now);
         Self {
             engine,
             conn,
@@ -340,6 +364,7 @@ impl LaneConsumer {
             name,
             stats,
             group_ready: false,
+            last_claim,
         }
     }
 
@@ -369,6 +394,10 @@ impl LaneConsumer {
             return Ok(Processed::default());
         }
         let mut entries = self.read("0", None).await?;
+        if entries.is_empty() && self.last_claim.elapsed() >= self.lane.claim_idle {
+            self.last_claim = Instant::now();
+            entries = self.claim_abandoned().await?;
+        }
         if entries.is_empty() {
             entries = self.read(">", Some(block)).await?;
         }
@@ -390,6 +419,29 @@ impl LaneConsumer {
         Ok(done)
     }
 
+    /// Takes over payloads another consumer of this lane left pending longer than
+    /// its `claim_idle`: that process died after the sender was answered 202.
+    async fn claim_abandoned(&mut self) -> Result<Vec<(String, String, Vec<u8>)>, EngineError> {
+        let reply: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            .arg(lane_key(self.lane.name))
+            .arg(GROUP)
+            .arg(&self.name)
+            .arg(self.lane.claim_idle.as_millis() as u64)
+            .arg("0-0")
+            .arg("COUNT")
+            .arg(self.lane.batch.max(1))
+            .query_async(&mut self.conn)
+            .await?;
+        if !reply.claimed.is_empty() {
+            tracing::warn!(
+                lane = %self.lane.name,
+                payloads = reply.claimed.len(),
+                "took over payloads a dead consumer left unfinished"
+            );
+        }
+        Ok(reply.claimed.into_iter().map(payload_of).collect())
+    }
+
     async fn read(
         &mut self,
         from: &str,
@@ -408,13 +460,55 @@ impl LaneConsumer {
         let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
         let mut out = Vec::new();
         for stream in reply.map(|r| r.keys).unwrap_or_default() {
-            for entry in stream.ids {
-                let source = entry.get::<String>("source").unwrap_or_default();
-                let body = entry.get::<Vec<u8>>("body").unwrap_or_default();
-                out.push((entry.id, source, body));
-            }
+            out.extend(stream.ids.into_iter().map(payload_of));
         }
         Ok(out)
+    }
+
+    /// Counts and logs a feed that left `owed` units on `sku`: it lowered stock
+    /// below what open holds keep. Nothing is lost (the decrease is recorded in
+    /// full and returning units pay the debt first), but a held unit confirmed
+    /// meanwhile is an oversell, so operators hear of it at once.
+    fn note_owed(&self, sku: &str, owed: i64, source: &str, event_id: &str) {
+        if owed > 0 {
+            self.stats.shortfalls.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(
+                %sku, owed, %source, %event_id,
+                "a feed lowered stock under open holds: units owed until holds end"
+            );
+        }
+    }
+
+    /// Claims `event`'s id for its payload: the first payload with an id wins,
+    /// a redelivery of the same payload passes (the script's guard then skips it
+    /// if it was applied), and a different payload under the same id is refused
+    /// with the reason, as PostgreSQL's ledger would refuse it.
+    async fn claim(
+        &mut self,
+        source: &str,
+        event: &FeedEvent,
+    ) -> Result<Option<String>, EngineError> {
+        let fingerprint = documented(event);
+        let key = Keyspace::feed_event(source, &event.event_id);
+        let ttl = self.engine.config.guard_ttl.as_millis() as u64;
+        let first: Option<String> = redis::cmd("SET")
+            .arg(&key)
+            .arg(&fingerprint)
+            .arg("NX")
+            .arg("PX")
+            .arg(ttl)
+            .arg("GET")
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(match first {
+            None => None,
+            Some(seen) if seen == fingerprint => None,
+            Some(seen) => Some(format!(
+                "event id {} of {source} was used before for a different event ({seen}); \
+                 an event id names one event: send a new id",
+                event.event_id
+            )),
+        })
     }
 
     /// Applies one payload; returns how many events it applied.
@@ -437,13 +531,21 @@ impl LaneConsumer {
         };
         let mut applied = 0;
         for event in events {
+            if let Some(reason) = self.claim(source, &event).await? {
+                self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                bury(&mut self.conn, lane, source, &documented(&event), &reason).await?;
+                continue;
+            }
             let refused = match event.change {
                 Change::Delta(delta) => match self
                     .engine
                     .apply_delta(&event.sku, delta, source, &event.event_id)
                     .await?
                 {
-                    DeltaOutcome::Applied { .. } => None,
+                    DeltaOutcome::Applied { owed, .. } => {
+                        self.note_owed(&event.sku, owed, source, &event.event_id);
+                        None
+                    }
                     DeltaOutcome::Duplicate => {
                         self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                         continue;
@@ -459,7 +561,10 @@ impl LaneConsumer {
                         .apply_snapshot(&event.sku, on_hand, version, source, &event.event_id)
                         .await?
                     {
-                        SnapshotOutcome::Applied { .. } => None,
+                        SnapshotOutcome::Applied { owed, .. } => {
+                            self.note_owed(&event.sku, owed, source, &event.event_id);
+                            None
+                        }
                         SnapshotOutcome::Duplicate => {
                             self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
                             continue;

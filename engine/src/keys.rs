@@ -13,12 +13,14 @@
 //! | `hf:{hfN}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
 //! | `hf:{hfN}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp` |
 //! | `hf:{hfN}:due` | zset | the shard's open holds by deadline, for the reaper |
+//! | `hf:{hfN}:due:aside` | zset | holds the reaper could not read or end, set aside for an operator |
 //! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
+//! | `hf:feed:{<source>}:<event id>` | string | the fingerprint of a feed event id's first payload (24 h) |
 
 /// Key names for one deployment: the prefix is fixed, the shard count is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -90,6 +92,12 @@ impl Keyspace {
         format!("{}:due", Self::tag(shard))
     }
 
+    /// Holds of `shard` the reaper could not read or end, set aside for an
+    /// operator (zset, scored by when).
+    pub fn set_aside(&self, shard: u16) -> String {
+        format!("{}:due:aside", Self::tag(shard))
+    }
+
     /// The event stream of `shard`.
     pub fn events(&self, shard: u16) -> String {
         format!("{}:events", Self::tag(shard))
@@ -103,6 +111,14 @@ impl Keyspace {
     /// The guard marking feed event `event_id` from `source` as applied to `sku`'s shard.
     pub fn seen(&self, sku: &str, source: &str, event_id: &str) -> String {
         format!("{}:seen:{source}:{event_id}", Self::tag(self.shard_of(sku)))
+    }
+
+    /// The claim on feed event `event_id` of `source`, whatever its SKU: one event
+    /// id is one event per source, as the ledger's `UNIQUE (source, event_id)`
+    /// says. Holds the event's fingerprint (SKU and change), so a reused id with
+    /// a different payload is told apart from a redelivery.
+    pub fn feed_event(source: &str, event_id: &str) -> String {
+        format!("hf:feed:{{{source}}}:{event_id}")
     }
 
     /// The lease key of lock `name`.

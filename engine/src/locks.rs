@@ -45,12 +45,25 @@ impl Engine {
         name: &str,
         ttl: Duration,
     ) -> Result<Option<Lease>, EngineError> {
+        self.acquire_lock_above(name, ttl, 0).await
+    }
+
+    /// Like [`Engine::acquire_lock`], with a fencing token larger than `floor`
+    /// (the newest token the system of record has seen, from
+    /// [`crate::postgres::last_fence`]), even if Redis lost its counter.
+    pub async fn acquire_lock_above(
+        &self,
+        name: &str,
+        ttl: Duration,
+        floor: i64,
+    ) -> Result<Option<Lease>, EngineError> {
         let token = uuid::Uuid::new_v4().simple().to_string();
         let mut inv = self.scripts.lock_acquire.prepare_invoke();
         inv.key(Keyspace::lock(name))
             .key(Keyspace::fence(name))
             .arg(&token)
-            .arg(ttl.as_millis().max(1) as u64);
+            .arg(ttl.as_millis().max(1) as u64)
+            .arg(floor.max(0));
         let (acquired, value): (i64, i64) = inv.invoke_async(&mut self.conn.clone()).await?;
         Ok((acquired == 1).then(|| Lease {
             name: name.to_owned(),

@@ -34,14 +34,42 @@ pub async fn connect_and_migrate(url: &str, max_connections: u32) -> Result<PgPo
         tracing::info!(url = %redact_url(url), "creating the database");
         Postgres::create_database(url).await.map_err(unreachable)?;
     }
+    // Bounded waits: a request never queues longer than ACQUIRE_TIMEOUT for a
+    // connection, and no statement runs longer than STATEMENT_TIMEOUT (a stuck
+    // query fails and is retried rather than holding a connection forever).
+    let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(unreachable)?;
+    let options = options.options([(
+        "statement_timeout",
+        format!("{}", STATEMENT_TIMEOUT.as_millis()),
+    )]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
-        .acquire_timeout(Duration::from_secs(5))
-        .connect(url)
+        .acquire_timeout(ACQUIRE_TIMEOUT)
+        .connect_with(options)
         .await
         .map_err(unreachable)?;
     MIGRATOR.run(&pool).await?;
     Ok(pool)
+}
+
+/// Longest wait for a pooled connection: past it the caller gets an error
+/// (the API answers 503 with `Retry-After`) instead of queueing behind an outage.
+pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Longest any one statement may run (PostgreSQL's `statement_timeout`).
+pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long a lookup on a path that must not wait on PostgreSQL (token checks,
+/// badge thresholds) may take before the last known answer is used instead.
+pub const QUICK_LOOKUP: Duration = Duration::from_millis(300);
+
+/// Runs `lookup` for at most [`QUICK_LOOKUP`]; a slow PostgreSQL reads as an error.
+pub async fn quick<T>(
+    lookup: impl Future<Output = Result<T, EngineError>>,
+) -> Result<T, EngineError> {
+    tokio::time::timeout(QUICK_LOOKUP, lookup)
+        .await
+        .unwrap_or_else(|_| Err(EngineError::Postgres(sqlx::Error::PoolTimedOut)))
 }
 
 /// Whether PostgreSQL answers a trivial query within `timeout`.
@@ -56,6 +84,17 @@ pub async fn ping(pool: &PgPool, timeout: Duration) -> Result<(), String> {
 /// Collapses a driver message onto one line: start-up errors must be a single line.
 pub(crate) fn one_line(s: &str) -> String {
     s.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// The newest fencing token PostgreSQL has accepted for lock `lock_name` (0 when
+/// none): the floor for the next acquisition, so tokens never go backwards after
+/// Redis loses its counter.
+pub async fn last_fence(pg: &PgPool, lock_name: &str) -> Result<i64, EngineError> {
+    let token: Option<i64> = sqlx::query_scalar("SELECT token FROM fences WHERE lock_name = $1")
+        .bind(lock_name)
+        .fetch_optional(pg)
+        .await?;
+    Ok(token.unwrap_or(0))
 }
 
 /// Records that lock `lock_name` was used with fencing token `token`, refusing a

@@ -33,6 +33,8 @@ pub struct ReaperStats {
     pub released: AtomicU64,
     /// Passes that failed (Redis unavailable); the reaper keeps going.
     pub failures: AtomicU64,
+    /// Holds set aside because they could not be read or ended.
+    pub skipped: AtomicU64,
 }
 
 /// Runs reaper passes every `config.interval` until `shutdown` completes. A pass
@@ -53,6 +55,7 @@ pub async fn run_reaper(
         pause = config.interval;
         match engine.reap_once(config.batch).await {
             Ok(report) => {
+                stats.skipped.fetch_add(report.skipped, Ordering::Relaxed);
                 if report.released > 0 {
                     stats.released.fetch_add(report.released, Ordering::Relaxed);
                     tracing::info!(

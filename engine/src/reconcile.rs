@@ -94,6 +94,7 @@ struct Finding {
     available: i64,
     reserved: i64,
     sold_pending: i64,
+    owed: i64,
     drift: i64,
     target: Option<i64>,
 }
@@ -106,7 +107,11 @@ pub async fn reconcile_all(
     options: &ReconcileOptions,
     progress: impl FnMut(ReconcileProgress),
 ) -> Result<ReconcileReport, EngineError> {
-    let Some(lease) = engine.acquire_lock(LOCK, options.lease).await? else {
+    let floor = crate::postgres::last_fence(pg, LOCK).await?;
+    let Some(lease) = engine
+        .acquire_lock_above(LOCK, options.lease, floor)
+        .await?
+    else {
         return Err(EngineError::Busy(
             "a reconciliation is already running (the reconcile lock is held)".into(),
         ));
@@ -166,18 +171,20 @@ async fn run(
                 continue;
             };
             let expected = c.expected_available(row.on_hand, row.sold_recorded);
-            let drift = available - expected;
+            let drift = c.drift(row.on_hand, row.sold_recorded).unwrap_or(0);
             if drift == 0 {
                 continue;
             }
             report.drifted += 1;
-            let target = (drift > 0 || options.correct_up).then_some(expected.max(0));
+            // The target is `available - owed`: a negative one becomes owed units.
+            let target = (drift > 0 || options.correct_up).then_some(expected);
             findings.push(Finding {
                 sku: row.sku.clone(),
                 on_hand: row.on_hand,
                 available,
                 reserved: c.reserved,
                 sold_pending: c.sold_pending,
+                owed: c.owed,
                 drift,
                 target,
             });
@@ -241,8 +248,8 @@ async fn record_page(
                     .arg(f.available)
                     .arg(f.reserved)
                     .arg(f.sold_pending)
-                    .arg(f.target.unwrap_or(0))
-                    .arg(engine.config.stream_maxlen),
+                    .arg(f.owed)
+                    .arg(f.target.unwrap_or(0)),
             );
         }
         let replies: Vec<Vec<Value>> = pipe.query_async(&mut engine.conn.clone()).await?;

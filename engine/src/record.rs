@@ -42,6 +42,10 @@ pub struct WriteBehindConfig {
     /// Entries pending this long on any consumer are taken over: longer than a
     /// healthy batch ever takes, so a live consumer is never robbed.
     pub claim_idle: Duration,
+    /// How long acknowledged entries stay in the streams (for dashboards that
+    /// reconnect with a cursor) before they are trimmed; never trimmed sooner
+    /// than every consumer group has acknowledged them.
+    pub retain: Duration,
     /// Longest pause between retries while PostgreSQL or Redis fails.
     pub max_backoff: Duration,
     /// Fault injection for tests: fail at this point of every batch, as a crash
@@ -67,6 +71,7 @@ impl Default for WriteBehindConfig {
             batch_max: 2_000,
             block: Duration::from_millis(200),
             claim_idle: Duration::from_secs(30),
+            retain: Duration::from_secs(60),
             max_backoff: Duration::from_secs(5),
             #[cfg(feature = "testkit")]
             fault: None,
@@ -87,6 +92,14 @@ pub struct WriteBehindStats {
     pub failures: AtomicU64,
     /// The last failure, cleared by the next successful batch.
     pub last_error: Mutex<Option<String>>,
+    /// Entries that came back without their fields (trimmed or corrupted before
+    /// PostgreSQL had them): each is an alarm and asks for a reconciliation.
+    pub lost_entries: AtomicU64,
+    /// Entries trimmed from the streams after every group acknowledged them.
+    pub trimmed: AtomicU64,
+    /// Set when something only a reconciliation can repair was seen; the
+    /// scheduler runs one at once and clears it.
+    pub reconcile_requested: std::sync::atomic::AtomicBool,
 }
 
 impl WriteBehindStats {
@@ -211,9 +224,14 @@ impl WriteBehind {
             };
             for entry in reply.claimed {
                 batch.ids.push(entry.id.clone());
-                if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {
-                    batch.events.push(event);
+                match Event::from_fields(entry.id.clone(), shard, &entry.map) {
+                    Some(event) => batch.events.push(event),
+                    None => self.lost(shard, &entry.id),
                 }
+            }
+            // Ids XAUTOCLAIM found pending but gone from the stream (trimmed).
+            for id in reply.deleted_ids {
+                self.lost(shard, &id);
             }
             batches.push(batch);
         }
@@ -247,13 +265,31 @@ impl WriteBehind {
             };
             for entry in stream.ids {
                 batch.ids.push(entry.id.clone());
-                if let Some(event) = Event::from_fields(entry.id, shard as u16, &entry.map) {
-                    batch.events.push(event);
+                match Event::from_fields(entry.id.clone(), shard as u16, &entry.map) {
+                    Some(event) => batch.events.push(event),
+                    None => self.lost(shard as u16, &entry.id),
                 }
             }
             batches.push(batch);
         }
         Ok(batches)
+    }
+
+    /// An entry that came back empty: it was trimmed (or corrupted) before
+    /// PostgreSQL had it, so whatever it recorded is missing there. Never silent:
+    /// counted, logged as an error, and a reconciliation is asked for (it measures
+    /// the difference and repairs what it safely can). The entry is still
+    /// acknowledged with its batch: there is nothing left in it to apply.
+    fn lost(&self, shard: u16, id: &str) {
+        self.stats.lost_entries.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .reconcile_requested
+            .store(true, Ordering::Relaxed);
+        tracing::error!(
+            shard, entry = %id,
+            "an event came back empty: it was trimmed or corrupted before PostgreSQL recorded it; \
+             reconciliation requested"
+        );
     }
 
     /// Fails as a crash at `at` would, when the test configuration asks for it.
@@ -322,13 +358,28 @@ impl WriteBehind {
                     .key(ks.events(e.shard))
                     .arg(rid)
                     .arg(&e.sku)
-                    .arg(e.qty)
-                    .arg(self.engine.config.stream_maxlen),
+                    .arg(e.qty),
             );
         }
         pipe.query_async::<Vec<Value>>(&mut self.conn).await?;
         Ok(())
     }
+}
+
+/// What a batch records besides orders and the ledger: new holds (who and what,
+/// for support should Redis lose them), snapshot versions (restored by warm-up),
+/// and sales of units a feed had removed (oversells to remediate).
+#[derive(Default)]
+struct SideRows {
+    hold_rid: Vec<String>,
+    hold_sku: Vec<String>,
+    hold_qty: Vec<i64>,
+    hold_buyer: Vec<Option<String>>,
+    hold_at: Vec<chrono::DateTime<chrono::Utc>>,
+    version_sku: Vec<String>,
+    version: Vec<i64>,
+    oversold_rid: Vec<String>,
+    oversold_reason: Vec<String>,
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -375,9 +426,37 @@ impl LedgerRows {
 /// Splits `events` into the orders and ledger rows they record: a confirmed line
 /// is an order line and a `sale` movement; a feed's non-zero change is a
 /// `receipt` (a positive delta) or an `adjustment`.
-fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows) {
-    let (mut orders, mut ledger) = (OrderRows::default(), LedgerRows::default());
+fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
+    let (mut orders, mut ledger, mut side) = (
+        OrderRows::default(),
+        LedgerRows::default(),
+        SideRows::default(),
+    );
     for e in events {
+        let at = chrono::DateTime::from_timestamp_millis(e.at_ms).unwrap_or_default();
+        if let (Some(units), Some(rid)) = (e.oversold, &e.reservation_id) {
+            side.oversold_rid.push(rid.clone());
+            side.oversold_reason.push(format!(
+                "{units} unit(s) of {} sold that a feed had removed while they were held: \
+                 the shopper paid for stock that does not exist; refund or source it",
+                e.sku
+            ));
+        }
+        match e.kind {
+            EventKind::Reserved => {
+                side.hold_rid
+                    .push(e.reservation_id.clone().unwrap_or_default());
+                side.hold_sku.push(e.sku.clone());
+                side.hold_qty.push(e.qty);
+                side.hold_buyer.push(e.buyer.clone());
+                side.hold_at.push(at);
+            }
+            EventKind::Snapshot if e.version.is_some() => {
+                side.version_sku.push(e.sku.clone());
+                side.version.push(e.version.unwrap_or(-1));
+            }
+            _ => {}
+        }
         match e.kind {
             EventKind::Confirmed => {
                 let rid = e.reservation_id.clone().unwrap_or_default();
@@ -414,7 +493,54 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows) {
             _ => {}
         }
     }
-    (orders, ledger)
+    (orders, ledger, side)
+}
+
+/// Records new holds, raises snapshot versions and opens oversell remediations.
+async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(), EngineError> {
+    if !side.hold_rid.is_empty() {
+        sqlx::query(
+            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
+             ON CONFLICT (reservation_id, sku) DO NOTHING",
+        )
+        .bind(&side.hold_rid)
+        .bind(&side.hold_sku)
+        .bind(&side.hold_qty)
+        .bind(&side.hold_buyer)
+        .bind(&side.hold_at)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !side.version_sku.is_empty() {
+        sqlx::query(
+            "UPDATE skus s SET snapshot_version = greatest(s.snapshot_version, v.version)
+               FROM (SELECT sku, max(version) AS version
+                       FROM UNNEST($1::text[], $2::bigint[]) AS t(sku, version) GROUP BY sku) v
+              WHERE s.sku = v.sku",
+        )
+        .bind(&side.version_sku)
+        .bind(&side.version)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !side.oversold_rid.is_empty() {
+        sqlx::query(
+            "INSERT INTO remediations (reservation_id, hold_state, reason, kind)
+             SELECT rid, 'confirmed', reason, 'oversold'
+               FROM UNNEST($1::text[], $2::text[]) AS t(rid, reason)
+             ON CONFLICT (reservation_id) DO NOTHING",
+        )
+        .bind(&side.oversold_rid)
+        .bind(&side.oversold_reason)
+        .execute(&mut *tx)
+        .await?;
+        tracing::warn!(
+            reservations = side.oversold_rid.len(),
+            "oversell remediations recorded: feeds lowered stock under holds that were then paid"
+        );
+    }
+    Ok(())
 }
 
 /// Inserts `orders` and their lines (each once, whatever is retried).
@@ -533,9 +659,10 @@ async fn record_events(
     events: &[&Event],
     batches: &[ShardBatch],
 ) -> Result<BatchReport, EngineError> {
-    let (orders, ledger) = rows_of(events);
+    let (orders, ledger, side) = rows_of(events);
     let mut tx = pg.begin().await?;
     insert_orders(&mut tx, &orders).await?;
+    record_side(&mut tx, &side).await?;
     let (sales, movements) = insert_ledger(&mut tx, &ledger).await?;
     record_progress(&mut tx, batches).await?;
     tx.commit().await?;
@@ -552,6 +679,7 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
     tokio::pin!(shutdown);
     let mut backoff = Duration::from_millis(100);
     let mut last_claim = Instant::now();
+    let mut last_trim = Instant::now();
     loop {
         let step = async {
             if last_claim.elapsed() >= worker.config.claim_idle {
@@ -568,6 +696,15 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
             Ok(report) => {
                 worker.stats.set_error(None);
                 backoff = Duration::from_millis(100);
+                if last_trim.elapsed() >= Duration::from_secs(1) {
+                    last_trim = Instant::now();
+                    match worker.engine.trim_acknowledged(worker.config.retain).await {
+                        Ok(n) => {
+                            worker.stats.trimmed.fetch_add(n, Ordering::Relaxed);
+                        }
+                        Err(e) => tracing::debug!(error = %e, "trimming the event streams failed"),
+                    }
+                }
                 if report.entries > 0 {
                     tracing::debug!(
                         entries = report.entries,
@@ -593,6 +730,87 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
 }
 
 impl Engine {
+    /// Trims each shard's event stream behind what every consumer group has
+    /// acknowledged, keeping at least `retain` of history, and returns how many
+    /// entries went. A stream without a group is left alone: nothing has read it,
+    /// so nothing may go. Never a blind cap: while PostgreSQL is down the streams
+    /// grow (see [`Engine::stream_entries`] and the documented memory budget).
+    pub async fn trim_acknowledged(&self, retain: Duration) -> Result<u64, EngineError> {
+        let mut conn = self.conn.clone();
+        let keep_from_ms = chrono::Utc::now().timestamp_millis() - retain.as_millis() as i64;
+        let mut trimmed = 0;
+        for shard in 0..self.keys.shards() {
+            let key = self.keys.events(shard);
+            let Some(floor) = self.acknowledged_floor(&key).await? else {
+                continue;
+            };
+            let floor = if id_ms(&floor) > keep_from_ms {
+                format!("{}-0", keep_from_ms.max(0))
+            } else {
+                floor
+            };
+            let n: u64 = redis::cmd("XTRIM")
+                .arg(&key)
+                .arg("MINID")
+                .arg("~")
+                .arg(&floor)
+                .query_async(&mut conn)
+                .await?;
+            trimmed += n;
+        }
+        Ok(trimmed)
+    }
+
+    /// The oldest id any consumer group of stream `key` still needs: the first
+    /// entry pending on a consumer, else the entry after the last delivered.
+    /// `None` when the stream has no group (or does not exist).
+    async fn acknowledged_floor(&self, key: &str) -> Result<Option<String>, EngineError> {
+        let mut conn = self.conn.clone();
+        let groups: redis::RedisResult<Vec<BTreeMap<String, Value>>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(key)
+            .query_async(&mut conn)
+            .await;
+        let Ok(groups) = groups else { return Ok(None) };
+        let mut floor: Option<String> = None;
+        for g in &groups {
+            let text = |k: &str| {
+                g.get(k)
+                    .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+            };
+            let (Some(name), Some(delivered)) = (text("name"), text("last-delivered-id")) else {
+                return Ok(None);
+            };
+            let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(key)
+                .arg(&name)
+                .arg("-")
+                .arg("+")
+                .arg(1)
+                .query_async(&mut conn)
+                .await?;
+            // MINID keeps ids >= the floor: the first pending entry, or (all
+            // acknowledged) the last delivered one, which is harmless to keep.
+            let needed = pending.first().map_or(delivered, |(id, ..)| id.clone());
+            floor = Some(match floor {
+                Some(f) if id_before(&f, &needed) => f,
+                _ => needed,
+            });
+        }
+        Ok(floor)
+    }
+
+    /// Entries in every shard's event stream (acknowledged or not): the memory
+    /// the streams hold, for the backlog metric.
+    pub async fn stream_entries(&self) -> Result<u64, EngineError> {
+        let mut pipe = redis::pipe();
+        for key in self.keys.all_events() {
+            pipe.cmd("XLEN").arg(key);
+        }
+        let lens: Vec<u64> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(lens.into_iter().sum())
+    }
+
     /// How far the write-behind group is behind, over every shard.
     pub async fn write_behind_lag(&self) -> Result<Lag, EngineError> {
         let mut conn = self.conn.clone();
@@ -656,5 +874,36 @@ impl Engine {
             }
         }
         Ok(lag)
+    }
+}
+
+/// The milliseconds part of a stream id (`<ms>-<seq>`); 0 when malformed.
+fn id_ms(id: &str) -> i64 {
+    id.split('-')
+        .next()
+        .and_then(|m| m.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Whether stream id `a` comes before `b`.
+fn id_before(a: &str, b: &str) -> bool {
+    let parts = |id: &str| {
+        let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+        (
+            ms.parse::<u64>().unwrap_or(0),
+            seq.parse::<u64>().unwrap_or(0),
+        )
+    };
+    parts(a) < parts(b)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn stream_ids_order_numerically() {
+        assert!(super::id_before("9-5", "10-0"));
+        assert!(super::id_before("10-2", "10-10"));
+        assert!(!super::id_before("10-10", "10-10"));
+        assert_eq!(super::id_ms("1700000000000-3"), 1_700_000_000_000);
     }
 }

@@ -10,9 +10,10 @@ use crate::postgres::one_line;
 /// What Redis said about memory eviction, as checked at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum EvictionCheck {
-    /// `noeviction` or a `volatile-*` policy: stock counters carry no TTL and are safe.
+    /// `noeviction`: Redis refuses writes rather than delete anything.
     Safe(String),
-    /// An `allkeys-*` policy, accepted only because the operator overrode the check.
+    /// An evicting policy (`allkeys-*` or `volatile-*`), accepted only because
+    /// the operator overrode the check.
     Overridden(String),
     /// `CONFIG GET` is not allowed (some managed services): the policy is unknown.
     Unknown(String),
@@ -41,11 +42,15 @@ pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
     Ok(conn)
 }
 
-/// Reads `maxmemory-policy` and refuses `allkeys-*` unless `allow_evicting` is set.
+/// Reads `maxmemory-policy` and refuses anything but `noeviction` unless
+/// `allow_evicting` is set.
 ///
 /// Under an `allkeys-*` policy Redis may delete a stock counter under memory
 /// pressure; a deleted counter reads as "not warmed" and a deleted hold leaks
-/// reserved units, so this is a start-up error rather than a warning.
+/// reserved units. A `volatile-*` policy spares the counters but deletes keys
+/// with a lifetime: feed event guards (a redelivered event applies twice),
+/// per-buyer counters (the limit is lifted), ended-hold tombstones (a retry
+/// holds stock twice) and lock leases. Both are start-up errors, not warnings.
 pub async fn check_eviction_policy(
     conn: &mut ConnectionManager,
     url: &str,
@@ -65,7 +70,7 @@ pub async fn check_eviction_policy(
         }
         Err(e) => return Ok(EvictionCheck::Unknown(one_line(&e.to_string()))),
     };
-    if !policy.starts_with("allkeys-") {
+    if policy == "noeviction" {
         return Ok(EvictionCheck::Safe(policy));
     }
     if allow_evicting {

@@ -13,25 +13,29 @@ use crate::reply::Reply;
 pub struct WarmSpec {
     /// The SKU code.
     pub sku: String,
-    /// Units to make available.
-    pub available: i64,
-    /// Units in holds that outlived a lost counter (a new counter only).
+    /// Units on hand, as the system of record has them.
+    pub on_hand: i64,
+    /// Units in holds that outlived a lost counter (a new counter only): they are
+    /// on hand but not available.
     pub reserved: i64,
-    /// PostgreSQL's `sold_recorded` (a new counter only).
+    /// PostgreSQL's `sold_recorded`.
     pub settled: i64,
     /// Per-buyer limit (0: none).
     pub per_buyer_limit: i64,
+    /// The newest feed snapshot version applied (-1: none).
+    pub snapshot_version: i64,
 }
 
 impl WarmSpec {
-    /// A fresh counter of `available` units and no limit.
-    pub fn new(sku: impl Into<String>, available: i64) -> Self {
+    /// A fresh counter of `on_hand` units, all available, and no limit.
+    pub fn new(sku: impl Into<String>, on_hand: i64) -> Self {
         Self {
             sku: sku.into(),
-            available,
+            on_hand,
             reserved: 0,
             settled: 0,
             per_buyer_limit: 0,
+            snapshot_version: -1,
         }
     }
 }
@@ -56,13 +60,13 @@ pub enum WarmOutcome {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]
 pub enum DeltaOutcome {
-    /// Applied; `shortfall` units of a decrease could not be taken because they are
-    /// held or sold (available stopped at 0).
+    /// Applied in full. A decrease larger than `available` leaves `owed` units:
+    /// held units that no longer exist, paid back first by units that return.
     Applied {
         /// Units available afterwards.
         available: i64,
-        /// Units of a decrease not applied.
-        shortfall: i64,
+        /// Units owed afterwards (0 unless the feed lowered stock under holds).
+        owed: i64,
     },
     /// This event id from this source was applied before.
     Duplicate,
@@ -80,6 +84,8 @@ pub enum SnapshotOutcome {
         available: i64,
         /// Units available before.
         previous: i64,
+        /// Units owed afterwards (held units beyond the new count).
+        owed: i64,
     },
     /// The snapshot's version is not newer than the last applied one.
     Stale {
@@ -101,12 +107,12 @@ impl Engine {
         inv.key(self.keys.sku(&spec.sku))
             .key(self.keys.events(shard))
             .arg(&spec.sku)
-            .arg(spec.available)
+            .arg(spec.on_hand)
             .arg(spec.reserved)
             .arg(spec.settled)
             .arg(spec.per_buyer_limit)
             .arg(if force { "1" } else { "0" })
-            .arg(self.config.stream_maxlen);
+            .arg(spec.snapshot_version);
         let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
@@ -139,8 +145,7 @@ impl Engine {
             .arg(delta)
             .arg(source)
             .arg(event_id)
-            .arg(self.config.guard_ttl.as_millis() as u64)
-            .arg(self.config.stream_maxlen);
+            .arg(self.config.guard_ttl.as_millis() as u64);
         let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
@@ -148,7 +153,7 @@ impl Engine {
         Ok(match reply.tag()?.as_str() {
             "applied" => DeltaOutcome::Applied {
                 available: reply.int(1)?,
-                shortfall: reply.int(2)?,
+                owed: reply.int(2)?,
             },
             "duplicate" => DeltaOutcome::Duplicate,
             "not_warmed" => DeltaOutcome::NotWarmed,
@@ -176,8 +181,7 @@ impl Engine {
             .arg(version)
             .arg(source)
             .arg(event_id)
-            .arg(self.config.guard_ttl.as_millis() as u64)
-            .arg(self.config.stream_maxlen);
+            .arg(self.config.guard_ttl.as_millis() as u64);
         let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
@@ -186,6 +190,7 @@ impl Engine {
             "applied" => SnapshotOutcome::Applied {
                 available: reply.int(1)?,
                 previous: reply.int(2)?,
+                owed: reply.int(3)?,
             },
             "stale" => SnapshotOutcome::Stale {
                 current_version: reply.int(1)?,

@@ -119,11 +119,21 @@ pub async fn verify(pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, Engi
 }
 
 /// How long a verified (or refused) token is remembered: a revocation takes
-/// effect within this long.
+/// effect within this long while PostgreSQL answers.
 pub const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// A verification result (`None`: no such live token) and when it was made.
-type Verified = (Option<TokenInfo>, std::time::Instant);
+/// How long a token verified before PostgreSQL became unreachable keeps working
+/// without it: checkout must not stop with the system of record. A revocation
+/// made meanwhile takes effect within [`TOKEN_CACHE_TTL`] of PostgreSQL's return.
+pub const TOKEN_OUTAGE_GRACE: std::time::Duration = std::time::Duration::from_secs(15 * 60);
+
+/// A verification result (`None`: no such live token), when PostgreSQL gave it,
+/// and when to ask PostgreSQL again.
+type Verified = (Option<TokenInfo>, std::time::Instant, std::time::Instant);
+
+/// While PostgreSQL is unreachable, how often one token's check is retried (the
+/// requests in between use the last answer without waiting).
+const OUTAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Verified tokens by the SHA-256 of their secret, so the hot path does not query
 /// PostgreSQL per request.
@@ -134,25 +144,44 @@ pub struct TokenCache {
 
 impl TokenCache {
     /// The live token whose secret is `secret`, from memory when verified within
-    /// [`TOKEN_CACHE_TTL`], otherwise from PostgreSQL.
+    /// [`TOKEN_CACHE_TTL`], otherwise from PostgreSQL (waiting at most
+    /// [`crate::postgres::QUICK_LOOKUP`]). When PostgreSQL cannot answer, a token
+    /// verified within [`TOKEN_OUTAGE_GRACE`] keeps its last answer.
     pub async fn verify(
         &self,
         pg: &PgPool,
         secret: &str,
     ) -> Result<Option<TokenInfo>, EngineError> {
         let key = digest(secret);
-        if let Ok(entries) = self.entries.lock()
-            && let Some((info, at)) = entries.get(&key)
-            && at.elapsed() < TOKEN_CACHE_TTL
+        let cached = self
+            .entries
+            .lock()
+            .ok()
+            .and_then(|entries| entries.get(&key).cloned());
+        let now = std::time::Instant::now();
+        if let Some((info, _, next)) = &cached
+            && now < *next
         {
             return Ok(info.clone());
         }
-        let info = verify(pg, secret).await?;
+        let info = match crate::postgres::quick(verify(pg, secret)).await {
+            Ok(info) => info,
+            Err(e) => match cached {
+                Some((info, verified, _)) if verified.elapsed() < TOKEN_OUTAGE_GRACE => {
+                    tracing::debug!(error = %e, "PostgreSQL unavailable: using the last token check");
+                    if let Ok(mut entries) = self.entries.lock() {
+                        entries.insert(key, (info.clone(), verified, now + OUTAGE_RETRY));
+                    }
+                    return Ok(info);
+                }
+                _ => return Err(e),
+            },
+        };
         if let Ok(mut entries) = self.entries.lock() {
             if entries.len() > 10_000 {
-                entries.retain(|_, (_, at)| at.elapsed() < TOKEN_CACHE_TTL);
+                entries.retain(|_, (_, verified, _)| verified.elapsed() < TOKEN_OUTAGE_GRACE);
             }
-            entries.insert(key, (info.clone(), std::time::Instant::now()));
+            entries.insert(key, (info.clone(), now, now + TOKEN_CACHE_TTL));
         }
         Ok(info)
     }

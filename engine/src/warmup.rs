@@ -54,6 +54,8 @@ pub struct WarmReport {
     pub warmed: u64,
     /// Counters that existed and were left alone.
     pub existing: u64,
+    /// Feed event guards restored from the ledger (after a Redis loss).
+    pub guards: u64,
     /// Wall time, milliseconds.
     pub elapsed_ms: u64,
 }
@@ -65,6 +67,7 @@ pub(crate) struct StockRow {
     pub(crate) on_hand: i64,
     pub(crate) sold_recorded: i64,
     pub(crate) per_buyer_limit: Option<i32>,
+    pub(crate) snapshot_version: i64,
 }
 
 /// The next page of SKUs after `after`, in code order (keyset paging).
@@ -74,7 +77,7 @@ pub(crate) async fn stock_page(
     page: usize,
 ) -> Result<Vec<StockRow>, EngineError> {
     Ok(sqlx::query_as::<_, StockRow>(
-        "SELECT sku, on_hand, sold_recorded, per_buyer_limit FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
     )
     .bind(after)
     .bind(page as i64)
@@ -98,6 +101,7 @@ pub(crate) async fn read_counters(
             "reserved",
             "sold_pending",
             "settled",
+            "owed",
         ]);
     }
     let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
@@ -110,6 +114,7 @@ pub(crate) async fn read_counters(
                 reserved: field(1).unwrap_or(0),
                 sold_pending: field(2).unwrap_or(0),
                 settled: field(3).unwrap_or(0),
+                owed: field(4).unwrap_or(0),
             }
         })
         .collect())
@@ -143,35 +148,28 @@ pub async fn warm_all(
         let mut pipe = redis::pipe();
         let mut sent = 0;
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
-            let (available, reserved) = match cur.available {
+            // A forced warm-up computes `available` inside warm.lua from the live
+            // figures it reads there, so a reservation in between cannot be lost.
+            let orphaned = match cur.available {
                 Some(_) if !options.force => {
                     report.existing += 1;
                     continue;
                 }
-                Some(_) => (
-                    cur.expected_available(row.on_hand, row.sold_recorded),
-                    cur.reserved,
-                ),
-                None => {
-                    let orphaned = if *open > 0 {
-                        orphaned_units(engine, &row.sku).await?
-                    } else {
-                        0
-                    };
-                    (row.on_hand - orphaned, orphaned)
-                }
+                Some(_) => 0,
+                None if *open > 0 => orphaned_units(engine, &row.sku).await?,
+                None => 0,
             };
             pipe.invoke_script(
                 script
                     .key(engine.keys.sku(&row.sku))
                     .key(engine.keys.events(engine.keys.shard_of(&row.sku)))
                     .arg(&row.sku)
-                    .arg(available)
-                    .arg(reserved)
+                    .arg(row.on_hand)
+                    .arg(orphaned)
                     .arg(row.sold_recorded)
                     .arg(row.per_buyer_limit.unwrap_or(0))
                     .arg(if options.force { "1" } else { "0" })
-                    .arg(engine.config.stream_maxlen),
+                    .arg(row.snapshot_version),
             );
             sent += 1;
         }
@@ -191,8 +189,52 @@ pub async fn warm_all(
             warmed: report.warmed,
         });
     }
+    if report.warmed > 0 && !options.force {
+        // Counters were missing: Redis lost its data, and with it the guards that
+        // stop a redelivered feed event applying twice. The ledger knows which
+        // events were applied; each gets its guard back for the rest of its day.
+        report.guards = restore_guards(engine, pg).await?;
+    }
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)
+}
+
+/// Sets the event guard of every feed event the ledger recorded within the
+/// guard's lifetime (those already guarded are left as they are); returns how
+/// many were restored.
+async fn restore_guards(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError> {
+    let ttl_ms = engine.config.guard_ttl.as_millis() as i64;
+    let mut after = 0i64;
+    let mut restored = 0;
+    loop {
+        let rows: Vec<(i64, String, String, String, i64)> = sqlx::query_as(
+            "SELECT id, sku, source, event_id,
+                    $2 - (extract(epoch FROM now() - created_at) * 1000)::bigint AS left_ms
+               FROM ledger
+              WHERE kind IN ('receipt', 'adjustment') AND id > $1
+                AND created_at > now() - make_interval(secs => $2 / 1000.0)
+              ORDER BY id LIMIT 1000",
+        )
+        .bind(after)
+        .bind(ttl_ms)
+        .fetch_all(pg)
+        .await?;
+        let Some(last) = rows.last() else { break };
+        after = last.0;
+        let mut pipe = redis::pipe();
+        for (_, sku, source, event_id, left_ms) in &rows {
+            pipe.cmd("SET")
+                .arg(engine.keys.seen(sku, source, event_id))
+                .arg("1")
+                .arg("NX")
+                .arg("PX")
+                .arg((*left_ms).max(1))
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut engine.conn.clone()).await?;
+        restored += rows.len() as u64;
+    }
+    Ok(restored)
 }
 
 /// Open holds per row whose counter is missing (0 for rows with a counter), in

@@ -358,7 +358,7 @@ async fn deltas_apply_once_and_stale_snapshots_are_refused() {
         engine.apply_delta("SKU-H", 50, "erp", "e1").await.unwrap(),
         DeltaOutcome::Applied {
             available: 60,
-            shortfall: 0
+            owed: 0
         }
     );
     assert_eq!(
@@ -373,9 +373,9 @@ async fn deltas_apply_once_and_stale_snapshots_are_refused() {
         engine.apply_delta("SKU-H", -70, "erp", "e2").await.unwrap(),
         DeltaOutcome::Applied {
             available: 0,
-            shortfall: 15
+            owed: 15
         },
-        "held units cannot be taken back: available stops at 0"
+        "held units cannot be taken back: available stops at 0 and the rest is owed"
     );
 
     // Snapshot: on_hand 30 with 5 held -> 25 available.
@@ -386,7 +386,8 @@ async fn deltas_apply_once_and_stale_snapshots_are_refused() {
             .unwrap(),
         SnapshotOutcome::Applied {
             available: 25,
-            previous: 0
+            previous: 0,
+            owed: 0
         }
     );
     assert_eq!(

@@ -32,8 +32,9 @@ pub struct GlobalArgs {
     /// Log output format.
     #[arg(long, env = "HOLDFAST_LOG_FORMAT", value_enum, default_value_t = LogFormat::Text, global = true)]
     pub log_format: LogFormat,
-    /// Start even if Redis may evict keys (`maxmemory-policy allkeys-*`). Evicted
-    /// counters read as "not warmed" and evicted holds leak reserved units.
+    /// Start even if Redis may evict keys (`maxmemory-policy` other than
+    /// `noeviction`). Evicted counters read as "not warmed", evicted holds leak
+    /// reserved units, evicted guards let a feed event or a retry apply twice.
     #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue, global = true)]
     pub allow_evicting_redis: bool,
     /// Reservation rules.

@@ -50,7 +50,7 @@ pub async fn connect(
         ),
         EvictionCheck::Unknown(reason) => tracing::warn!(
             %reason,
-            "could not read Redis' maxmemory-policy; make sure it is noeviction or volatile-*"
+            "could not read Redis' maxmemory-policy; make sure it is noeviction"
         ),
     }
     let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;

@@ -94,14 +94,13 @@ impl Workers {
                 tasks.push(tokio::spawn(run_consumer(consumer, stopped(rx.clone()))));
             }
         }
-        if let Some(every) = config.reconcile_every {
-            tasks.push(tokio::spawn(reconcile_loop(
-                backends.clone(),
-                every,
-                config.reconcile_correct_up,
-                stopped(rx),
-            )));
-        }
+        tasks.push(tokio::spawn(reconcile_loop(
+            backends.clone(),
+            config.reconcile_every,
+            config.reconcile_correct_up,
+            stats.write_behind.clone(),
+            stopped(rx),
+        )));
         Ok(Self { stop, tasks })
     }
 
@@ -114,23 +113,35 @@ impl Workers {
     }
 }
 
+/// Runs reconciliation every `every` (when set), and at once whenever the
+/// write-behind asks for one (an event came back empty).
 async fn reconcile_loop(
     backends: Backends,
-    every: Duration,
+    every: Option<Duration>,
     correct_up: bool,
+    write_behind: Arc<WriteBehindStats>,
     shutdown: impl Future<Output = ()>,
 ) {
     tokio::pin!(shutdown);
-    let options = ReconcileOptions {
-        correct_up,
-        trigger: "schedule".into(),
-        ..ReconcileOptions::default()
-    };
+    let mut last = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = &mut shutdown => break,
-            () = tokio::time::sleep(every) => {}
+            () = tokio::time::sleep(Duration::from_secs(1)) => {}
         }
+        let requested = write_behind
+            .reconcile_requested
+            .swap(false, std::sync::atomic::Ordering::Relaxed);
+        let due = every.is_some_and(|e| last.elapsed() >= e);
+        if !requested && !due {
+            continue;
+        }
+        last = tokio::time::Instant::now();
+        let options = ReconcileOptions {
+            correct_up,
+            trigger: if requested { "requested" } else { "schedule" }.into(),
+            ..ReconcileOptions::default()
+        };
         match reconcile::reconcile_all(&backends.engine, &backends.pg, &options, |_| {}).await {
             Ok(r) if r.drifted > 0 => tracing::warn!(
                 run = r.run_id,

@@ -81,7 +81,7 @@ async fn evicting_redis_is_refused_unless_overridden() {
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
-async fn evicting_redis_starts_with_the_override_and_volatile_is_fine(
+async fn evicting_redis_starts_only_with_the_override_and_volatile_is_refused_too(
     _pool: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
@@ -90,11 +90,14 @@ async fn evicting_redis_starts_with_the_override_and_volatile_is_fine(
     let backends = startup::connect(&evicting.url(), &pg, true, 2, EngineConfig::default()).await;
     assert!(backends.is_ok(), "override accepted: {:?}", backends.err());
 
+    // volatile-* spares counters but evicts event guards, buyer counters,
+    // tombstones and locks: refused like allkeys-*, with the same override.
     let volatile = TestRedis::start_with(&["--maxmemory-policy", "volatile-lru"]);
-    let backends = startup::connect(&volatile.url(), &pg, false, 2, EngineConfig::default()).await;
-    assert!(
-        backends.is_ok(),
-        "volatile-* keeps counters safe: {:?}",
-        backends.err()
-    );
+    let refused = startup::connect(&volatile.url(), &pg, false, 2, EngineConfig::default()).await;
+    match refused {
+        Err(EngineError::EvictingRedis { policy, .. }) => assert_eq!(policy, "volatile-lru"),
+        other => panic!("volatile-lru must be refused: {:?}", other.err()),
+    }
+    let overridden = startup::connect(&volatile.url(), &pg, true, 2, EngineConfig::default()).await;
+    assert!(overridden.is_ok(), "{:?}", overridden.err());
 }

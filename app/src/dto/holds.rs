@@ -60,6 +60,8 @@ pub struct RemediationView {
     pub hold_state: String,
     /// Why.
     pub reason: String,
+    /// `late_payment`, `oversold` or `unknown_confirm`.
+    pub kind: String,
     /// `open`, `refunded`, `fulfilled` or `closed`.
     pub status: String,
     /// RFC 3339.

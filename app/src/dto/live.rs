@@ -21,6 +21,9 @@ pub struct SkuLive {
     pub reserved: i64,
     /// Units sold in Redis and not yet written to PostgreSQL.
     pub sold_pending: i64,
+    /// Held units a feed removed: paid back first by units that return.
+    #[serde(default)]
+    pub owed: i64,
     /// Units sold since the counter was warmed.
     pub sold: i64,
     /// Open holds.

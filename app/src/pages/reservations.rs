@@ -91,15 +91,15 @@ fn Results(found: HoldSearch, query: String, release: ServerAction<ReleaseHold>)
     };
     view! {
         {holds}
-        <h2>"Late payments to remediate"</h2>
+        <h2>"Payments to remediate"</h2>
         {if found.remediations.is_empty() {
-            view! { <p class="empty">"No late payments."</p> }.into_any()
+            view! { <p class="empty">"No payments to remediate."</p> }.into_any()
         } else {
             view! {
                 <div class="table-wrap"><table>
-                    <thead><tr><th scope="col">"Reservation"</th><th scope="col">"Hold had"</th><th scope="col">"Status"</th><th scope="col">"Reason"</th><th scope="col">"When (UTC)"</th></tr></thead>
+                    <thead><tr><th scope="col">"Reservation"</th><th scope="col">"Kind"</th><th scope="col">"Hold had"</th><th scope="col">"Status"</th><th scope="col">"Reason"</th><th scope="col">"When (UTC)"</th></tr></thead>
                     <tbody>{found.remediations.into_iter().map(|r| view! {
-                        <tr><td class="sku">{r.reservation_id}</td><td>{r.hold_state}</td><td>{r.status}</td><td>{r.reason}</td><td>{short_time(&r.created_at)}</td></tr>
+                        <tr><td class="sku">{r.reservation_id}</td><td>{r.kind.replace('_', " ")}</td><td>{r.hold_state}</td><td>{r.status}</td><td>{r.reason}</td><td>{short_time(&r.created_at)}</td></tr>
                     }).collect_view()}</tbody>
                 </table></div>
             }.into_any()

@@ -103,6 +103,9 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
             <div class="tile"><span class="label">"Reserved"</span><span class="value" data-field="reserved">{move || thousands(f.get().reserved)}</span></div>
             <div class="tile"><span class="label">"Sold"</span><span class="value" data-field="sold">{move || thousands(f.get().sold)}</span></div>
             <div class="tile"><span class="label">"Awaiting PostgreSQL"</span><span class="value">{move || thousands(f.get().sold_pending)}</span></div>
+            <div class={move || if f.get().owed > 0 { "tile bad" } else { "tile" }} title="Held units a feed removed: returning units pay them back before they are sellable; a sale of one is an oversell to remediate">
+                <span class="label">"Owed (feed shortfall)"</span><span class="value" data-field="owed">{move || thousands(f.get().owed)}</span>
+            </div>
             <div class="tile"><span class="label">"Drift"</span><span class="value" data-field="drift">{move || thousands(f.get().drift)}</span></div>
             <div class="tile"><span class="label">"On hand (PostgreSQL)"</span><span class="value">{thousands(detail.on_hand)}</span></div>
         </div>

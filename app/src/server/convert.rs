@@ -108,6 +108,7 @@ pub fn remediation_view(r: Remediation) -> RemediationView {
         reservation_id: r.reservation_id,
         hold_state: r.hold_state,
         reason: r.reason,
+        kind: r.kind,
         status: r.status,
         created_at: r.created_at.to_rfc3339(),
     }
@@ -135,6 +136,7 @@ pub fn sku_live(sku: &str, figures: Option<&Figures>, drift: Option<&SkuDrift>) 
             available: f.available,
             reserved: f.reserved,
             sold_pending: f.sold_pending,
+            owed: f.owed,
             sold: f.sold,
             open_holds: f.open_holds,
             drift: d,
@@ -145,6 +147,7 @@ pub fn sku_live(sku: &str, figures: Option<&Figures>, drift: Option<&SkuDrift>) 
             available: 0,
             reserved: 0,
             sold_pending: 0,
+            owed: 0,
             sold: 0,
             open_holds: 0,
             drift: d,

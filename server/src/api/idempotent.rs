@@ -29,25 +29,28 @@ pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
 }
 
 /// Runs `work` under `key` (if any) of token `token_id`: a repeat with the same
-/// request (fingerprint `fp`) is answered from the postgres, a different request
-/// with the key is 422, and one still running is 409.
-pub async fn run<F>(
+/// request (fingerprint `fp`) is answered from the store, a different request
+/// with the key is 422, and one still running is 409. `work` is told whether an
+/// earlier attempt with the key failed (5xx, 429): its effect is then uncertain
+/// and only Redis may answer, never a shortcut from memory.
+pub async fn run<W, F>(
     engine: &Engine,
     token_id: i64,
     key: Option<String>,
     fp: String,
-    work: F,
+    work: W,
 ) -> Response
 where
+    W: FnOnce(bool) -> F,
     F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
 {
     let Some(key) = key else {
-        return match work.await {
+        return match work(false).await {
             Ok((s, b)) => respond(s, b, None),
             Err(e) => e.into_response(),
         };
     };
-    match idempotency::begin(engine, token_id, &key, &fp).await {
+    let after_failure = match idempotency::begin(engine, token_id, &key, &fp).await {
         Err(e) => return ApiError::from(e).into_response(),
         Ok(Begin::Replay(status, body)) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
@@ -68,9 +71,9 @@ where
             )
             .into_response();
         }
-        Ok(Begin::Fresh) => {}
-    }
-    let (status, body, retry) = match work.await {
+        Ok(Begin::Fresh { after_failure }) => after_failure,
+    };
+    let (status, body, retry) = match work(after_failure).await {
         Ok((s, b)) => (s, b, None),
         Err(e) => (e.status(), e.body_json(), e.retry_after),
     };

@@ -94,4 +94,7 @@ where
             }),
         )
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(
+            crate::http::deadline::within_deadline,
+        ))
 }

@@ -93,14 +93,17 @@ pub async fn create(
     };
     let fp = fingerprint("POST", "/api/v1/reservations", &body);
     let rid = checkout::reservation_id(caller.0.id, &key);
-    let work = create_inner(&state, rid, body);
+    let work = |after_failure| create_inner(&state, rid, body, after_failure);
     idempotent::run(&state.backends.engine, caller.0.id, Some(key), fp, work).await
 }
 
+/// Creates the reservation. `after_failure`: an earlier attempt with this key
+/// failed and may have reserved, so the sold-out cache must not answer for it.
 async fn create_inner(
     state: &ApiState,
     rid: String,
     body: Bytes,
+    after_failure: bool,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let req: CreateReservation = serde_json::from_slice(&body).map_err(|e| {
         ApiError::new(
@@ -130,7 +133,10 @@ async fn create_inner(
         }
     };
     // Shed load after a sell-out: answer from memory while the SKU is known empty.
-    if let Some(line) = lines.iter().find(|l| state.sold_out.is_sold_out(&l.sku)) {
+    if let Some(line) = lines
+        .iter()
+        .find(|l| !after_failure && state.sold_out.is_sold_out(&l.sku))
+    {
         return Err(ApiError::sold_out(&line.sku, 0));
     }
     let request = ReserveRequest {
@@ -274,9 +280,16 @@ pub async fn confirm(
                 ),
             )),
             ConfirmOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
+            ConfirmOutcome::Lost => Err(ApiError::new(
+                ErrorCode::ReservationLost,
+                format!(
+                    "reservation {id} was lost by the stock store before payment was confirmed; \
+                     no stock was taken. A remediation record was written: refund or re-reserve"
+                ),
+            )),
         }
     };
-    idempotent::run(&state.backends.engine, caller.0.id, key, fp, work).await
+    idempotent::run(&state.backends.engine, caller.0.id, key, fp, |_| work).await
 }
 
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
@@ -310,5 +323,5 @@ pub async fn release(
             ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
         }
     };
-    idempotent::run(&state.backends.engine, caller.0.id, key, fp, work).await
+    idempotent::run(&state.backends.engine, caller.0.id, key, fp, |_| work).await
 }

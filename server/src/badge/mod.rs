@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use holdfast_domain::StockState;
 use holdfast_engine::events::Event;
-use holdfast_engine::{Engine, catalog};
+use holdfast_engine::{Engine, catalog, postgres};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
@@ -114,7 +114,7 @@ impl BadgeHub {
         {
             return *v;
         }
-        let (v, fresh_for) = match catalog::threshold(&self.pg, sku).await {
+        let (v, fresh_for) = match postgres::quick(catalog::threshold(&self.pg, sku)).await {
             Ok(found) => (found.unwrap_or(DEFAULT_THRESHOLD), THRESHOLD_TTL),
             Err(e) => {
                 // Keep the last known threshold (or the default) and ask again

@@ -3,5 +3,6 @@
 //! per-key rate limits ([`ratelimit::RateLimiter`]).
 
 pub mod auth;
+pub mod deadline;
 pub mod error;
 pub mod ratelimit;

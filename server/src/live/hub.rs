@@ -272,6 +272,7 @@ impl LiveHub {
             available: 0,
             reserved: 0,
             sold_pending: 0,
+            owed: 0,
             sold: 0,
             open_holds: 0,
             drift: 0,
@@ -286,6 +287,9 @@ impl LiveHub {
         }
         if let Some(p) = e.sold_pending {
             f.sold_pending = p;
+        }
+        if let Some(o) = e.owed {
+            f.owed = o;
         }
         match e.kind {
             EventKind::Reserved => f.open_holds += 1,

@@ -114,6 +114,9 @@ where
     Router::new()
         .route("/ingest/{source}", post(receive))
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
+        .layer(axum::middleware::from_fn(
+            crate::http::deadline::within_deadline,
+        ))
 }
 
 /// The HMAC-SHA256 of `timestamp.body` under `secret`, ready to finish.

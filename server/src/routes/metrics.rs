@@ -104,6 +104,29 @@ async fn metrics(
         "Write-behind batches that failed and were retried.",
         wb.failures.load(Ordering::Relaxed) as f64,
     );
+    out.one(
+        "holdfast_write_behind_lost_entries_total",
+        "counter",
+        "Events that came back empty before PostgreSQL had them (each asks for a reconciliation).",
+        wb.lost_entries.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_event_stream_trimmed_total",
+        "counter",
+        "Stream entries trimmed after every consumer group acknowledged them.",
+        wb.trimmed.load(Ordering::Relaxed) as f64,
+    );
+    if redis_up
+        && let Ok(Ok(entries)) =
+            tokio::time::timeout(timeout, backends.engine.stream_entries()).await
+    {
+        out.one(
+            "holdfast_event_stream_entries",
+            "gauge",
+            "Entries held in the event streams (about 150 bytes each; see docs/stock-rules.md).",
+            entries as f64,
+        );
+    }
     if redis_up
         && let Ok(Ok(lag)) = tokio::time::timeout(timeout, backends.engine.write_behind_lag()).await
     {
@@ -151,6 +174,28 @@ async fn metrics(
         "Payloads or events dead-lettered.",
         &lane_metric(|s| s.dead.load(Ordering::Relaxed)),
     );
+    out.metric(
+        "holdfast_ingest_shortfalls_total",
+        "counter",
+        "Feed events that lowered stock under open holds, leaving units owed.",
+        &lane_metric(|s| s.shortfalls.load(Ordering::Relaxed)),
+    );
+    if redis_up && pg_up {
+        let owed = tokio::time::timeout(timeout, backends.owed_units()).await;
+        let samples: Vec<(String, f64)> = match owed {
+            Ok(Ok(owed)) => owed
+                .into_iter()
+                .map(|(sku, n)| (format!("{{sku=\"{sku}\"}}"), n as f64))
+                .collect(),
+            _ => Vec::new(),
+        };
+        out.metric(
+            "holdfast_stock_owed_units",
+            "gauge",
+            "Held units a feed removed (per SKU of the drops, only where any are owed).",
+            &samples,
+        );
+    }
     if redis_up {
         let mut conn = backends.redis.clone();
         let (mut backlog, mut paused) = (Vec::new(), Vec::new());

@@ -1,0 +1,587 @@
+//! Stock stays honest under faults: each test is a sequence that broke the
+//! promise before (oversold units, lost sales, guards gone after a Redis loss),
+//! run against a real redis-server and a real PostgreSQL.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use holdfast_engine::checkout;
+use holdfast_engine::ingest::{self, Lane, LaneConfig, LaneConsumer, LaneStats};
+use holdfast_engine::reconcile::{self, ReconcileOptions};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+use holdfast_engine::stock::{DeltaOutcome, SnapshotOutcome};
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{
+    Backends, ConfirmOutcome, Engine, ReleaseOutcome, ReserveOutcome, ReserveRequest, postgres,
+};
+use sqlx::PgPool;
+
+async fn add_sku(pg: &PgPool, sku: &str, on_hand: i64) {
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
+        .bind(sku)
+        .bind(on_hand)
+        .execute(pg)
+        .await
+        .unwrap();
+}
+
+async fn setup(pg: &PgPool, skus: &[(&str, i64)]) -> (TestRedis, Backends) {
+    let redis = TestRedis::start();
+    for (sku, on_hand) in skus {
+        add_sku(pg, sku, *on_hand).await;
+    }
+    let backends = holdfast_engine::testkit::backends(pg.clone(), &redis.url()).await;
+    warm_all(&backends.engine, pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    (redis, backends)
+}
+
+fn writer(b: &Backends, conn: redis::aio::ConnectionManager) -> WriteBehind {
+    WriteBehind::new(
+        b.engine.clone(),
+        b.pg.clone(),
+        conn,
+        WriteBehindConfig {
+            consumer: "honesty".into(),
+            block: Duration::from_millis(20),
+            ..WriteBehindConfig::default()
+        },
+        Arc::new(WriteBehindStats::default()),
+    )
+}
+
+/// Writes everything in the streams behind to PostgreSQL.
+async fn drain(b: &Backends, w: &mut WriteBehind) {
+    for _ in 0..200 {
+        w.run_once().await.unwrap();
+        if b.engine.write_behind_lag().await.unwrap().entries == 0 {
+            return;
+        }
+    }
+    panic!("the write-behind did not drain");
+}
+
+async fn reserve(engine: &Engine, rid: &str, sku: &str, qty: i64) {
+    let r = engine
+        .reserve(&ReserveRequest::single(rid, sku, qty).for_buyer("ann"))
+        .await
+        .unwrap();
+    assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{rid}: {r:?}");
+}
+
+async fn on_hand(pg: &PgPool, sku: &str) -> i64 {
+    sqlx::query_scalar("SELECT on_hand FROM skus WHERE sku = $1")
+        .bind(sku)
+        .fetch_one(pg)
+        .await
+        .unwrap()
+}
+
+async fn flush(redis: &TestRedis) {
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_snapshot_under_open_holds_never_makes_units_that_do_not_exist_sellable(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("OWE-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "owe-hold", "OWE-1", 10).await;
+
+    let applied = b
+        .engine
+        .apply_snapshot("OWE-1", 0, 1, "erp", "snap-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        applied,
+        SnapshotOutcome::Applied {
+            available: 0,
+            previous: 0,
+            owed: 10
+        }
+    );
+    drain(&b, &mut w).await;
+    assert_eq!(
+        on_hand(&pg, "OWE-1").await,
+        0,
+        "PostgreSQL follows the feed"
+    );
+
+    // The hold ends: its units pay the debt instead of becoming sellable.
+    assert_eq!(
+        b.engine.release("owe-hold").await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let f = b.engine.figures("OWE-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.owed), (0, 0, 0));
+    let r = b
+        .engine
+        .reserve(&ReserveRequest::single("after", "OWE-1", 1))
+        .await
+        .unwrap();
+    assert!(matches!(r, ReserveOutcome::SoldOut { .. }), "{r:?}");
+
+    drain(&b, &mut w).await;
+    let report = reconcile::reconcile_all(&b.engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.drifted, 0, "no drift: {report:?}");
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_delta_below_what_is_held_is_recorded_whole_and_owed(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("OWE-2", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "d-hold", "OWE-2", 7).await;
+    assert_eq!(
+        b.engine
+            .apply_delta("OWE-2", -7, "erp", "d-1")
+            .await
+            .unwrap(),
+        DeltaOutcome::Applied {
+            available: 0,
+            owed: 4
+        },
+        "3 available units go, the 4 others are owed"
+    );
+    drain(&b, &mut w).await;
+    assert_eq!(
+        on_hand(&pg, "OWE-2").await,
+        3,
+        "the whole decrease is recorded"
+    );
+    // Expiry (the reaper's path) pays the debt too.
+    b.engine.release("d-hold").await.unwrap();
+    let f = b.engine.figures("OWE-2").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.owed),
+        (3, 0),
+        "3 real units are sellable again"
+    );
+    // A receipt pays any debt before adding stock.
+    reserve(&b.engine, "d-hold-2", "OWE-2", 3).await;
+    b.engine
+        .apply_delta("OWE-2", -5, "erp", "d-2")
+        .await
+        .unwrap();
+    assert_eq!(b.engine.figures("OWE-2").await.unwrap().unwrap().owed, 5);
+    b.engine
+        .apply_delta("OWE-2", 8, "erp", "d-3")
+        .await
+        .unwrap();
+    let f = b.engine.figures("OWE-2").await.unwrap().unwrap();
+    assert_eq!((f.available, f.owed), (3, 0));
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn confirming_an_owed_unit_is_an_oversell_support_sees(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("OWE-3", 5)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "paid-late", "OWE-3", 2).await;
+    b.engine
+        .apply_snapshot("OWE-3", 1, 1, "erp", "s-1")
+        .await
+        .unwrap();
+    assert_eq!(
+        checkout::confirm_payment(&b, "paid-late").await.unwrap(),
+        ConfirmOutcome::Confirmed,
+        "the shopper paid: the sale stands"
+    );
+    drain(&b, &mut w).await;
+    let (kind, reason): (String, String) =
+        sqlx::query_as("SELECT kind, reason FROM remediations WHERE reservation_id = 'paid-late'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(kind, "oversold");
+    assert!(reason.contains("1 unit(s) of OWE-3"), "{reason}");
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn fencing_never_goes_backwards_after_redis_loses_its_data(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("FEN-1", 10)]).await;
+    let mut last = 0;
+    for _ in 0..3 {
+        last = reconcile::reconcile_all(&b.engine, &pg, &ReconcileOptions::default(), |_| {})
+            .await
+            .unwrap()
+            .fence;
+    }
+    flush(&redis).await;
+    warm_all(&b.engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let after = reconcile::reconcile_all(&b.engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .expect("reconciliation works at once after the loss");
+    assert!(after.fence > last, "{} > {last}", after.fence);
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn warm_up_restores_snapshot_versions_and_feed_guards(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("GRD-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    b.engine
+        .apply_snapshot("GRD-1", 50, 2, "erp", "snap-v2")
+        .await
+        .unwrap();
+    b.engine
+        .apply_delta("GRD-1", 5, "erp", "delta-1")
+        .await
+        .unwrap();
+    drain(&b, &mut w).await;
+    assert_eq!(on_hand(&pg, "GRD-1").await, 55);
+
+    flush(&redis).await;
+    let report = warm_all(&b.engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.warmed, 1);
+    assert!(report.guards >= 2, "{report:?}");
+    assert_eq!(
+        b.engine
+            .apply_snapshot("GRD-1", 10, 1, "erp", "snap-v1")
+            .await
+            .unwrap(),
+        SnapshotOutcome::Stale { current_version: 2 },
+        "a late, older snapshot stays refused"
+    );
+    assert_eq!(
+        b.engine
+            .apply_delta("GRD-1", 5, "erp", "delta-1")
+            .await
+            .unwrap(),
+        DeltaOutcome::Duplicate,
+        "a redelivered event applies once"
+    );
+    assert_eq!(
+        b.engine.figures("GRD-1").await.unwrap().unwrap().available,
+        55
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("LOST-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "lost-hold", "LOST-1", 2).await;
+    reserve(&b.engine, "sold-hold", "LOST-1", 1).await;
+    b.engine.confirm("sold-hold").await.unwrap();
+    drain(&b, &mut w).await;
+
+    flush(&redis).await;
+    warm_all(&b.engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        checkout::confirm_payment(&b, "lost-hold").await.unwrap(),
+        ConfirmOutcome::Lost
+    );
+    let (kind, reason): (String, String) =
+        sqlx::query_as("SELECT kind, reason FROM remediations WHERE reservation_id = 'lost-hold'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(kind, "unknown_confirm");
+    assert!(
+        reason.contains("2 x LOST-1") && reason.contains("ann"),
+        "{reason}"
+    );
+    assert_eq!(
+        checkout::confirm_payment(&b, "sold-hold").await.unwrap(),
+        ConfirmOutcome::AlreadyConfirmed,
+        "a recorded order stands"
+    );
+    assert_eq!(
+        checkout::confirm_payment(&b, "never-made").await.unwrap(),
+        ConfirmOutcome::Unknown
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("LUA-1", 10), ("LUA-2", 10)]).await;
+    let keys = b.engine.keyspace();
+    let shard = keys.shard_of("LUA-1");
+    let script = redis::Script::new(include_str!("../../lua/reserve.lua"));
+    let mut conn = redis.connection().await;
+    // A caller that skipped validation: qty 0, then a cart whose second line is
+    // not a whole number. Neither may change any counter.
+    for (rid, lines) in [
+        ("bad-0", vec![("LUA-1", "0")]),
+        ("bad-neg", vec![("LUA-1", "-3")]),
+        ("bad-frac", vec![("LUA-1", "1"), ("LUA-2", "1.5")]),
+    ] {
+        let mut inv = script.prepare_invoke();
+        inv.key(keys.hold(shard, rid))
+            .key(keys.due(shard))
+            .key(keys.events(shard));
+        for (sku, _) in &lines {
+            inv.key(keys.sku(sku))
+                .key(keys.sku_holds(sku))
+                .key(keys.buyer(sku, ""));
+        }
+        inv.arg(rid).arg(60_000).arg("").arg("fp").arg(60_000);
+        for (sku, qty) in &lines {
+            inv.arg(*sku).arg(*qty);
+        }
+        let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
+        let tag: String = redis::from_redis_value_ref(&reply[0]).unwrap();
+        assert_eq!(tag, "invalid", "{rid}");
+    }
+    for sku in ["LUA-1", "LUA-2"] {
+        let f = b.engine.figures(sku).await.unwrap().unwrap();
+        assert_eq!((f.available, f.reserved), (10, 0), "{sku} untouched");
+    }
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_forced_warm_up_keeps_what_is_held(pg: PgPool) {
+    let (_redis, b) = setup(&pg, &[("FRC-1", 10)]).await;
+    reserve(&b.engine, "frc", "FRC-1", 3).await;
+    warm_all(
+        &b.engine,
+        &pg,
+        WarmOptions {
+            force: true,
+            ..WarmOptions::default()
+        },
+        |_| {},
+    )
+    .await
+    .unwrap();
+    let f = b.engine.figures("FRC-1").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved),
+        (7, 3),
+        "computed from live figures in Lua"
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn streams_are_trimmed_only_behind_the_write_behind(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("TRM-1", 5_000)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    w.ensure_groups().await.unwrap();
+    // PostgreSQL "down": nothing is written behind while 3,000 sales pile up.
+    for i in 0..1_500 {
+        let rid = format!("trm-{i}");
+        reserve(&b.engine, &rid, "TRM-1", 1).await;
+        b.engine.confirm(&rid).await.unwrap();
+    }
+    let before = b.engine.stream_entries().await.unwrap();
+    assert_eq!(
+        b.engine.trim_acknowledged(Duration::ZERO).await.unwrap(),
+        0,
+        "nothing unacknowledged is trimmed"
+    );
+    assert_eq!(b.engine.stream_entries().await.unwrap(), before);
+
+    drain(&b, &mut w).await;
+    let trimmed = b.engine.trim_acknowledged(Duration::ZERO).await.unwrap();
+    assert!(trimmed > 0, "acknowledged entries go");
+    let sold: i64 = sqlx::query_scalar("SELECT sold_recorded FROM skus WHERE sku = 'TRM-1'")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert_eq!(sold, 1_500, "every sale recorded exactly once");
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn an_entry_that_comes_back_empty_raises_an_alarm(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("GONE-1", 10)]).await;
+    let stats = Arc::new(WriteBehindStats::default());
+    let mut w = WriteBehind::new(
+        b.engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            consumer: "gone".into(),
+            block: Duration::from_millis(20),
+            claim_idle: Duration::from_millis(1),
+            ..WriteBehindConfig::default()
+        },
+        stats.clone(),
+    );
+    w.ensure_groups().await.unwrap();
+    reserve(&b.engine, "gone-hold", "GONE-1", 1).await;
+    // Deliver the entry to a consumer that dies, then lose the entry itself.
+    let keys = b.engine.keyspace();
+    let stream = keys.events(keys.shard_of("GONE-1"));
+    let mut conn = redis.connection().await;
+    let read: redis::streams::StreamReadReply = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(holdfast_engine::record::GROUP)
+        .arg("dead-consumer")
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let id = read.keys[0].ids.last().unwrap().id.clone();
+    redis::cmd("XDEL")
+        .arg(&stream)
+        .arg(&id)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    w.reclaim_once().await.unwrap();
+    assert!(stats.lost_entries.load(Ordering::Relaxed) >= 1);
+    assert!(stats.reconcile_requested.load(Ordering::Relaxed));
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn one_event_id_is_one_event_per_source(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("DUP-1", 10), ("DUP-2", 10)]).await;
+    let mut conn = redis.connection().await;
+    let stats = Arc::new(LaneStats::default());
+    let mut consumer = LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        LaneConfig::default_for(Lane::Feeds),
+        "dup".into(),
+        stats.clone(),
+    );
+    for body in [
+        r#"{"event_id":"e-1","type":"delta","sku":"DUP-1","delta":5}"#,
+        r#"{"event_id":"e-1","type":"delta","sku":"DUP-2","delta":5}"#,
+        r#"{"event_id":"e-1","type":"delta","sku":"DUP-1","delta":5}"#,
+    ] {
+        ingest::enqueue(&mut conn, Lane::Feeds, "erp", body.as_bytes(), 100)
+            .await
+            .unwrap();
+    }
+    for _ in 0..5 {
+        consumer
+            .process_once(Duration::from_millis(20))
+            .await
+            .unwrap();
+    }
+    assert_eq!(
+        b.engine.figures("DUP-1").await.unwrap().unwrap().available,
+        15
+    );
+    assert_eq!(
+        b.engine.figures("DUP-2").await.unwrap().unwrap().available,
+        10,
+        "the reused id for another SKU is not applied"
+    );
+    let letters = ingest::dead_letters(&mut conn, 10).await.unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(letters[0].reason.contains("used before"), "{letters:?}");
+    assert_eq!(
+        stats.duplicates.load(Ordering::Relaxed),
+        1,
+        "the redelivery is a duplicate"
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn payloads_a_dead_consumer_left_are_taken_over(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("DEAD-1", 10)]).await;
+    let mut conn = redis.connection().await;
+    let lane = LaneConfig {
+        claim_idle: Duration::from_millis(50),
+        ..LaneConfig::default_for(Lane::Feeds)
+    };
+    let mut dying = LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        lane.clone(),
+        "feeds-4242-0".into(),
+        Arc::default(),
+    );
+    // Make the group, then let the "dying" consumer take a payload and never finish.
+    dying.process_once(Duration::from_millis(10)).await.unwrap();
+    ingest::enqueue(
+        &mut conn,
+        Lane::Feeds,
+        "erp",
+        br#"{"event_id":"x-1","type":"delta","sku":"DEAD-1","delta":3}"#,
+        100,
+    )
+    .await
+    .unwrap();
+    let _: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(ingest::GROUP)
+        .arg("feeds-4242-0")
+        .arg("COUNT")
+        .arg(1)
+        .arg("STREAMS")
+        .arg(ingest::lane_key(Lane::Feeds))
+        .arg(">")
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    drop(dying);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    let mut heir = LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        lane,
+        "feeds-4343-0".into(),
+        Arc::default(),
+    );
+    let done = heir.process_once(Duration::from_millis(10)).await.unwrap();
+    assert_eq!(done.applied, 1, "the abandoned payload was applied");
+    assert_eq!(
+        b.engine.figures("DEAD-1").await.unwrap().unwrap().available,
+        13
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn the_reaper_sets_a_malformed_hold_aside_and_goes_on(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("REAP-1", 10)]).await;
+    let engine = holdfast_engine::testkit::backends(pg.clone(), &redis.url())
+        .await
+        .engine;
+    engine
+        .reserve(&ReserveRequest::single("short", "REAP-1", 2).with_ttl_ms(1_000))
+        .await
+        .unwrap();
+    let keys = b.engine.keyspace();
+    let shard = keys.shard_of("REAP-1");
+    let mut conn = redis.connection().await;
+    redis::pipe()
+        .cmd("HSET")
+        .arg(keys.hold(shard, "broken"))
+        .arg("state")
+        .arg("held")
+        .arg("lines")
+        .arg("REAP-1=notanumber")
+        .ignore()
+        .cmd("ZADD")
+        .arg(keys.due(shard))
+        .arg(1)
+        .arg("broken")
+        .ignore()
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let report = engine.reap_once(100).await.unwrap();
+    assert_eq!((report.released, report.skipped), (1, 1), "{report:?}");
+    let aside: Vec<String> = redis::cmd("ZRANGE")
+        .arg(keys.set_aside(shard))
+        .arg(0)
+        .arg(-1)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(aside, ["broken"]);
+    assert_eq!(
+        engine.reap_once(100).await.unwrap().skipped,
+        0,
+        "not tripped over again"
+    );
+}
