@@ -29,6 +29,9 @@ local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+-- `fed` sums what feeds applied; PostgreSQL's fed_recorded catches up through the
+-- write-behind, and reconciliation counts the difference as in flight.
+redis.call('HINCRBY', KEYS[1], 'fed', delta)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[5])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

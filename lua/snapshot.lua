@@ -36,6 +36,7 @@ local effective = on_hand - reserved - pending
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'version', version)
+redis.call('HINCRBY', KEYS[1], 'fed', effective - before)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)

@@ -10,11 +10,13 @@
 -- that survived a lost counter; a new counter only)   ARGV[4] sold_recorded
 -- (PostgreSQL's)   ARGV[5] per-buyer limit (0 = none)   ARGV[6] force ('1')
 -- ARGV[7] snapshot version PostgreSQL last recorded (-1: none)
+-- ARGV[8] fed_recorded (PostgreSQL's sum of recorded feed movements)
 --
 -- A new counter gets available - owed = on_hand - reserved, settled =
--- sold_recorded. A forced one keeps its live reserved, sold_pending and settled
--- and gets available - owed = on_hand - reserved - sold_pending + (sold_recorded -
--- settled), the conservation equation. A negative result is `owed` (held units
+-- sold_recorded, fed = fed_recorded. A forced one keeps its live reserved,
+-- sold_pending, settled and fed and gets available - owed = on_hand - reserved -
+-- sold_pending + (sold_recorded - settled) + (fed - fed_recorded), the
+-- conservation equation with events in flight. A negative result is `owed` (held units
 -- that do not exist), never a negative `available`. The snapshot version only
 -- ever rises, so a late, older snapshot stays refused after a Redis loss.
 --
@@ -26,19 +28,21 @@ local function whole(v)
 end
 local sku = ARGV[1]
 local on_hand, held, recorded = whole(ARGV[2]), whole(ARGV[3]), whole(ARGV[4])
-local limit, version = whole(ARGV[5]), whole(ARGV[7])
-if not (on_hand and held and recorded and limit and version) or held < 0 or limit < 0 then
+local limit, version, fed_recorded = whole(ARGV[5]), whole(ARGV[7]), whole(ARGV[8] or '0')
+if not (on_hand and held and recorded and limit and version and fed_recorded)
+  or held < 0 or limit < 0 then
   return redis.error_reply('ERR warm.lua: on_hand, reserved, sold_recorded, limit and version must be whole numbers')
 end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'settled', 'version')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'settled', 'version', 'fed')
 if c[1] and ARGV[6] ~= '1' then return {'exists', tonumber(c[1])} end
 local effective
 if c[1] then
   effective = on_hand - tonumber(c[2] or '0') - tonumber(c[3] or '0')
-    + (recorded - tonumber(c[4] or '0'))
+    + (recorded - tonumber(c[4] or '0')) + (tonumber(c[6] or '0') - fed_recorded)
 else
   effective = on_hand - held
-  redis.call('HSET', KEYS[1], 'reserved', held, 'sold_pending', 0, 'settled', recorded)
+  redis.call('HSET', KEYS[1], 'reserved', held, 'sold_pending', 0, 'settled', recorded,
+    'fed', fed_recorded)
 end
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end

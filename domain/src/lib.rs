@@ -24,4 +24,4 @@ pub use access::{Role, Scope};
 pub use error::ErrorCode;
 pub use lane::Lane;
 pub use model::*;
-pub use stock::{Counters, StockState};
+pub use stock::{Counters, Recorded, StockState};

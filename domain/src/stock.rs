@@ -21,27 +21,44 @@ pub struct Counters {
     pub settled: i64,
     /// Held units that no longer exist (a feed lowered stock under open holds).
     pub owed: i64,
+    /// Feed movements Redis applied since warm-up (summed), to compare with
+    /// [`Recorded::fed_recorded`]: the difference is in flight.
+    pub fed: i64,
+}
+
+/// What PostgreSQL has recorded for a SKU.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Recorded {
+    /// Units on hand.
+    pub on_hand: i64,
+    /// Units recorded as sold.
+    pub sold_recorded: i64,
+    /// Feed movements recorded (receipts and adjustments, summed).
+    pub fed_recorded: i64,
 }
 
 impl Counters {
-    /// What `available - owed` must be for a SKU whose system of record says
-    /// `on_hand` with `sold_recorded` units recorded as sold.
+    /// What `available - owed` must be for a SKU whose system of record says `pg`.
     ///
     /// The conservation equation, `available + reserved + sold_pending - owed =
-    /// on_hand`, holds once every event is written behind. Sales PostgreSQL has
-    /// recorded (lowering `on_hand`) that Redis has not yet settled out of
-    /// `sold_pending` are counted twice, so they are added back:
-    /// `sold_recorded - settled`. A negative result is owed, never available.
-    pub fn expected_available(&self, on_hand: i64, sold_recorded: i64) -> i64 {
-        on_hand - self.reserved - self.sold_pending + (sold_recorded - self.settled)
+    /// on_hand`, holds once every event is written behind. With events in flight:
+    /// sales PostgreSQL has recorded (lowering `on_hand`) that Redis has not yet
+    /// settled out of `sold_pending` are counted twice, so they are added back
+    /// (`sold_recorded - settled`); feed movements Redis applied that PostgreSQL
+    /// has not recorded yet are added (`fed - fed_recorded`). A negative result is
+    /// owed, never available.
+    pub fn expected_available(&self, pg: &Recorded) -> i64 {
+        pg.on_hand - self.reserved - self.sold_pending
+            + (pg.sold_recorded - self.settled)
+            + (self.fed - pg.fed_recorded)
     }
 
     /// `available - owed` minus what the equation expects (positive: units that
     /// do not exist are sellable; negative: units are stranded). `None` when not
     /// warmed.
-    pub fn drift(&self, on_hand: i64, sold_recorded: i64) -> Option<i64> {
+    pub fn drift(&self, pg: &Recorded) -> Option<i64> {
         self.available
-            .map(|a| a - self.owed - self.expected_available(on_hand, sold_recorded))
+            .map(|a| a - self.owed - self.expected_available(pg))
     }
 }
 
@@ -86,28 +103,42 @@ impl StockState {
 mod tests {
     use super::*;
 
+    fn pg(on_hand: i64, sold_recorded: i64, fed_recorded: i64) -> Recorded {
+        Recorded {
+            on_hand,
+            sold_recorded,
+            fed_recorded,
+        }
+    }
+
     #[test]
-    fn equation_counts_recorded_unsettled_sales_once() {
+    fn equation_counts_events_in_flight_once() {
         let c = Counters {
             available: Some(5),
             reserved: 3,
             sold_pending: 2,
-            settled: 0,
-            owed: 0,
+            ..Counters::default()
         };
-        assert_eq!(c.drift(10, 0), Some(0));
+        assert_eq!(c.drift(&pg(10, 0, 0)), Some(0));
         // PostgreSQL recorded the two sales (on_hand 8) before Redis settled them.
-        assert_eq!(c.drift(8, 2), Some(0));
-        assert_eq!(Counters::default().drift(10, 0), None);
+        assert_eq!(c.drift(&pg(8, 2, 0)), Some(0));
+        assert_eq!(Counters::default().drift(&pg(10, 0, 0)), None);
         // A feed took on_hand to 0 under 3 held units: 3 are owed, no drift.
         let owed = Counters {
             available: Some(0),
             reserved: 3,
-            sold_pending: 0,
-            settled: 0,
             owed: 3,
+            ..Counters::default()
         };
-        assert_eq!(owed.drift(0, 0), Some(0));
+        assert_eq!(owed.drift(&pg(0, 0, 0)), Some(0));
+        // A receipt of 4 applied in Redis, not yet in PostgreSQL: in flight, no drift.
+        let fed = Counters {
+            available: Some(14),
+            fed: 4,
+            ..Counters::default()
+        };
+        assert_eq!(fed.drift(&pg(10, 0, 0)), Some(0));
+        assert_eq!(fed.drift(&pg(14, 0, 4)), Some(0));
     }
 
     #[test]

@@ -170,8 +170,8 @@ async fn run(
                 report.not_warmed += 1;
                 continue;
             };
-            let expected = c.expected_available(row.on_hand, row.sold_recorded);
-            let drift = c.drift(row.on_hand, row.sold_recorded).unwrap_or(0);
+            let expected = c.expected_available(&row.recorded());
+            let drift = c.drift(&row.recorded()).unwrap_or(0);
             if drift == 0 {
                 continue;
             }
@@ -354,8 +354,8 @@ pub async fn measure(
     pg: &PgPool,
     skus: &[String],
 ) -> Result<Vec<SkuDrift>, EngineError> {
-    let rows: Vec<(String, i64, i64)> = sqlx::query_as(
-        "SELECT sku, on_hand, sold_recorded FROM skus WHERE sku = ANY($1) ORDER BY sku",
+    let rows: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT sku, on_hand, sold_recorded, fed_recorded FROM skus WHERE sku = ANY($1) ORDER BY sku",
     )
     .bind(skus)
     .fetch_all(pg)
@@ -365,8 +365,13 @@ pub async fn measure(
     Ok(rows
         .into_iter()
         .zip(counters)
-        .map(|((sku, on_hand, sold_recorded), c)| {
-            let drift = c.drift(on_hand, sold_recorded).unwrap_or(0);
+        .map(|((sku, on_hand, sold_recorded, fed_recorded), c)| {
+            let recorded = holdfast_domain::Recorded {
+                on_hand,
+                sold_recorded,
+                fed_recorded,
+            };
+            let drift = c.drift(&recorded).unwrap_or(0);
             SkuDrift {
                 sku,
                 on_hand,

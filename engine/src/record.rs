@@ -593,9 +593,11 @@ async fn insert_ledger(
              UPDATE skus s
                 SET on_hand = s.on_hand + agg.qty,
                     sold_recorded = s.sold_recorded + agg.sold,
+                    fed_recorded = s.fed_recorded + agg.fed,
                     updated_at = now()
                FROM (SELECT sku, sum(qty)::bigint AS qty,
-                            sum(CASE WHEN kind = 'sale' THEN -qty ELSE 0 END)::bigint AS sold
+                            sum(CASE WHEN kind = 'sale' THEN -qty ELSE 0 END)::bigint AS sold,
+                            sum(CASE WHEN kind = 'sale' THEN 0 ELSE qty END)::bigint AS fed
                        FROM ins GROUP BY sku) agg
               WHERE s.sku = agg.sku
          )

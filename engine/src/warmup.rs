@@ -13,7 +13,7 @@ use sqlx::PgPool;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::reply::Reply;
-use holdfast_domain::Counters;
+use holdfast_domain::{Counters, Recorded};
 
 /// How warm-up runs.
 #[derive(Debug, Clone, Copy)]
@@ -68,6 +68,18 @@ pub(crate) struct StockRow {
     pub(crate) sold_recorded: i64,
     pub(crate) per_buyer_limit: Option<i32>,
     pub(crate) snapshot_version: i64,
+    pub(crate) fed_recorded: i64,
+}
+
+impl StockRow {
+    /// What PostgreSQL has recorded for this SKU.
+    pub(crate) fn recorded(&self) -> Recorded {
+        Recorded {
+            on_hand: self.on_hand,
+            sold_recorded: self.sold_recorded,
+            fed_recorded: self.fed_recorded,
+        }
+    }
 }
 
 /// The next page of SKUs after `after`, in code order (keyset paging).
@@ -77,7 +89,8 @@ pub(crate) async fn stock_page(
     page: usize,
 ) -> Result<Vec<StockRow>, EngineError> {
     Ok(sqlx::query_as::<_, StockRow>(
-        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
+        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version, fed_recorded
+           FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
     )
     .bind(after)
     .bind(page as i64)
@@ -102,6 +115,7 @@ pub(crate) async fn read_counters(
             "sold_pending",
             "settled",
             "owed",
+            "fed",
         ]);
     }
     let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
@@ -115,6 +129,7 @@ pub(crate) async fn read_counters(
                 sold_pending: field(2).unwrap_or(0),
                 settled: field(3).unwrap_or(0),
                 owed: field(4).unwrap_or(0),
+                fed: field(5).unwrap_or(0),
             }
         })
         .collect())
@@ -169,7 +184,8 @@ pub async fn warm_all(
                     .arg(row.sold_recorded)
                     .arg(row.per_buyer_limit.unwrap_or(0))
                     .arg(if options.force { "1" } else { "0" })
-                    .arg(row.snapshot_version),
+                    .arg(row.snapshot_version)
+                    .arg(row.fed_recorded),
             );
             sent += 1;
         }
