@@ -2,6 +2,12 @@
 -- A hold whose deadline has passed is expired here and now (its units return) and
 -- the answer is 'expired': a late payment moves no stock and must be remediated.
 --
+-- A cart whose lines fall in several shards is confirmed in two phases, so that it
+-- is sold whole or not at all (docs/stock-rules.md, "Carts across shards"): every
+-- part is prepared ('held' -> 'confirming', refused once overdue), then committed,
+-- the home part first; a failed prepare rolls the prepared parts back. The reaper
+-- and release leave a 'confirming' part alone.
+--
 -- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
 -- KEYS[2]  shard due zset       hf:{hfN}:due
 -- KEYS[3]  shard event stream   hf:{hfN}:events
@@ -9,7 +15,8 @@
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --
 -- ARGV[1] reservation id   ARGV[2] tombstone ttl ms
--- ARGV[3..] sku of each line, in KEYS order (checked against the hold)
+-- ARGV[3] mode: 'direct' (a one-shard hold) | 'prepare' | 'commit' | 'rollback'
+-- ARGV[4..] sku of each line, in KEYS order (checked against the hold)
 --
 -- A SKU whose `owed` exceeds its other open holds has fewer real units than this
 -- hold: confirming sells units a feed removed. The sale stands (the shopper
@@ -20,28 +27,52 @@
 --   {'confirmed', sku1, oversold1, ...}  units moved from reserved to sold_pending;
 --                               each line whose sale oversold, with how many units
 --   {'already_confirmed'}       a repeat: nothing moves
+--   {'prepared'}                (prepare) the part waits in 'confirming'
+--   {'rolled_back'}             (rollback) the part is 'held' again
 --   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
-local rid, tomb = ARGV[1], tonumber(ARGV[2])
+local rid, tomb, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
 if not h[1] then return {'unknown'} end
 if h[1] == 'confirmed' then return {'already_confirmed'} end
-if h[1] ~= 'held' then return {'expired', h[1]} end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local overdue = tonumber(h[2]) <= now
+
+if mode == 'prepare' then
+  if h[1] == 'confirming' then return {'prepared'} end
+  if h[1] ~= 'held' then return {'expired', h[1]} end
+  -- Overdue: the cart expires whole (the engine ends every part together).
+  if overdue then return {'expired', 'expired'} end
+  redis.call('HSET', KEYS[1], 'state', 'confirming', 'preparing', now)
+  return {'prepared'}
+end
+if mode == 'rollback' then
+  if h[1] == 'confirming' then
+    redis.call('HSET', KEYS[1], 'state', 'held')
+    redis.call('HDEL', KEYS[1], 'preparing')
+  end
+  return {'rolled_back'}
+end
+if mode == 'commit' then
+  -- Only a prepared part is committed, whatever the time: the cart was decided.
+  if h[1] ~= 'confirming' then return {'expired', h[1]} end
+  overdue = false
+else
+  if h[1] ~= 'held' then return {'expired', h[1]} end
+end
 local kind = overdue and 'expired' or 'confirmed'
 
 local i = 0
 local parsed = {}
 for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   i = i + 1
-  if ARGV[2 + i] ~= sku then return {'mismatch'} end
+  if ARGV[3 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 2 ~= i then return {'mismatch'} end
+if #ARGV - 3 ~= i then return {'mismatch'} end
 local reply = {'confirmed'}
 
 for j = 1, i do

@@ -21,9 +21,11 @@
 --   {'not_due', deadline}  reason 'expired' but the deadline has not passed
 --   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
 --   {'mismatch'}           the keys given do not match the hold's lines
+--   {'busy'}               a cart's confirmation is deciding this part: nothing moves
 local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
 if not h[1] then return {'unknown'} end
+if h[1] == 'confirming' then return {'busy'} end
 if h[1] ~= 'held' then return {'gone', h[1]} end
 
 local t = redis.call('TIME')

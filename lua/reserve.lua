@@ -12,7 +12,12 @@
 -- ARGV[1] reservation id   ARGV[2] ttl ms        ARGV[3] buyer ('' for none)
 -- ARGV[4] fingerprint of the request (same id + same request = a retry)
 -- ARGV[5] buyer counter ttl ms
--- ARGV[6..] sku, qty pairs, one per line, in KEYS order
+-- ARGV[6] deadline, Unix ms: 0 for now + ttl; a cart's later parts pass the first
+--         part's deadline so every part of a cart ends at the same moment
+-- ARGV[7] the cart's parts: '' for a hold in one shard; otherwise the shards of
+--         every part, comma-separated, the first being the home part (see
+--         docs/stock-rules.md, "Carts across shards")
+-- ARGV[8..] sku, qty pairs, one per line, in KEYS order
 --
 -- Every number is checked here too, before anything is written: a caller that
 -- skipped validation cannot raise `available` with a qty of 0 or less, nor write
@@ -35,13 +40,14 @@ local rid, ttl, buyer, fp = ARGV[1], whole(ARGV[2]), ARGV[3], ARGV[4]
 local buyer_ttl = whole(ARGV[5])
 if not ttl then return {'invalid', 'ttl_ms', 'the hold time must be a whole number of milliseconds, at least 1'} end
 if not buyer_ttl then return {'invalid', 'ttl_ms', 'the buyer counter lifetime must be a whole number of milliseconds'} end
-if (#ARGV - 5) % 2 ~= 0 or #ARGV < 7 or #KEYS ~= 3 + 3 * (#ARGV - 5) / 2 then
+local fixed_deadline, parts = tonumber(ARGV[6]) or 0, ARGV[7] or ''
+if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 or #KEYS ~= 3 + 3 * (#ARGV - 7) / 2 then
   return {'invalid', 'lines', 'every line needs a sku and a qty, with its keys'}
 end
-local n = (#ARGV - 5) / 2
+local n = (#ARGV - 7) / 2
 for i = 1, n do
-  if not whole(ARGV[5 + 2 * i]) then
-    return {'invalid', 'qty', ARGV[4 + 2 * i] .. ': qty must be a whole number of at least 1'}
+  if not whole(ARGV[7 + 2 * i]) then
+    return {'invalid', 'qty', ARGV[6 + 2 * i] .. ': qty must be a whole number of at least 1'}
   end
 end
 
@@ -53,7 +59,7 @@ end
 
 -- Check every line before changing anything: all or nothing.
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[6 + 2 * i], tonumber(ARGV[7 + 2 * i])
   local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit')
   if not c[1] then return {'not_warmed', sku} end
   local available = tonumber(c[1])
@@ -68,10 +74,11 @@ end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = now + ttl
+if fixed_deadline > 0 then deadline = fixed_deadline end
 local reply = {'reserved', deadline}
 local lines = {}
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[4 + 2 * i], tonumber(ARGV[5 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[6 + 2 * i], tonumber(ARGV[7 + 2 * i])
   local available = redis.call('HINCRBY', KEYS[b + 1], 'available', -qty)
   local reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', qty)
   local pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
@@ -88,5 +95,6 @@ for i = 1, n do
 end
 redis.call('HSET', KEYS[1], 'state', 'held', 'fp', fp, 'buyer', buyer, 'deadline', deadline,
   'created', now, 'lines', table.concat(lines, ','))
+if parts ~= '' then redis.call('HSET', KEYS[1], 'parts', parts) end
 redis.call('ZADD', KEYS[2], deadline, rid)
 return reply

@@ -10,13 +10,14 @@ use holdfast_engine::audit::{cli_actor, note};
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::tokens;
 use holdfast_engine::users::SignIn;
+use holdfast_engine::verify::{VerifyOptions, VerifyReport};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ingest, postgres};
 use holdfast_server::startup::{Application, connect_with};
 
 use crate::config::{
     Cli, Command, DeadLetterCommand, GlobalArgs, LaneCommand, LockCommand, ReconcileArgs,
-    ServeArgs, TokenCommand, WarmArgs,
+    ServeArgs, TokenCommand, VerifyArgs, WarmArgs,
 };
 use crate::progress::{Progress, table};
 
@@ -27,6 +28,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         None => serve(&cli.global, ServeArgs::from_env()).await,
         Some(Command::Warm(args)) => warm(&cli.global, args).await,
         Some(Command::Reconcile(args)) => reconcile(&cli.global, args).await,
+        Some(Command::Verify(args)) => verify(&cli.global, args).await,
         Some(Command::Token(cmd)) => token(&cli.global, cmd).await,
         Some(Command::Lane(cmd)) => lane(&cli.global, cmd).await,
         Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
@@ -301,6 +303,52 @@ async fn reconcile(global: &GlobalArgs, args: ReconcileArgs) -> anyhow::Result<(
         );
     }
     Ok(())
+}
+
+async fn verify(global: &GlobalArgs, args: VerifyArgs) -> anyhow::Result<()> {
+    let backends = connect(global, 4).await?;
+    let options = VerifyOptions {
+        max_lag: Duration::from_secs(args.max_lag_secs),
+        ..VerifyOptions::default()
+    };
+    let report = holdfast_engine::verify::verify(&backends.engine, &backends.pg, &options).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_verify(&report);
+    }
+    if !report.passed() {
+        anyhow::bail!("{} check(s) failed", report.violations());
+    }
+    Ok(())
+}
+
+/// The report as a table of checks, then a table per failing SKU.
+pub fn print_verify(report: &VerifyReport) {
+    for c in &report.checks {
+        println!(
+            "{:<4} {:<72} {}",
+            if c.passed { "ok" } else { "FAIL" },
+            c.name,
+            c.detail
+        );
+    }
+    if !report.skus.is_empty() {
+        println!();
+        println!("{:<20} {:<40} figures", "SKU", "check");
+        for v in &report.skus {
+            println!("{:<20} {:<40} {}", v.sku, v.check, v.figures);
+        }
+    }
+    println!(
+        "{} SKU(s) checked: {}",
+        thousands(report.checked),
+        if report.passed() {
+            "every check held"
+        } else {
+            "VIOLATIONS"
+        }
+    );
 }
 
 async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {

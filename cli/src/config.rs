@@ -27,6 +27,10 @@ pub enum Command {
     Warm(WarmArgs),
     /// Measure drift between Redis and PostgreSQL, record it, and correct it.
     Reconcile(ReconcileArgs),
+    /// Check the truth on live data without stopping sales: counters, the
+    /// conservation equation, holds and due sets, carts, the ledger, the
+    /// write-behind's lag and the streams. Exits non-zero on any violation.
+    Verify(VerifyArgs),
     /// Create, list and revoke API tokens.
     #[command(subcommand)]
     Token(TokenCommand),
@@ -230,6 +234,17 @@ pub struct WarmArgs {
     /// reserved, pending and settled figures.
     #[arg(long)]
     pub force: bool,
+}
+
+/// Settings for `holdfast verify`.
+#[derive(Debug, Clone, Args)]
+pub struct VerifyArgs {
+    /// An event older than this many seconds not yet in PostgreSQL is a violation.
+    #[arg(long, default_value_t = 60)]
+    pub max_lag_secs: u64,
+    /// Print the report as JSON instead of tables.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// Settings for `holdfast reconcile`.

@@ -64,6 +64,20 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
         .query_async::<()>(&mut conn)
         .await
         .unwrap();
+    // The truth check names the lie and exits non-zero.
+    let (ok, out, _) = holdfast(&["verify"], &redis.url(), &pg_url);
+    assert!(!ok, "verify must fail on a drifting counter:\n{out}");
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("FAIL") && l.contains("stock conserved")),
+        "{out}"
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("DROP-005") && l.contains("available 99")),
+        "the failing SKU's figures:\n{out}"
+    );
+
     let (ok, out, err) = holdfast(&["reconcile"], &redis.url(), &pg_url);
     assert!(ok, "reconcile failed: {err}");
     assert!(out.contains("reconciliation run"), "{out}");
@@ -75,6 +89,9 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
     };
     assert!(row("SKUs checked").trim_end().ends_with('6'), "{out}");
     assert!(row("corrected down").trim_end().ends_with('1'), "{out}");
+    let (ok, out, err) = holdfast(&["verify"], &redis.url(), &pg_url);
+    assert!(ok, "verify after reconcile: {out}{err}");
+    assert!(out.contains("every check held"), "{out}");
     assert_eq!(
         engine.figures("DROP-005").await.unwrap().unwrap().available,
         25

@@ -12,6 +12,7 @@
 //! - [`lane`]: the ingestion lanes webhooks are queued on.
 //! - [`stock`]: the conservation rule over live counters, and stock states.
 //! - [`text`]: numbers as people read them.
+//! - [`verify`]: what a truth check found.
 
 pub mod access;
 pub mod error;
@@ -19,6 +20,7 @@ pub mod lane;
 pub mod model;
 pub mod stock;
 pub mod text;
+pub mod verify;
 
 pub use access::{Role, Scope};
 pub use error::ErrorCode;

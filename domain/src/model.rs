@@ -10,6 +10,9 @@ use serde::{Deserialize, Serialize};
 pub enum HoldState {
     /// Open: units are reserved until the deadline.
     Held,
+    /// A cart's part whose confirmation is being decided (prepared, not yet
+    /// committed): neither released nor expired meanwhile.
+    Confirming,
     /// Paid: units moved to sold (pending write-behind).
     Confirmed,
     /// Ended by the shopper, checkout or support: units returned.
@@ -23,6 +26,7 @@ impl HoldState {
     pub fn parse(s: &str) -> Option<Self> {
         match s {
             "held" => Some(Self::Held),
+            "confirming" => Some(Self::Confirming),
             "confirmed" => Some(Self::Confirmed),
             "released" => Some(Self::Released),
             "expired" => Some(Self::Expired),
@@ -34,6 +38,7 @@ impl HoldState {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Held => "held",
+            Self::Confirming => "confirming",
             Self::Confirmed => "confirmed",
             Self::Released => "released",
             Self::Expired => "expired",

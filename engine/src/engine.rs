@@ -77,7 +77,15 @@ pub fn valid_sku(s: &str) -> bool {
 }
 
 /// The fields of a hold hash that [`parse_hold`] reads, in its order.
-const HOLD_FIELDS: [&str; 5] = ["state", "lines", "buyer", "deadline", "created"];
+const HOLD_FIELDS: [&str; 7] = [
+    "state",
+    "lines",
+    "buyer",
+    "deadline",
+    "created",
+    "parts",
+    "preparing",
+];
 
 /// Whether `s` may be a reservation id or a buyer: both become part of Redis keys,
 /// so printable ASCII without spaces or braces, 1 to 128 characters.
@@ -197,52 +205,14 @@ impl Engine {
         let fp = fingerprint(req);
         let groups = self.group_by_shard(&req.lines);
         if let [(shard, lines)] = groups.as_slice() {
-            return self.reserve_in_shard(*shard, req, lines, ttl, &fp).await;
+            return self
+                .reserve_in_shard(*shard, req, lines, ttl, &fp, 0, "")
+                .await;
         }
-        let mut made: Vec<(u16, Vec<Line>)> = Vec::new();
-        let (mut expires, mut after, mut retries) = (0, Vec::new(), 0usize);
-        for (shard, lines) in &groups {
-            match self.reserve_in_shard(*shard, req, lines, ttl, &fp).await? {
-                ReserveOutcome::Reserved {
-                    expires_at_ms,
-                    available_after,
-                    ..
-                } => {
-                    expires = expires_at_ms;
-                    after.extend(available_after);
-                    made.push((*shard, lines.clone()));
-                }
-                ReserveOutcome::AlreadyReserved { .. } if made.is_empty() => retries += 1,
-                failed => {
-                    for (shard, lines) in &made {
-                        self.compensate(*shard, &req.reservation_id, lines).await?;
-                    }
-                    return Ok(if retries > 0 {
-                        ReserveOutcome::Conflict {
-                            reservation_id: req.reservation_id.clone(),
-                        }
-                    } else {
-                        failed
-                    });
-                }
-            }
-        }
-        if retries == groups.len() {
-            let hold = self.hold(&req.reservation_id).await?;
-            return Ok(ReserveOutcome::AlreadyReserved {
-                reservation_id: req.reservation_id.clone(),
-                state: hold.as_ref().map_or(HoldState::Held, |h| h.state),
-                expires_at_ms: hold.map_or(0, |h| h.expires_at_ms),
-            });
-        }
-        Ok(ReserveOutcome::Reserved {
-            reservation_id: req.reservation_id.clone(),
-            expires_at_ms: expires,
-            available_after: after,
-        })
+        self.reserve_cart(req, &groups, ttl, &fp).await
     }
 
-    fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {
+    pub(crate) fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {
         let mut groups: Vec<(u16, Vec<Line>)> = Vec::new();
         for line in lines {
             let shard = self.keys.shard_of(&line.sku);
@@ -270,13 +240,18 @@ impl Engine {
         keys
     }
 
-    async fn reserve_in_shard(
+    /// Runs `reserve.lua` for `lines` (all in `shard`). `deadline_ms` (0: now +
+    /// `ttl`) and `parts` ('' for a one-shard hold) make the part of a cart.
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) async fn reserve_in_shard(
         &self,
         shard: u16,
         req: &ReserveRequest,
         lines: &[Line],
         ttl: Duration,
         fp: &str,
+        deadline_ms: i64,
+        parts: &str,
     ) -> Result<ReserveOutcome, EngineError> {
         let buyer = req.buyer.as_deref().unwrap_or("");
         let mut inv = self.scripts.reserve.prepare_invoke();
@@ -287,7 +262,9 @@ impl Engine {
             .arg(ttl.as_millis() as u64)
             .arg(buyer)
             .arg(fp)
-            .arg(self.config.buyer_ttl.as_millis() as u64);
+            .arg(self.config.buyer_ttl.as_millis() as u64)
+            .arg(deadline_ms)
+            .arg(parts);
         for line in lines {
             inv.arg(&line.sku).arg(line.qty);
         }
@@ -335,7 +312,12 @@ impl Engine {
 
     /// Undoes one shard's part of a cart whose other part failed, and forgets the
     /// id there so the caller may try the same cart again.
-    async fn compensate(&self, shard: u16, rid: &str, lines: &[Line]) -> Result<(), EngineError> {
+    pub(crate) async fn undo_part(
+        &self,
+        shard: u16,
+        rid: &str,
+        lines: &[Line],
+    ) -> Result<(), EngineError> {
         let hold = Hold {
             reservation_id: rid.to_owned(),
             state: HoldState::Held,
@@ -363,8 +345,9 @@ impl Engine {
         Ok(())
     }
 
-    /// Finds reservation `rid` in every shard it has lines in (one pipelined read).
-    async fn locate(&self, rid: &str) -> Result<Vec<(u16, Hold)>, EngineError> {
+    /// Finds reservation `rid` in every shard it has lines in (one pipelined read),
+    /// each part with what the cart protocol needs.
+    pub(crate) async fn locate_parts(&self, rid: &str) -> Result<Vec<Part>, EngineError> {
         if !valid_key_part(rid) {
             return Ok(Vec::new());
         }
@@ -378,10 +361,20 @@ impl Engine {
         let mut found = Vec::new();
         for (shard, row) in rows.into_iter().enumerate() {
             if let Some(hold) = parse_hold(rid, &row)? {
-                found.push((shard as u16, hold));
+                found.push(Part::new(shard as u16, hold, &row));
             }
         }
         Ok(found)
+    }
+
+    /// Finds reservation `rid` in every shard it has lines in.
+    async fn locate(&self, rid: &str) -> Result<Vec<(u16, Hold)>, EngineError> {
+        Ok(self
+            .locate_parts(rid)
+            .await?
+            .into_iter()
+            .map(|p| (p.shard, p.hold))
+            .collect())
     }
 
     /// One reservation, with its lines from every shard; `None` when unknown.
@@ -396,58 +389,78 @@ impl Engine {
         Ok(Some(hold))
     }
 
-    /// Confirms reservation `rid` (payment captured): its units become sold.
+    /// Confirms reservation `rid` (payment captured): its units become sold. A
+    /// cart over several shards is sold whole or not at all ([`crate::cart`]).
     pub async fn confirm(&self, rid: &str) -> Result<ConfirmOutcome, EngineError> {
-        let parts = self.locate(rid).await?;
-        if parts.is_empty() {
-            return Ok(ConfirmOutcome::Unknown);
+        let parts = self.locate_parts(rid).await?;
+        match parts.as_slice() {
+            [] => Ok(ConfirmOutcome::Unknown),
+            [part] if part.cart.is_empty() => {
+                let reply = self.confirm_step(part, ConfirmMode::Direct).await?;
+                self.confirm_reply(rid, &reply)
+            }
+            _ => self.confirm_cart(rid, parts).await,
         }
-        let mut outcome = ConfirmOutcome::AlreadyConfirmed;
-        for (shard, hold) in &parts {
-            let reply = self
-                .run_on_hold(&self.scripts.confirm, *shard, hold, None)
-                .await?;
-            let part = match reply.tag()?.as_str() {
-                "confirmed" => {
-                    // {'confirmed', sku, oversold, ...}: lines that sold units a
-                    // feed had removed. The write-behind records the remediation
-                    // from the event; this is the operator's first sign.
-                    for pair in (1..).step_by(2).take_while(|i| reply.text(*i).is_ok()) {
-                        let (sku, units) = (reply.text(pair)?, reply.int(pair + 1)?);
-                        tracing::warn!(
-                            reservation = %rid, %sku, units,
-                            "oversold: a feed lowered stock under this hold before it was paid"
-                        );
-                    }
-                    ConfirmOutcome::Confirmed
+    }
+
+    /// Reads `confirm.lua`'s reply (logging any oversell it reports).
+    pub(crate) fn confirm_reply(
+        &self,
+        rid: &str,
+        reply: &Reply,
+    ) -> Result<ConfirmOutcome, EngineError> {
+        Ok(match reply.tag()?.as_str() {
+            "confirmed" => {
+                // {'confirmed', sku, oversold, ...}: lines that sold units a
+                // feed had removed. The write-behind records the remediation
+                // from the event; this is the operator's first sign.
+                for pair in (1..).step_by(2).take_while(|i| reply.text(*i).is_ok()) {
+                    let (sku, units) = (reply.text(pair)?, reply.int(pair + 1)?);
+                    tracing::warn!(
+                        reservation = %rid, %sku, units,
+                        "oversold: a feed lowered stock under this hold before it was paid"
+                    );
                 }
-                "already_confirmed" => ConfirmOutcome::AlreadyConfirmed,
-                "expired" => ConfirmOutcome::Expired {
-                    state: reply.state(1)?,
-                },
-                "unknown" => ConfirmOutcome::Unknown,
-                other => return Err(EngineError::UnexpectedReply(format!("confirm: {other}"))),
-            };
-            // An expired part makes the whole a late payment; otherwise any part
-            // confirmed now makes this call the confirming one.
-            outcome = match (outcome, part) {
-                (e @ ConfirmOutcome::Expired { .. }, _)
-                | (_, e @ ConfirmOutcome::Expired { .. }) => e,
-                (ConfirmOutcome::Confirmed, _) | (_, ConfirmOutcome::Confirmed) => {
-                    ConfirmOutcome::Confirmed
-                }
-                (_, p) => p,
-            };
-        }
-        Ok(outcome)
+                ConfirmOutcome::Confirmed
+            }
+            "already_confirmed" => ConfirmOutcome::AlreadyConfirmed,
+            "expired" => ConfirmOutcome::Expired {
+                state: reply.state(1)?,
+            },
+            "unknown" => ConfirmOutcome::Unknown,
+            other => return Err(EngineError::UnexpectedReply(format!("confirm: {other}"))),
+        })
+    }
+
+    /// Runs `confirm.lua` in `mode` on one part.
+    pub(crate) async fn confirm_step(
+        &self,
+        part: &Part,
+        mode: ConfirmMode,
+    ) -> Result<Reply, EngineError> {
+        self.run_on_hold(
+            &self.scripts.confirm,
+            part.shard,
+            &part.hold,
+            None,
+            Some(mode.as_str()),
+        )
+        .await
     }
 
     /// Releases reservation `rid` (shopper, checkout or support): its units return.
-    /// Idempotent: only the call that ends the hold returns units.
+    /// Idempotent: only the call that ends the hold returns units. A cart is
+    /// released whole; while its confirmation is being decided, nothing moves and
+    /// the answer is [`EngineError::Busy`].
     pub async fn release(&self, rid: &str) -> Result<ReleaseOutcome, EngineError> {
         let parts = self.locate(rid).await?;
         if parts.is_empty() {
             return Ok(ReleaseOutcome::Unknown);
+        }
+        if parts.iter().any(|(_, h)| h.state == HoldState::Confirming) {
+            return Err(EngineError::Busy(format!(
+                "reservation {rid} is being confirmed; retry in a moment"
+            )));
         }
         let mut outcome = None;
         for (shard, hold) in &parts {
@@ -465,7 +478,8 @@ impl Engine {
     }
 
     /// Runs `release.lua` on one shard's part of `hold`. `reason` is `Released` or
-    /// `Expired` (which only ends a hold past its deadline).
+    /// `Expired` (which only ends a hold past its deadline). A part whose cart is
+    /// being confirmed is left alone: `AlreadyGone { state: Confirming }`.
     pub(crate) async fn release_in_shard(
         &self,
         shard: u16,
@@ -473,7 +487,13 @@ impl Engine {
         reason: HoldState,
     ) -> Result<ReleaseOutcome, EngineError> {
         let reply = self
-            .run_on_hold(&self.scripts.release, shard, hold, Some(reason.as_str()))
+            .run_on_hold(
+                &self.scripts.release,
+                shard,
+                hold,
+                Some(reason.as_str()),
+                None,
+            )
             .await?;
         Ok(match reply.tag()?.as_str() {
             "released" => ReleaseOutcome::Released,
@@ -481,6 +501,9 @@ impl Engine {
                 state: reply.state(1)?,
             },
             "unknown" => ReleaseOutcome::Unknown,
+            "busy" => ReleaseOutcome::AlreadyGone {
+                state: HoldState::Confirming,
+            },
             // Not yet due: another reaper's clock ran ahead; leave it for later.
             "not_due" => ReleaseOutcome::AlreadyGone {
                 state: HoldState::Held,
@@ -490,14 +513,16 @@ impl Engine {
     }
 
     /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
-    /// its lines; ARGV the id, `extra` (release's reason), the tombstone lifetime,
-    /// then each line's SKU (checked against the hold).
+    /// its lines; ARGV the id, `before` (release's reason), the tombstone
+    /// lifetime, `after` (confirm's mode), then each line's SKU (checked against
+    /// the hold).
     async fn run_on_hold(
         &self,
         script: &redis::Script,
         shard: u16,
         hold: &Hold,
-        extra: Option<&str>,
+        before: Option<&str>,
+        after: Option<&str>,
     ) -> Result<Reply, EngineError> {
         let rid = &hold.reservation_id;
         let mut inv = script.prepare_invoke();
@@ -505,10 +530,13 @@ impl Engine {
             inv.key(key);
         }
         inv.arg(rid);
-        if let Some(extra) = extra {
-            inv.arg(extra);
+        if let Some(before) = before {
+            inv.arg(before);
         }
         inv.arg(self.config.tombstone_ttl.as_millis() as u64);
+        if let Some(after) = after {
+            inv.arg(after);
+        }
         for line in &hold.lines {
             inv.arg(&line.sku);
         }
@@ -535,6 +563,19 @@ impl Engine {
                     .query_async(&mut self.conn.clone())
                     .await?;
                 let hold = match parse_hold(&rid, &row) {
+                    Ok(Some(hold)) if !Part::new(shard, hold.clone(), &row).cart.is_empty() => {
+                        // A part of a cart: the cart ends whole, never one part alone.
+                        match self.expire_cart(&rid).await {
+                            Ok(n) => report.released += n,
+                            Err(e @ EngineError::UnexpectedReply(_)) => {
+                                tracing::error!(shard, reservation = %rid, error = %e, "could not expire a cart; set aside");
+                                self.set_aside(shard, &rid).await?;
+                                report.skipped += 1;
+                            }
+                            Err(e) => return Err(e),
+                        }
+                        continue;
+                    }
                     Ok(Some(hold)) => hold,
                     Ok(None) => {
                         // The hold vanished but its index entry did not: drop the entry.
@@ -698,6 +739,60 @@ fn fingerprint(req: &ReserveRequest) -> String {
         .collect();
     lines.sort();
     format!("{}|{}", req.buyer.as_deref().unwrap_or(""), lines.join(","))
+}
+
+/// How a cart's part is confirmed (`confirm.lua`'s mode).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ConfirmMode {
+    /// A hold in one shard: confirm (or expire, if overdue) at once.
+    Direct,
+    /// Phase one: `held` -> `confirming`, refused once overdue.
+    Prepare,
+    /// Phase two: `confirming` -> `confirmed`.
+    Commit,
+    /// Undo phase one: `confirming` -> `held`.
+    Rollback,
+}
+
+impl ConfirmMode {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Direct => "direct",
+            Self::Prepare => "prepare",
+            Self::Commit => "commit",
+            Self::Rollback => "rollback",
+        }
+    }
+}
+
+/// One shard's part of a reservation, with what the cart protocol needs.
+#[derive(Debug, Clone)]
+pub(crate) struct Part {
+    /// The shard it lives in.
+    pub(crate) shard: u16,
+    /// The part as a hold (its lines only).
+    pub(crate) hold: Hold,
+    /// Every part's shard, the home part first; empty for a one-shard hold.
+    pub(crate) cart: Vec<u16>,
+    /// When its confirmation was prepared (Unix ms), while `confirming`.
+    pub(crate) preparing_ms: Option<i64>,
+}
+
+impl Part {
+    /// The part in `shard` from its `HOLD_FIELDS` row.
+    fn new(shard: u16, hold: Hold, row: &[Option<String>]) -> Self {
+        let field = |i: usize| row.get(i).cloned().flatten();
+        Self {
+            shard,
+            hold,
+            cart: field(5)
+                .unwrap_or_default()
+                .split(',')
+                .filter_map(|s| s.parse().ok())
+                .collect(),
+            preparing_ms: field(6).and_then(|v| v.parse().ok()),
+        }
+    }
 }
 
 /// A hold from `HMGET state lines buyer deadline created`; `None` when absent.

@@ -75,11 +75,14 @@
 //!   idempotency keys, late payments, stored answers to retried requests.
 //! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
 //! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
-//! - [`remediation`]: late payments awaiting a refund or re-reservation.
+//! - [`remediation`]: late payments, oversells and lost holds awaiting support.
+//! - [`cart`]: carts across shards, reserved, confirmed and expired as one unit.
+//! - [`verify`]: the truth check operators run any time on live data.
 //! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
 pub mod audit;
+pub mod cart;
 pub mod catalog;
 pub mod checkout;
 pub mod engine;
@@ -105,6 +108,7 @@ pub mod stock;
 pub mod testkit;
 pub mod tokens;
 pub mod users;
+pub mod verify;
 pub mod warmup;
 
 pub use engine::{Engine, EngineConfig};

@@ -82,6 +82,17 @@ impl StockRow {
     }
 }
 
+/// One SKU's row; `None` when PostgreSQL does not know it.
+pub(crate) async fn stock_row(pg: &PgPool, sku: &str) -> Result<Option<StockRow>, EngineError> {
+    Ok(sqlx::query_as::<_, StockRow>(
+        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version, fed_recorded
+           FROM skus WHERE sku = $1",
+    )
+    .bind(sku)
+    .fetch_optional(pg)
+    .await?)
+}
+
 /// The next page of SKUs after `after`, in code order (keyset paging).
 pub(crate) async fn stock_page(
     pg: &PgPool,

@@ -327,7 +327,13 @@ async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
                 .key(keys.sku_holds(sku))
                 .key(keys.buyer(sku, ""));
         }
-        inv.arg(rid).arg(60_000).arg("").arg("fp").arg(60_000);
+        inv.arg(rid)
+            .arg(60_000)
+            .arg("")
+            .arg("fp")
+            .arg(60_000)
+            .arg(0)
+            .arg("");
         for (sku, qty) in &lines {
             inv.arg(*sku).arg(*qty);
         }

@@ -131,6 +131,10 @@ pub struct ServeArgs {
     /// Let scheduled runs correct negative drift (stranded units) up, too.
     #[arg(long, env = "HOLDFAST_RECONCILE_CORRECT_UP", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub reconcile_correct_up: bool,
+    /// Seconds between scheduled verifications (the truth check; its last result
+    /// is in /metrics and on the dashboard); 0: never.
+    #[arg(long, env = "HOLDFAST_VERIFY_EVERY_SECS", default_value_t = 300)]
+    pub verify_every_secs: u64,
     /// Most stream entries per shard in one write-behind transaction.
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000)]
     pub write_behind_batch: usize,

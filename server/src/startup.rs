@@ -79,6 +79,7 @@ pub fn router(state: AppState) -> Router {
     let routes = generate_route_list(App);
     let backends = state.backends.clone();
     let jobs = state.jobs.clone();
+    let verified = state.workers.verify.clone();
     let options = state.leptos.clone();
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
@@ -94,6 +95,7 @@ pub fn router(state: AppState) -> Router {
             move || {
                 provide_context(backends.clone());
                 provide_context(jobs.clone());
+                provide_context(verified.clone());
             },
             move || shell(options.clone()),
         )
@@ -278,6 +280,8 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
         reconcile_every: (args.reconcile_every_secs > 0)
             .then(|| Duration::from_secs(args.reconcile_every_secs)),
         reconcile_correct_up: args.reconcile_correct_up,
+        verify_every: (args.verify_every_secs > 0)
+            .then(|| Duration::from_secs(args.verify_every_secs)),
         lanes: Lane::ALL
             .iter()
             .map(|lane| {

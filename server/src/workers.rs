@@ -11,6 +11,7 @@ use holdfast_engine::ingest::{LaneConfig, LaneConsumer, LaneStats, run_consumer}
 use holdfast_engine::reaper::{ReaperConfig, ReaperStats, run_reaper};
 use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
+use holdfast_engine::verify::{self, LastVerify, VerifyOptions};
 use holdfast_engine::{Backends, EngineError, redis_conn};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -26,6 +27,8 @@ pub struct WorkerConfig {
     pub reconcile_every: Option<Duration>,
     /// Whether scheduled runs correct stranded units up.
     pub reconcile_correct_up: bool,
+    /// Pause between verification runs; `None` disables them.
+    pub verify_every: Option<Duration>,
     /// The ingestion lanes to consume.
     pub lanes: Vec<LaneConfig>,
 }
@@ -39,6 +42,8 @@ pub struct WorkerStats {
     pub write_behind: Arc<WriteBehindStats>,
     /// Each ingestion lane's.
     pub lanes: HashMap<Lane, Arc<LaneStats>>,
+    /// The last verification's report.
+    pub verify: Arc<LastVerify>,
 }
 
 impl WorkerStats {
@@ -93,6 +98,14 @@ impl Workers {
                 );
                 tasks.push(tokio::spawn(run_consumer(consumer, stopped(rx.clone()))));
             }
+        }
+        if let Some(every) = config.verify_every {
+            tasks.push(tokio::spawn(verify_loop(
+                backends.clone(),
+                every,
+                stats.verify.clone(),
+                stopped(rx.clone()),
+            )));
         }
         tasks.push(tokio::spawn(reconcile_loop(
             backends.clone(),
@@ -159,6 +172,36 @@ async fn reconcile_loop(
             // Another process is running one: nothing to do this time.
             Err(EngineError::Busy(_)) => {}
             Err(e) => tracing::warn!(error = %e, "scheduled reconciliation failed"),
+        }
+    }
+}
+
+/// Runs the truth check every `every`, keeping the last report for `/metrics`
+/// and the dashboard; a violation is logged as an error.
+async fn verify_loop(
+    backends: Backends,
+    every: Duration,
+    last: Arc<LastVerify>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(every) => {}
+        }
+        match verify::verify(&backends.engine, &backends.pg, &VerifyOptions::default()).await {
+            Ok(report) => {
+                if !report.passed() {
+                    tracing::error!(
+                        violations = report.violations(),
+                        skus = report.skus.len(),
+                        "verification found violations; run `holdfast verify` for the details"
+                    );
+                }
+                last.set(report);
+            }
+            Err(e) => tracing::warn!(error = %e, "scheduled verification failed"),
         }
     }
 }

@@ -5,6 +5,7 @@ use leptos::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::dto::ops::{JobView, RunView};
+use holdfast_domain::verify::VerifyReport;
 
 /// One SKU's drift now.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -28,6 +29,8 @@ pub struct OperationsView {
     pub drift: Vec<DriftRow>,
     /// Running and recent jobs, newest first.
     pub jobs: Vec<JobView>,
+    /// The last verification (scheduled or "Verify now"), if one ran.
+    pub verified: Option<VerifyReport>,
 }
 
 /// Runs, drift and jobs now.
@@ -60,7 +63,36 @@ pub async fn operations_status() -> Result<OperationsView, ServerFnError> {
         jobs: use_context::<std::sync::Arc<JobBoard>>()
             .map(|j| j.recent())
             .unwrap_or_default(),
+        verified: use_context::<std::sync::Arc<holdfast_engine::verify::LastVerify>>()
+            .and_then(|v| v.get()),
     })
+}
+
+/// Runs the truth check now (admin) on live data, without stopping sales, and
+/// returns what it found; the result is also the page's "last verification".
+#[server(endpoint = "verify_now")]
+pub async fn verify_now() -> Result<VerifyReport, ServerFnError> {
+    use holdfast_domain::Role;
+    use holdfast_engine::verify::{LastVerify, VerifyOptions, verify};
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Role::Admin).await?;
+    let b = &caller.backends;
+    let report = verify(&b.engine, &b.pg, &VerifyOptions::default())
+        .await
+        .map_err(guard::internal("Verifying"))?;
+    guard::audit(
+        &caller,
+        "verify",
+        "all skus",
+        serde_json::json!({ "passed": report.passed(), "violations": report.violations() }),
+    )
+    .await;
+    if let Some(last) = use_context::<std::sync::Arc<LastVerify>>() {
+        last.set(report.clone());
+    }
+    Ok(report)
 }
 
 #[cfg(feature = "ssr")]

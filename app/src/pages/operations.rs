@@ -3,10 +3,11 @@
 
 use leptos::prelude::*;
 
-use crate::api::operations::{StartReconcile, StartWarmup, operations_status};
+use crate::api::operations::{StartReconcile, StartWarmup, VerifyNow, operations_status};
 use crate::components::{IfRole, JobBar, error_text, short_time, thousands};
 use crate::live::Live;
 use holdfast_domain::Role;
+use holdfast_domain::verify::VerifyReport;
 
 /// The operations page (`/operations`).
 #[component]
@@ -14,6 +15,7 @@ pub fn OperationsPage() -> impl IntoView {
     let live = expect_context::<Live>();
     let warm = ServerAction::<StartWarmup>::new();
     let reconcile = ServerAction::<StartReconcile>::new();
+    let verify = ServerAction::<VerifyNow>::new();
     // Runs and drift are re-read when a job ends.
     let finished = Memo::new(move |_| {
         live.jobs.with(|j| {
@@ -44,8 +46,17 @@ pub fn OperationsPage() -> impl IntoView {
                         <label><input type="checkbox" prop:checked=move || up.get() on:change:target=move |ev| up.set(ev.target().checked())/>
                             " also correct stranded units upward"</label>
                     </div>
+                    <div>
+                        <button type="button" on:click=move |_| { verify.dispatch(VerifyNow {}); }>"Verify now"</button>
+                        <span class="muted">" the truth check, on live data, without stopping sales"</span>
+                    </div>
                     {move || started(warm.value().get())}
                     {move || started(reconcile.value().get())}
+                    {move || match verify.value().get() {
+                        Some(Err(e)) => Some(view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any()),
+                        Some(Ok(report)) => Some(view! { <Verification report/> }.into_any()),
+                        None => None,
+                    }}
                 </div>
             </IfRole>
             <h2>"Jobs"</h2>
@@ -66,7 +77,13 @@ pub fn OperationsPage() -> impl IntoView {
                             if live.jobs.with_untracked(Vec::is_empty) && !s.jobs.is_empty() {
                                 live.jobs.set(s.jobs.clone());
                             }
+                            let verified = s.verified.clone();
                             view! {
+                                <h2>"Last verification"</h2>
+                                {match verified {
+                                    Some(report) => view! { <Verification report/> }.into_any(),
+                                    None => view! { <p class="empty">"No verification has run since the server started."</p> }.into_any(),
+                                }}
                                 <h2>"Drift per SKU"</h2>
                                 <div class="table-wrap"><table class="drift">
                                     <thead><tr><th scope="col">"SKU"</th><th scope="col" class="num">"On hand (PostgreSQL)"</th><th scope="col" class="num">"Available (Redis)"</th><th scope="col" class="num">"Drift"</th></tr></thead>
@@ -101,4 +118,44 @@ pub fn OperationsPage() -> impl IntoView {
             </Transition>
         </section>
     }
+}
+
+/// A verification's checks and the SKUs that failed them.
+#[component]
+fn Verification(report: VerifyReport) -> impl IntoView {
+    let passed = report.passed();
+    view! {
+        <div class="verification" data-passed=passed.to_string()>
+            <p class:bad=!passed>
+                {if passed { "Every check held" } else { "Violations found" }}
+                {format!(" · {} SKUs checked · {}", thousands(report.checked), short_time_ms(report.at_ms))}
+            </p>
+            <div class="table-wrap"><table>
+                <thead><tr><th scope="col">"Check"</th><th scope="col">"Result"</th><th scope="col">"Detail"</th></tr></thead>
+                <tbody>{report.checks.into_iter().map(|c| view! {
+                    <tr><td>{c.name}</td><td class:bad=!c.passed>{if c.passed { "held" } else { "FAILED" }}</td><td>{c.detail}</td></tr>
+                }).collect_view()}</tbody>
+            </table></div>
+            {(!report.skus.is_empty()).then(|| view! {
+                <div class="table-wrap"><table>
+                    <thead><tr><th scope="col">"SKU"</th><th scope="col">"Check"</th><th scope="col">"Figures"</th></tr></thead>
+                    <tbody>{report.skus.into_iter().map(|v| view! {
+                        <tr><td class="sku">{v.sku}</td><td>{v.check}</td><td>{v.figures}</td></tr>
+                    }).collect_view()}</tbody>
+                </table></div>
+            })}
+        </div>
+    }
+}
+
+/// `HH:MM:SS UTC` of Unix milliseconds `ms`, without a date library (the page
+/// compiles to WASM).
+fn short_time_ms(ms: i64) -> String {
+    let secs = ms.div_euclid(1_000).rem_euclid(86_400);
+    format!(
+        "{:02}:{:02}:{:02} UTC",
+        secs / 3_600,
+        secs % 3_600 / 60,
+        secs % 60
+    )
 }

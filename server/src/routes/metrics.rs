@@ -104,6 +104,26 @@ async fn metrics(
         "Write-behind batches that failed and were retried.",
         wb.failures.load(Ordering::Relaxed) as f64,
     );
+    if let Some(report) = w.verify.get() {
+        out.one(
+            "holdfast_verify_passed",
+            "gauge",
+            "Whether the last verification found every check holding (1) or not (0).",
+            f64::from(u8::from(report.passed())),
+        );
+        out.one(
+            "holdfast_verify_violations",
+            "gauge",
+            "Checks the last verification found failing.",
+            report.violations() as f64,
+        );
+        out.one(
+            "holdfast_verify_last_run_timestamp_seconds",
+            "gauge",
+            "When the last verification finished (Unix seconds).",
+            report.at_ms as f64 / 1000.0,
+        );
+    }
     out.one(
         "holdfast_write_behind_lost_entries_total",
         "counter",

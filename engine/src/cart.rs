@@ -1,0 +1,275 @@
+//! Carts whose lines fall in several shards: reserved, confirmed, released and
+//! expired as one unit, although each shard's part is its own atomic script
+//! (Redis Cluster runs a script on one slot only).
+//!
+//! The protocol (docs/stock-rules.md, "Carts across shards"):
+//!
+//! - **Reserve.** Every part carries the list of the cart's shards (`parts`, the
+//!   home part first) and the same deadline: the first part's. A retry finds the
+//!   parts it already made (same fingerprint) and makes only the missing ones; a
+//!   part made for another request is a conflict. Any failure part-way (a sold-out
+//!   line, a limit, a transport error) undoes every part made, and forgets the id,
+//!   so a retry gets the same answer as the first request.
+//! - **Confirm.** Two phases: every part is prepared (`held` -> `confirming`,
+//!   refused once the shared deadline has passed), then committed, the home part
+//!   first. A failed prepare rolls the prepared parts back and the payment is late
+//!   for the whole cart. The home part's state is the decision: once it is
+//!   `confirmed`, the cart is sold, and anyone finding a part still `confirming`
+//!   commits it.
+//! - **Expire.** The reaper never ends a part alone: a due part ends its whole
+//!   cart. A part `confirming` for longer than [`STALE_CONFIRMING`] belongs to a
+//!   confirmer that died: the home part's state decides whether it is committed
+//!   or rolled back (and then expired).
+
+use std::time::Duration;
+
+use crate::engine::{ConfirmMode, Engine, Part};
+use crate::error::EngineError;
+use crate::model::{
+    ConfirmOutcome, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+};
+
+/// A part left `confirming` this long lost its confirmer (a crash between the
+/// phases); the reaper then finishes what the home part decided.
+pub const STALE_CONFIRMING: Duration = Duration::from_secs(30);
+
+impl Engine {
+    /// Reserves a cart whose lines fall in `groups` (several shards), all or
+    /// nothing, with one deadline.
+    pub(crate) async fn reserve_cart(
+        &self,
+        req: &ReserveRequest,
+        groups: &[(u16, Vec<Line>)],
+        ttl: Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        let rid = &req.reservation_id;
+        let cart = groups
+            .iter()
+            .map(|(s, _)| s.to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        // What an earlier attempt left: a retry completes it; anything else with
+        // this id anywhere is a conflict (detected across every shard).
+        let existing = self.locate_parts(rid).await?;
+        let ours = |p: &Part| {
+            groups.iter().any(|(s, lines)| {
+                *s == p.shard && p.hold.lines == *lines && p.cart == parse_cart(&cart)
+            })
+        };
+        if existing.iter().any(|p| !ours(p)) {
+            return Ok(ReserveOutcome::Conflict {
+                reservation_id: rid.clone(),
+            });
+        }
+        if existing.len() == groups.len() {
+            let home = &existing[0].hold;
+            return Ok(ReserveOutcome::AlreadyReserved {
+                reservation_id: rid.clone(),
+                state: existing
+                    .iter()
+                    .map(|p| p.hold.state)
+                    .find(|s| *s != HoldState::Held)
+                    .unwrap_or(HoldState::Held),
+                expires_at_ms: home.expires_at_ms,
+            });
+        }
+        let mut deadline = existing.first().map_or(0, |p| p.hold.expires_at_ms);
+        let mut made: Vec<(u16, Vec<Line>)> = existing
+            .iter()
+            .map(|p| (p.shard, p.hold.lines.clone()))
+            .collect();
+        let mut after = Vec::new();
+        for (shard, lines) in groups {
+            if made.iter().any(|(s, _)| s == shard) {
+                continue;
+            }
+            let outcome = self
+                .reserve_in_shard(*shard, req, lines, ttl, fp, deadline, &cart)
+                .await;
+            match outcome {
+                Ok(ReserveOutcome::Reserved {
+                    expires_at_ms,
+                    available_after,
+                    ..
+                }) => {
+                    deadline = expires_at_ms;
+                    after.extend(available_after);
+                    made.push((*shard, lines.clone()));
+                }
+                failed => {
+                    // Undo every part made, this attempt's or an earlier one's,
+                    // so the id is free again and a retry answers the same.
+                    self.undo_parts(rid, &made).await;
+                    return match failed {
+                        Ok(ReserveOutcome::AlreadyReserved { .. }) => {
+                            Ok(ReserveOutcome::Conflict {
+                                reservation_id: rid.clone(),
+                            })
+                        }
+                        other => other,
+                    };
+                }
+            }
+        }
+        Ok(ReserveOutcome::Reserved {
+            reservation_id: rid.clone(),
+            expires_at_ms: deadline,
+            available_after: after,
+        })
+    }
+
+    /// Undoes every part in `made` (best effort: a part that cannot be undone now
+    /// keeps the cart's deadline and is ended whole by the reaper).
+    async fn undo_parts(&self, rid: &str, made: &[(u16, Vec<Line>)]) {
+        for (shard, lines) in made {
+            if let Err(e) = self.undo_part(*shard, rid, lines).await {
+                tracing::warn!(reservation = %rid, shard, error = %e,
+                    "could not undo a cart's part; it ends with the cart's deadline");
+            }
+        }
+    }
+
+    /// Confirms a cart over several shards in two phases (see the module doc).
+    pub(crate) async fn confirm_cart(
+        &self,
+        rid: &str,
+        mut parts: Vec<Part>,
+    ) -> Result<ConfirmOutcome, EngineError> {
+        parts.sort_by_key(home_rank);
+        if parts.iter().all(|p| p.hold.state == HoldState::Confirmed) {
+            return Ok(ConfirmOutcome::AlreadyConfirmed);
+        }
+        let expected = parts.first().map_or(0, |p| p.cart.len());
+        if parts.len() < expected && parts[0].hold.state != HoldState::Confirmed {
+            // A part is missing (an undo that half failed): the cart cannot be
+            // sold whole. End what is left; the payment is late.
+            for p in &parts {
+                self.release_in_shard(p.shard, &p.hold, HoldState::Released)
+                    .await?;
+            }
+            return Ok(ConfirmOutcome::Expired {
+                state: HoldState::Released,
+            });
+        }
+        // Phase one: prepare every part that is not already decided.
+        let mut prepared = Vec::new();
+        let mut late = None;
+        if parts[0].hold.state != HoldState::Confirmed {
+            for p in &parts {
+                let reply = self.confirm_step(p, ConfirmMode::Prepare).await;
+                match reply.and_then(|r| Ok((r.tag()?, r))) {
+                    Ok((tag, _)) if tag == "prepared" || tag == "already_confirmed" => {
+                        prepared.push(p)
+                    }
+                    Ok((tag, r)) if tag == "expired" => {
+                        late = Some(r.state(1)?);
+                        break;
+                    }
+                    Ok((tag, _)) => {
+                        self.roll_back(rid, &prepared).await;
+                        return Err(EngineError::UnexpectedReply(format!(
+                            "confirm (prepare): {tag}"
+                        )));
+                    }
+                    Err(e) => {
+                        self.roll_back(rid, &prepared).await;
+                        return Err(e);
+                    }
+                }
+            }
+            if let Some(state) = late {
+                self.roll_back(rid, &prepared).await;
+                // The cart expires whole (a no-op for parts not yet due).
+                self.expire_cart(rid).await?;
+                return Ok(ConfirmOutcome::Expired { state });
+            }
+        }
+        // Phase two: commit, the home part first (its state is the decision).
+        let mut outcome = ConfirmOutcome::AlreadyConfirmed;
+        for p in &parts {
+            let reply = self.confirm_step(p, ConfirmMode::Commit).await?;
+            if self.confirm_reply(rid, &reply)? == ConfirmOutcome::Confirmed {
+                outcome = ConfirmOutcome::Confirmed;
+            }
+        }
+        Ok(outcome)
+    }
+
+    /// Rolls prepared parts back to `held` (best effort: a part left
+    /// `confirming` is resolved by the reaper from the home part's state).
+    async fn roll_back(&self, rid: &str, prepared: &[&Part]) {
+        for p in prepared {
+            if let Err(e) = self.confirm_step(p, ConfirmMode::Rollback).await {
+                tracing::warn!(reservation = %rid, shard = p.shard, error = %e,
+                    "could not roll a cart's part back; the reaper will");
+            }
+        }
+    }
+
+    /// Ends cart `rid` as a whole once its deadline has passed: every part is
+    /// expired together. A part still `confirming` past [`STALE_CONFIRMING`] is
+    /// finished as the home part decided (committed if the home part is
+    /// `confirmed`, otherwise rolled back and expired); a fresher one is left for
+    /// its confirmer. Returns how many parts this call ended.
+    pub(crate) async fn expire_cart(&self, rid: &str) -> Result<u64, EngineError> {
+        let mut parts = self.locate_parts(rid).await?;
+        parts.sort_by_key(home_rank);
+        let now = chrono::Utc::now().timestamp_millis();
+        let home_confirmed = parts
+            .first()
+            .is_some_and(|p| p.hold.state == HoldState::Confirmed);
+        let mut ended = 0;
+        for p in &parts {
+            match p.hold.state {
+                HoldState::Confirming => {
+                    let stale = p
+                        .preparing_ms
+                        .is_none_or(|at| now - at >= STALE_CONFIRMING.as_millis() as i64);
+                    if !stale {
+                        continue;
+                    }
+                    if home_confirmed {
+                        let reply = self.confirm_step(p, ConfirmMode::Commit).await?;
+                        self.confirm_reply(rid, &reply)?;
+                        continue;
+                    }
+                    self.confirm_step(p, ConfirmMode::Rollback).await?;
+                    if self
+                        .release_in_shard(p.shard, &p.hold, HoldState::Expired)
+                        .await?
+                        == ReleaseOutcome::Released
+                    {
+                        ended += 1;
+                    }
+                }
+                HoldState::Held if home_confirmed => {
+                    // Cannot happen through the protocol (parts are prepared before
+                    // the home part commits); never sell or free it alone.
+                    tracing::error!(reservation = %rid, shard = p.shard,
+                        "a cart's part is held while its home part is confirmed; left for an operator");
+                }
+                HoldState::Held
+                    if self
+                        .release_in_shard(p.shard, &p.hold, HoldState::Expired)
+                        .await?
+                        == ReleaseOutcome::Released =>
+                {
+                    ended += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(ended)
+    }
+}
+
+/// The cart's shards from a `parts` field.
+fn parse_cart(parts: &str) -> Vec<u16> {
+    parts.split(',').filter_map(|s| s.parse().ok()).collect()
+}
+
+/// Sorts the home part (the first shard of the cart list) first.
+fn home_rank(p: &Part) -> (bool, u16) {
+    (p.cart.first() != Some(&p.shard), p.shard)
+}

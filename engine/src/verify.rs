@@ -1,0 +1,385 @@
+//! The truth check operators can run at any time, on live data and without
+//! stopping sales (`holdfast verify`, the dashboard's "Verify now", a periodic run
+//! whose last result is in `/metrics`, and the simulator after a rehearsal).
+//!
+//! Checks, each reporting what it found:
+//!
+//! 1. no counter is negative;
+//! 2. per SKU, `available + reserved + sold_pending - owed = on_hand`, allowing for
+//!    events in flight (`holdfast_domain::Counters::drift`); a SKU that moves while
+//!    it is read is read again, so only lasting drift is reported;
+//! 3. every open hold is in its shard's due set, and every due entry has a hold;
+//! 4. every cart's parts exist and agree;
+//! 5. PostgreSQL's ledger agrees with `sold_recorded` and `fed_recorded`;
+//! 6. no event waits for PostgreSQL longer than the threshold;
+//! 7. no stream was trimmed past what a consumer group still needs;
+//! 8. every oversell has been seen by support (no open `oversold` remediation).
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use holdfast_domain::{Counters, HoldState};
+use sqlx::PgPool;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::warmup::{read_counters, stock_page, stock_row};
+
+/// How the run is judged.
+#[derive(Debug, Clone)]
+pub struct VerifyOptions {
+    /// An event older than this not yet in PostgreSQL is a violation.
+    pub max_lag: Duration,
+    /// How often a drifting SKU is read again before its drift counts (sales go
+    /// on meanwhile).
+    pub rereads: u32,
+}
+
+impl Default for VerifyOptions {
+    fn default() -> Self {
+        Self {
+            max_lag: Duration::from_secs(60),
+            rereads: 3,
+        }
+    }
+}
+
+pub use holdfast_domain::verify::{CheckResult, SkuViolation, VerifyReport};
+
+/// The last verification's report, shared by the periodic run (which writes it),
+/// `/metrics` and the dashboard (which read it).
+#[derive(Debug, Default)]
+pub struct LastVerify(std::sync::Mutex<Option<VerifyReport>>);
+
+impl LastVerify {
+    /// The last report, if a run has finished.
+    pub fn get(&self) -> Option<VerifyReport> {
+        self.0.lock().ok().and_then(|r| r.clone())
+    }
+
+    /// Keeps `report` as the last one.
+    pub fn set(&self, report: VerifyReport) {
+        if let Ok(mut slot) = self.0.lock() {
+            *slot = Some(report);
+        }
+    }
+}
+
+/// Runs every check over every SKU in PostgreSQL.
+pub async fn verify(
+    engine: &Engine,
+    pg: &PgPool,
+    options: &VerifyOptions,
+) -> Result<VerifyReport, EngineError> {
+    let mut report = VerifyReport::default();
+    counters_and_equation(engine, pg, options, &mut report).await?;
+    holds_and_due_sets(engine, &mut report).await?;
+    ledger_agrees(pg, &mut report).await?;
+    streams(engine, options, &mut report).await?;
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM remediations WHERE kind = 'oversold' AND status = 'open'",
+    )
+    .fetch_one(pg)
+    .await?;
+    report.check(
+        "every oversell is with support",
+        open == 0,
+        format!("{open} open oversell remediation(s) (support: refund or source the units)"),
+    );
+    report.at_ms = chrono::Utc::now().timestamp_millis();
+    Ok(report)
+}
+
+/// Checks 1 and 2, page by page.
+async fn counters_and_equation(
+    engine: &Engine,
+    pg: &PgPool,
+    options: &VerifyOptions,
+    report: &mut VerifyReport,
+) -> Result<(), EngineError> {
+    let (mut negative, mut drifted, mut not_warmed) = (0u64, 0u64, 0u64);
+    let mut after = String::new();
+    loop {
+        let rows = stock_page(pg, &after, 500).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.sku.clone();
+        let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
+        let counters = read_counters(engine, &skus).await?;
+        for (row, c) in rows.iter().zip(counters) {
+            report.checked += 1;
+            let Some(available) = c.available else {
+                not_warmed += 1;
+                continue;
+            };
+            if available < 0 || c.reserved < 0 || c.sold_pending < 0 || c.owed < 0 {
+                negative += 1;
+                report
+                    .skus
+                    .push(violation(&row.sku, "counters never negative", &c, row));
+            }
+            if c.drift(&row.recorded()).unwrap_or(0) != 0
+                && lasting_drift(engine, pg, &row.sku, options.rereads).await?
+            {
+                drifted += 1;
+                report
+                    .skus
+                    .push(violation(&row.sku, "stock conserved", &c, row));
+            }
+        }
+    }
+    report.check(
+        "counters never negative",
+        negative == 0,
+        format!("{negative} SKU(s) with a negative counter"),
+    );
+    report.check(
+        "stock conserved (available + reserved + sold_pending - owed = on_hand)",
+        drifted == 0,
+        format!(
+            "{drifted} SKU(s) drifting, {not_warmed} not warmed, {} checked",
+            report.checked
+        ),
+    );
+    Ok(())
+}
+
+fn violation(sku: &str, check: &str, c: &Counters, row: &crate::warmup::StockRow) -> SkuViolation {
+    SkuViolation {
+        sku: sku.to_owned(),
+        check: check.to_owned(),
+        figures: format!(
+            "available {} reserved {} sold_pending {} owed {} settled {} fed {} | on_hand {} sold_recorded {} fed_recorded {} | drift {}",
+            c.available.unwrap_or(0),
+            c.reserved,
+            c.sold_pending,
+            c.owed,
+            c.settled,
+            c.fed,
+            row.on_hand,
+            row.sold_recorded,
+            row.fed_recorded,
+            c.drift(&row.recorded()).unwrap_or(0)
+        ),
+    }
+}
+
+/// Whether `sku`'s drift is still there after `rereads` fresh reads a moment
+/// apart (a sale between reading Redis and PostgreSQL is not drift).
+async fn lasting_drift(
+    engine: &Engine,
+    pg: &PgPool,
+    sku: &str,
+    rereads: u32,
+) -> Result<bool, EngineError> {
+    for _ in 0..rereads {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        let Some(row) = stock_row(pg, sku).await? else {
+            return Ok(false);
+        };
+        let c = read_counters(engine, &[sku]).await?;
+        if c.first()
+            .and_then(|c| c.drift(&row.recorded()))
+            .unwrap_or(0)
+            == 0
+        {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// Checks 3 and 4: holds against due sets, and carts.
+async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Result<(), EngineError> {
+    let keys = engine.keyspace();
+    let mut conn = engine.connection();
+    let (mut unindexed, mut orphans, mut broken_carts, mut open) = (0u64, 0u64, 0u64, 0u64);
+    for shard in 0..keys.shards() {
+        // Every hold of the shard (SCAN: an operator's check, never on the hot path).
+        let pattern = keys.hold(shard, "*");
+        let mut cursor = 0u64;
+        let mut held: HashMap<String, (String, String)> = HashMap::new();
+        loop {
+            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1_000)
+                .query_async(&mut conn)
+                .await?;
+            if !batch.is_empty() {
+                let mut pipe = redis::pipe();
+                for key in &batch {
+                    pipe.cmd("HMGET").arg(key).arg(&["state", "parts"]);
+                }
+                let rows: Vec<(Option<String>, Option<String>)> =
+                    pipe.query_async(&mut conn).await?;
+                let prefix = keys.hold(shard, "");
+                for (key, (state, parts)) in batch.iter().zip(rows) {
+                    let rid = key.strip_prefix(&prefix).unwrap_or(key).to_owned();
+                    held.insert(rid, (state.unwrap_or_default(), parts.unwrap_or_default()));
+                }
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+        let due: Vec<String> = redis::cmd("ZRANGE")
+            .arg(keys.due(shard))
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut conn)
+            .await?;
+        let due_set: std::collections::HashSet<&String> = due.iter().collect();
+        for (rid, (state, parts)) in &held {
+            let live = matches!(
+                HoldState::parse(state),
+                Some(HoldState::Held | HoldState::Confirming)
+            );
+            if live {
+                open += 1;
+                if !due_set.contains(rid) {
+                    unindexed += 1;
+                }
+            }
+            if live && !parts.is_empty() {
+                // Every listed part exists, in the same or a deciding state.
+                for other in parts.split(',').filter_map(|p| p.parse::<u16>().ok()) {
+                    if other == shard {
+                        continue;
+                    }
+                    let st: Option<String> = redis::cmd("HGET")
+                        .arg(keys.hold(other, rid))
+                        .arg("state")
+                        .query_async(&mut conn)
+                        .await?;
+                    let agrees = matches!(
+                        st.as_deref().and_then(HoldState::parse),
+                        Some(HoldState::Held | HoldState::Confirming | HoldState::Confirmed)
+                    );
+                    if !agrees {
+                        broken_carts += 1;
+                    }
+                }
+            }
+        }
+        for rid in &due {
+            let live = held.get(rid).is_some_and(|(s, _)| {
+                matches!(
+                    HoldState::parse(s),
+                    Some(HoldState::Held | HoldState::Confirming)
+                )
+            });
+            if !live {
+                orphans += 1;
+            }
+        }
+    }
+    report.check(
+        "every open hold is due, every due entry is a hold",
+        unindexed == 0 && orphans == 0,
+        format!("{open} open hold(s); {unindexed} missing from a due set, {orphans} due entr(ies) without an open hold"),
+    );
+    report.check(
+        "carts consistent across shards",
+        broken_carts == 0,
+        format!("{broken_carts} cart part(s) missing or disagreeing"),
+    );
+    Ok(())
+}
+
+/// Check 5: the ledger explains `sold_recorded` and `fed_recorded`.
+async fn ledger_agrees(pg: &PgPool, report: &mut VerifyReport) -> Result<(), EngineError> {
+    let rows: Vec<(String, i64, i64, i64, i64)> = sqlx::query_as(
+        "SELECT s.sku, s.sold_recorded, s.fed_recorded,
+                coalesce(sum(-l.qty) FILTER (WHERE l.kind = 'sale'), 0)::bigint,
+                coalesce(sum(l.qty) FILTER (WHERE l.kind IN ('receipt', 'adjustment')), 0)::bigint
+           FROM skus s LEFT JOIN ledger l ON l.sku = s.sku
+          GROUP BY s.sku, s.sold_recorded, s.fed_recorded
+         HAVING s.sold_recorded <> coalesce(sum(-l.qty) FILTER (WHERE l.kind = 'sale'), 0)
+             OR s.fed_recorded <> coalesce(sum(l.qty) FILTER (WHERE l.kind IN ('receipt', 'adjustment')), 0)",
+    )
+    .fetch_all(pg)
+    .await?;
+    for (sku, sold, fed, ledger_sold, ledger_fed) in &rows {
+        report.skus.push(SkuViolation {
+            sku: sku.clone(),
+            check: "ledger and on_hand agree".into(),
+            figures: format!(
+                "sold_recorded {sold} vs ledger sales {ledger_sold}; fed_recorded {fed} vs ledger feeds {ledger_fed}"
+            ),
+        });
+    }
+    report.check(
+        "ledger and on_hand agree",
+        rows.is_empty(),
+        format!(
+            "{} SKU(s) whose recorded totals differ from the ledger",
+            rows.len()
+        ),
+    );
+    Ok(())
+}
+
+/// Checks 6 and 7: the write-behind's lag, and nothing trimmed that a group needs.
+async fn streams(
+    engine: &Engine,
+    options: &VerifyOptions,
+    report: &mut VerifyReport,
+) -> Result<(), EngineError> {
+    let lag = engine.write_behind_lag().await?;
+    report.check(
+        "no event waits for PostgreSQL too long",
+        lag.oldest_ms <= options.max_lag.as_millis() as u64,
+        format!(
+            "{} event(s) not yet in PostgreSQL, the oldest {} ms (limit {} ms)",
+            lag.entries,
+            lag.oldest_ms,
+            options.max_lag.as_millis()
+        ),
+    );
+    let keys = engine.keyspace();
+    let mut conn = engine.connection();
+    let mut missing = 0u64;
+    for key in keys.all_events() {
+        let groups: redis::RedisResult<Vec<HashMap<String, redis::Value>>> = redis::cmd("XINFO")
+            .arg("GROUPS")
+            .arg(&key)
+            .query_async(&mut conn)
+            .await;
+        for g in groups.unwrap_or_default() {
+            let Some(name) = g
+                .get("name")
+                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
+            else {
+                continue;
+            };
+            let pending: Vec<(String, String, u64, u64)> = redis::cmd("XPENDING")
+                .arg(&key)
+                .arg(&name)
+                .arg("-")
+                .arg("+")
+                .arg(100)
+                .query_async(&mut conn)
+                .await?;
+            for (id, ..) in pending {
+                let entry: Vec<(String, redis::Value)> = redis::cmd("XRANGE")
+                    .arg(&key)
+                    .arg(&id)
+                    .arg(&id)
+                    .query_async(&mut conn)
+                    .await?;
+                if entry.is_empty() {
+                    missing += 1;
+                }
+            }
+        }
+    }
+    report.check(
+        "streams not trimmed past any group",
+        missing == 0,
+        format!("{missing} pending entr(ies) gone from their stream"),
+    );
+    Ok(())
+}

@@ -1,0 +1,421 @@
+//! A cart is all or nothing across shards: one deadline, the reaper never ends
+//! part of a cart alone, confirm sells every line or none, any failure part-way
+//! undoes what was done, a retry answers the same, conflicts are seen in every
+//! shard. Faults are injected between shards; a randomized run mixes carts with
+//! the other operations and checks conservation.
+
+use std::collections::HashSet;
+use std::time::Duration;
+
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::{
+    ConfirmOutcome, Engine, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+};
+
+/// Three SKUs in three different shards.
+fn three_shards(engine: &Engine) -> [String; 3] {
+    let ks = engine.keyspace();
+    let mut seen = HashSet::new();
+    let picked: Vec<String> = (0..)
+        .map(|i| format!("CRT-{i}"))
+        .filter(|s| seen.insert(ks.shard_of(s)))
+        .take(3)
+        .collect();
+    [picked[0].clone(), picked[1].clone(), picked[2].clone()]
+}
+
+fn cart(rid: &str, skus: &[&str], qty: i64) -> ReserveRequest {
+    ReserveRequest {
+        reservation_id: rid.into(),
+        lines: skus
+            .iter()
+            .map(|s| Line {
+                sku: (*s).into(),
+                qty,
+            })
+            .collect(),
+        buyer: None,
+        ttl_ms: Some(1_000),
+    }
+}
+
+async fn figures(engine: &Engine, sku: &str) -> (i64, i64, i64) {
+    let f = engine.figures(sku).await.unwrap().unwrap();
+    (f.available, f.reserved, f.sold_pending)
+}
+
+/// Runs `lua/confirm.lua` in `mode` on the part of `rid` in `sku`'s shard, as a
+/// confirmer that then dies would leave it.
+async fn confirm_part(redis: &TestRedis, engine: &Engine, rid: &str, sku: &str, mode: &str) {
+    let ks = engine.keyspace();
+    let shard = ks.shard_of(sku);
+    let script = redis::Script::new(include_str!("../../lua/confirm.lua"));
+    let mut inv = script.prepare_invoke();
+    inv.key(ks.hold(shard, rid))
+        .key(ks.due(shard))
+        .key(ks.events(shard))
+        .key(ks.sku(sku))
+        .key(ks.sku_holds(sku))
+        .key(ks.buyer(sku, ""))
+        .arg(rid)
+        .arg(86_400_000)
+        .arg(mode)
+        .arg(sku);
+    let _: redis::Value = inv
+        .invoke_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn every_part_shares_one_deadline_and_expires_together() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, c] = three_shards(&engine);
+    for sku in [&a, &b, &c] {
+        stock(&engine, sku, 5).await;
+    }
+    let ReserveOutcome::Reserved { expires_at_ms, .. } = engine
+        .reserve(&cart("c-1", &[&a, &b, &c], 1))
+        .await
+        .unwrap()
+    else {
+        panic!("reserved");
+    };
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    for sku in [&a, &b, &c] {
+        let deadline: i64 = redis::cmd("HGET")
+            .arg(ks.hold(ks.shard_of(sku), "c-1"))
+            .arg("deadline")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(deadline, expires_at_ms, "{sku}'s part ends with the cart");
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let report = engine.reap_once(100).await.unwrap();
+    assert_eq!(report.released, 3, "{report:?}");
+    for sku in [&a, &b, &c] {
+        assert_eq!(figures(&engine, sku).await, (5, 0, 0), "{sku}");
+    }
+    assert_eq!(
+        engine.confirm("c-1").await.unwrap(),
+        ConfirmOutcome::Expired {
+            state: HoldState::Expired
+        }
+    );
+    for sku in [&a, &b, &c] {
+        assert_eq!(
+            figures(&engine, sku).await,
+            (5, 0, 0),
+            "nothing sold of {sku}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_part_ended_behind_the_engines_back_sells_nothing() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    engine.reserve(&cart("c-2", &[&a, &b], 1)).await.unwrap();
+    // The sequence that sold half a cart before: one part released on its own.
+    let ks = engine.keyspace();
+    let shard = ks.shard_of(&b);
+    let release = redis::Script::new(include_str!("../../lua/release.lua"));
+    let _: redis::Value = release
+        .key(ks.hold(shard, "c-2"))
+        .key(ks.due(shard))
+        .key(ks.events(shard))
+        .key(ks.sku(&b))
+        .key(ks.sku_holds(&b))
+        .key(ks.buyer(&b, ""))
+        .arg("c-2")
+        .arg("released")
+        .arg(86_400_000)
+        .arg(&b)
+        .invoke_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let outcome = engine.confirm("c-2").await.unwrap();
+    assert!(
+        matches!(outcome, ConfirmOutcome::Expired { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(figures(&engine, &a).await.2, 0, "no part sold alone");
+    assert_eq!(figures(&engine, &b).await.2, 0);
+}
+
+#[tokio::test]
+async fn a_failure_between_shards_undoes_the_parts_made_and_a_retry_answers_the_same() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, c] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 0).await;
+    stock(&engine, &c, 5).await;
+    for attempt in 0..2 {
+        let outcome = engine
+            .reserve(&cart("c-3", &[&a, &c, &b], 2))
+            .await
+            .unwrap();
+        assert!(
+            matches!(&outcome, ReserveOutcome::SoldOut { sku, .. } if *sku == b),
+            "attempt {attempt}: {outcome:?}"
+        );
+        assert_eq!(figures(&engine, &a).await, (5, 0, 0), "attempt {attempt}");
+        assert_eq!(figures(&engine, &c).await, (5, 0, 0), "attempt {attempt}");
+    }
+    assert_eq!(
+        engine.hold("c-3").await.unwrap(),
+        None,
+        "the id is free again"
+    );
+
+    // A transport-level failure on a later shard (a counter that is not a hash
+    // makes that shard's script fail) undoes the earlier parts too.
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    redis::cmd("DEL")
+        .arg(ks.sku(&b))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    redis::cmd("SET")
+        .arg(ks.sku(&b))
+        .arg("not a hash")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let failed = engine.reserve(&cart("c-4", &[&a, &c, &b], 1)).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(figures(&engine, &a).await, (5, 0, 0));
+    assert_eq!(figures(&engine, &c).await, (5, 0, 0));
+    assert_eq!(engine.hold("c-4").await.unwrap(), None);
+}
+
+#[tokio::test]
+async fn a_retry_completes_the_cart_and_conflicts_are_seen_in_every_shard() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, c] = three_shards(&engine);
+    for sku in [&a, &b, &c] {
+        stock(&engine, sku, 5).await;
+    }
+    let first = engine.reserve(&cart("c-5", &[&a, &b], 1)).await.unwrap();
+    assert!(matches!(first, ReserveOutcome::Reserved { .. }));
+    let again = engine.reserve(&cart("c-5", &[&a, &b], 1)).await.unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::AlreadyReserved { .. }),
+        "{again:?}"
+    );
+    assert_eq!(figures(&engine, &a).await, (4, 1, 0), "nothing held twice");
+
+    // The same id for another request, in other shards: a conflict.
+    let other = engine.reserve(&cart("c-5", &[&c, &b], 1)).await.unwrap();
+    assert!(
+        matches!(other, ReserveOutcome::Conflict { .. }),
+        "{other:?}"
+    );
+    let single = engine
+        .reserve(&ReserveRequest::single("c-6", &c, 1))
+        .await
+        .unwrap();
+    assert!(matches!(single, ReserveOutcome::Reserved { .. }));
+    let cart_over_it = engine.reserve(&cart("c-6", &[&a, &b], 1)).await.unwrap();
+    assert!(
+        matches!(cart_over_it, ReserveOutcome::Conflict { .. }),
+        "{cart_over_it:?}"
+    );
+    assert_eq!(figures(&engine, &c).await, (4, 1, 0));
+}
+
+#[tokio::test]
+async fn confirm_sells_every_line_or_none_and_release_waits_for_it() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    engine.reserve(&cart("c-7", &[&a, &b], 2)).await.unwrap();
+    assert_eq!(
+        engine.confirm("c-7").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    assert_eq!(figures(&engine, &a).await, (3, 0, 2));
+    assert_eq!(figures(&engine, &b).await, (3, 0, 2));
+    assert_eq!(
+        engine.confirm("c-7").await.unwrap(),
+        ConfirmOutcome::AlreadyConfirmed
+    );
+    assert_eq!(
+        engine.release("c-7").await.unwrap(),
+        ReleaseOutcome::AlreadyGone {
+            state: HoldState::Confirmed
+        }
+    );
+
+    // A confirmer that prepared one part and died: release refuses to split it,
+    // a retried confirm finishes it.
+    engine.reserve(&cart("c-8", &[&a, &b], 1)).await.unwrap();
+    confirm_part(&redis, &engine, "c-8", &a, "prepare").await;
+    assert!(engine.release("c-8").await.is_err(), "busy while deciding");
+    assert_eq!(
+        engine.confirm("c-8").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    assert_eq!(figures(&engine, &a).await, (2, 0, 3));
+    assert_eq!(figures(&engine, &b).await, (2, 0, 3));
+}
+
+#[tokio::test]
+async fn the_reaper_finishes_what_the_home_part_decided() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    let ks = engine.keyspace();
+    // The home part is the one in the shard of the cart's first line.
+    let (home, other) = (a.clone(), b.clone());
+    let mut conn = redis.connection().await;
+    let age = |rid: &'static str, sku: String| {
+        let key = ks.hold(ks.shard_of(&sku), rid);
+        redis::cmd("HSET")
+            .arg(key)
+            .arg("preparing")
+            .arg(chrono::Utc::now().timestamp_millis() - 60_000)
+            .clone()
+    };
+
+    // Died after committing the home part: the cart is sold.
+    engine.reserve(&cart("c-9", &[&a, &b], 1)).await.unwrap();
+    confirm_part(&redis, &engine, "c-9", &home, "prepare").await;
+    confirm_part(&redis, &engine, "c-9", &other, "prepare").await;
+    confirm_part(&redis, &engine, "c-9", &home, "commit").await;
+    age("c-9", other.clone())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    // Died before committing anything: the cart expires whole.
+    engine.reserve(&cart("c-10", &[&a, &b], 1)).await.unwrap();
+    confirm_part(&redis, &engine, "c-10", &other, "prepare").await;
+    age("c-10", other.clone())
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    engine.reap_once(100).await.unwrap();
+    assert_eq!(
+        engine.hold("c-9").await.unwrap().unwrap().state,
+        HoldState::Confirmed
+    );
+    assert_eq!(
+        engine.confirm("c-9").await.unwrap(),
+        ConfirmOutcome::AlreadyConfirmed,
+        "every part sold"
+    );
+    assert!(matches!(
+        engine.confirm("c-10").await.unwrap(),
+        ConfirmOutcome::Expired { .. }
+    ));
+    // c-9 sold one of each; c-10 sold nothing and returned its units.
+    assert_eq!(figures(&engine, &a).await, (4, 0, 1));
+    assert_eq!(figures(&engine, &b).await, (4, 0, 1));
+}
+
+#[tokio::test]
+async fn mixed_carts_and_operations_keep_every_unit_accounted_for() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = three_shards(&engine);
+    for sku in &skus {
+        stock(&engine, sku, 40).await;
+    }
+    let mut tasks = Vec::new();
+    for worker in 0..6u64 {
+        let engine = engine.clone();
+        let skus = skus.clone();
+        tasks.push(tokio::spawn(async move {
+            // A small xorshift: reproducible per worker, no extra dependency.
+            let mut state = worker * 2_654_435_761 + 1;
+            let mut next = move |bound: u64| {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                state % bound
+            };
+            for i in 0..25 {
+                let rid = format!("w{worker}-{i}");
+                let n = 1 + next(3) as usize;
+                let lines: Vec<&str> = skus.iter().take(n).map(String::as_str).collect();
+                let _ = engine.reserve(&cart(&rid, &lines, 1)).await;
+                match next(4) {
+                    0 => {
+                        let _ = engine.confirm(&rid).await;
+                    }
+                    1 => {
+                        let _ = engine.release(&rid).await;
+                    }
+                    2 => {
+                        // Pay right at the deadline, racing the reaper.
+                        tokio::time::sleep(Duration::from_millis(900 + next(200))).await;
+                        let _ = engine.confirm(&rid).await;
+                    }
+                    _ => {} // abandoned: the reaper ends it
+                }
+            }
+        }));
+    }
+    let reaper = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            for _ in 0..80 {
+                let _ = engine.reap_once(50).await;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+    };
+    for t in tasks {
+        t.await.unwrap();
+    }
+    reaper.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    engine.reap_once(1_000).await.unwrap();
+
+    // Every cart's parts agree, and every unit is available or sold.
+    for worker in 0..6u64 {
+        for i in 0..25 {
+            let rid = format!("w{worker}-{i}");
+            let ks = engine.keyspace();
+            let mut conn = engine.connection();
+            let mut states = HashSet::new();
+            for sku in &skus {
+                let state: Option<String> = redis::cmd("HGET")
+                    .arg(ks.hold(ks.shard_of(sku), &rid))
+                    .arg("state")
+                    .query_async(&mut conn)
+                    .await
+                    .unwrap();
+                if let Some(s) = state {
+                    states.insert(s);
+                }
+            }
+            assert!(states.len() <= 1, "{rid}: parts disagree: {states:?}");
+        }
+    }
+    let mut sold = Vec::new();
+    for sku in &skus {
+        let f = engine.figures(sku).await.unwrap().unwrap();
+        assert_eq!(f.reserved, 0, "{sku}: every hold ended");
+        assert!(f.available >= 0);
+        assert_eq!(f.available + f.sold_pending, 40, "{sku}: conserved");
+        sold.push(f.sold);
+    }
+    // A line of a cart is sold only with the lines before it.
+    assert!(sold[0] >= sold[1] && sold[1] >= sold[2], "{sold:?}");
+}
