@@ -16,8 +16,10 @@ use crate::keys::Keyspace;
 
 /// How long a key and its answer are kept.
 pub const KEY_TTL_SECS: u64 = 24 * 3_600;
-/// How long a key stays claimed by a request that is still running.
-const PENDING_TTL_SECS: u64 = 60;
+/// How long a key stays claimed by a request that is still running: past the
+/// API's request deadline (3 s) the request has been answered, so a claim this
+/// old belongs to an attempt that was cut off, and a retry may run.
+const PENDING_TTL_SECS: u64 = 10;
 
 /// What the store holds per key.
 #[derive(Debug, Clone, Serialize, Deserialize)]

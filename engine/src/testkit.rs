@@ -433,3 +433,26 @@ pub async fn backends(pool: sqlx::PgPool, redis_url: &str) -> crate::Backends {
         .expect("connect to the test Redis");
     crate::Backends::new(pool, redis, crate::EngineConfig::default())
 }
+
+/// Adds `sku` with `on_hand` units to the catalogue in `pg` (title and product
+/// are the code).
+pub async fn add_sku(pg: &sqlx::PgPool, sku: &str, on_hand: i64) {
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
+        .bind(sku)
+        .bind(on_hand)
+        .execute(pg)
+        .await
+        .expect("insert a test SKU");
+}
+
+/// Moves `field` of `sku`'s counters by `by` behind the engine's back (a drifted
+/// or corrupted counter, for tests of reconciliation and verification).
+pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i64) {
+    redis::cmd("HINCRBY")
+        .arg(engine.keyspace().sku(sku))
+        .arg(field)
+        .arg(by)
+        .query_async::<()>(&mut engine.connection())
+        .await
+        .expect("nudge a test counter");
+}

@@ -140,48 +140,92 @@ const OUTAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 #[derive(Debug, Default)]
 pub struct TokenCache {
     entries: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Verified>>,
+    /// Set while PostgreSQL is failing (the last check failed): stale answers
+    /// are then given at once and checked again in the background.
+    failing: std::sync::atomic::AtomicBool,
 }
 
 impl TokenCache {
-    /// The live token whose secret is `secret`, from memory when verified within
-    /// [`TOKEN_CACHE_TTL`], otherwise from PostgreSQL (waiting at most
-    /// [`crate::postgres::QUICK_LOOKUP`]). When PostgreSQL cannot answer, a token
-    /// verified within [`TOKEN_OUTAGE_GRACE`] keeps its last answer.
+    /// The live token whose secret is `secret`.
+    ///
+    /// A token checked within [`TOKEN_CACHE_TTL`] is answered from memory; after
+    /// that PostgreSQL is asked again (waiting at most
+    /// [`crate::postgres::QUICK_LOOKUP`]), so a revocation takes effect within
+    /// the TTL. When PostgreSQL fails, a token checked within
+    /// [`TOKEN_OUTAGE_GRACE`] keeps its last answer, and while it keeps failing
+    /// such answers are given at once and PostgreSQL is asked again in the
+    /// background (at most once a second per token): no checkout waits on an
+    /// outage. A token never seen cannot be vouched for without PostgreSQL.
     pub async fn verify(
-        &self,
+        self: &std::sync::Arc<Self>,
         pg: &PgPool,
         secret: &str,
     ) -> Result<Option<TokenInfo>, EngineError> {
+        use std::sync::atomic::Ordering;
         let key = digest(secret);
-        let cached = self
-            .entries
-            .lock()
-            .ok()
-            .and_then(|entries| entries.get(&key).cloned());
         let now = std::time::Instant::now();
-        if let Some((info, _, next)) = &cached
-            && now < *next
-        {
-            return Ok(info.clone());
-        }
-        let info = match crate::postgres::quick(verify(pg, secret)).await {
-            Ok(info) => info,
-            Err(e) => match cached {
-                Some((info, verified, _)) if verified.elapsed() < TOKEN_OUTAGE_GRACE => {
-                    tracing::debug!(error = %e, "PostgreSQL unavailable: using the last token check");
-                    if let Ok(mut entries) = self.entries.lock() {
-                        entries.insert(key, (info.clone(), verified, now + OUTAGE_RETRY));
+        let failing = self.failing.load(Ordering::Relaxed);
+        // (answer, whether to ask PostgreSQL in the background) or None: ask now.
+        let cached = self.entries.lock().ok().and_then(|mut entries| {
+            let (info, verified, next) = entries.get(&key).cloned()?;
+            if now < next {
+                return Some((info, false));
+            }
+            if failing && verified.elapsed() < TOKEN_OUTAGE_GRACE {
+                // Claim the refresh: later requests keep the answer meanwhile.
+                entries.insert(key.clone(), (info.clone(), verified, now + OUTAGE_RETRY));
+                return Some((info, true));
+            }
+            None
+        });
+        match cached {
+            Some((info, false)) => Ok(info),
+            Some((info, true)) => {
+                let (cache, pg, secret) = (self.clone(), pg.clone(), secret.to_owned());
+                tokio::spawn(async move {
+                    if let Err(e) = cache.refresh(&pg, &secret).await {
+                        tracing::debug!(error = %e, "PostgreSQL unavailable: keeping the last token check");
                     }
-                    return Ok(info);
+                });
+                Ok(info)
+            }
+            None => match self.refresh(pg, secret).await {
+                Ok(info) => Ok(info),
+                Err(e) => {
+                    let stale = self.entries.lock().ok().and_then(|mut entries| {
+                        let (info, verified, _) = entries.get(&key).cloned()?;
+                        (verified.elapsed() < TOKEN_OUTAGE_GRACE).then(|| {
+                            entries
+                                .insert(key.clone(), (info.clone(), verified, now + OUTAGE_RETRY));
+                            info
+                        })
+                    });
+                    stale.ok_or(e)
                 }
-                _ => return Err(e),
             },
+        }
+    }
+
+    /// Asks PostgreSQL about `secret` (waiting at most
+    /// [`crate::postgres::QUICK_LOOKUP`]) and remembers the answer.
+    async fn refresh(&self, pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, EngineError> {
+        use std::sync::atomic::Ordering;
+        let info = match crate::postgres::quick(verify(pg, secret)).await {
+            Ok(info) => {
+                self.failing.store(false, Ordering::Relaxed);
+                info
+            }
+            Err(e) => {
+                self.failing.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
         };
+        let now = std::time::Instant::now();
         if let Ok(mut entries) = self.entries.lock() {
             if entries.len() > 10_000 {
                 entries.retain(|_, (_, verified, _)| verified.elapsed() < TOKEN_OUTAGE_GRACE);
             }
-            entries.insert(key, (info.clone(), now, now + TOKEN_CACHE_TTL));
+            entries.insert(digest(secret), (info.clone(), now, now + TOKEN_CACHE_TTL));
         }
         Ok(info)
     }

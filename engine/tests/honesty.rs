@@ -11,21 +11,12 @@ use holdfast_engine::ingest::{self, Lane, LaneConfig, LaneConsumer, LaneStats};
 use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
 use holdfast_engine::stock::{DeltaOutcome, SnapshotOutcome};
-use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::testkit::{TestRedis, add_sku};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{
     Backends, ConfirmOutcome, Engine, ReleaseOutcome, ReserveOutcome, ReserveRequest, postgres,
 };
 use sqlx::PgPool;
-
-async fn add_sku(pg: &PgPool, sku: &str, on_hand: i64) {
-    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
-        .bind(sku)
-        .bind(on_hand)
-        .execute(pg)
-        .await
-        .unwrap();
-}
 
 async fn setup(pg: &PgPool, skus: &[(&str, i64)]) -> (TestRedis, Backends) {
     let redis = TestRedis::start();

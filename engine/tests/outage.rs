@@ -19,7 +19,7 @@ async fn verified_tokens_keep_working_while_postgres_is_down() {
     let stranger = tokens::create(&pg, "never-used", &[Scope::Read])
         .await
         .unwrap();
-    let cache = TokenCache::default();
+    let cache = std::sync::Arc::new(TokenCache::default());
     assert!(cache.verify(&pg, &known.secret).await.unwrap().is_some());
 
     pg_server.stop();
@@ -49,10 +49,18 @@ async fn verified_tokens_keep_working_while_postgres_is_down() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert!(revoked, "PostgreSQL came back");
-    tokio::time::sleep(TOKEN_CACHE_TTL + Duration::from_millis(200)).await;
-    assert_eq!(
-        cache.verify(&pg, &known.secret).await.unwrap(),
-        None,
+    // The first checks after PostgreSQL's return may still answer from memory
+    // while it is asked in the background; within moments the revocation holds.
+    let mut honoured = false;
+    for _ in 0..50 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        if cache.verify(&pg, &known.secret).await.unwrap().is_none() {
+            honoured = true;
+            break;
+        }
+    }
+    assert!(
+        honoured,
         "the revocation is honoured once PostgreSQL answers"
     );
 }

@@ -8,19 +8,10 @@ use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{
     Fault, WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind,
 };
-use holdfast_engine::testkit::{TestPostgres, TestRedis};
+use holdfast_engine::testkit::{TestPostgres, TestRedis, add_sku};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{Engine, EngineError, ReserveOutcome, ReserveRequest, postgres};
 use sqlx::PgPool;
-
-async fn add_sku(pg: &PgPool, sku: &str, on_hand: i64) {
-    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
-        .bind(sku)
-        .bind(on_hand)
-        .execute(pg)
-        .await
-        .unwrap();
-}
 
 async fn sell(engine: &Engine, prefix: &str, sku: &str, n: usize) {
     for i in 0..n {

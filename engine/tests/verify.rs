@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::testkit::{TestRedis, add_sku, nudge_counter};
 use holdfast_engine::verify::{VerifyOptions, verify};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{Backends, ReserveRequest, postgres};
@@ -10,13 +10,8 @@ use sqlx::PgPool;
 
 async fn setup(pg: &PgPool) -> (TestRedis, Backends) {
     let redis = TestRedis::start();
-    for (sku, on_hand) in [("VER-1", 10), ("VER-2", 10)] {
-        sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, $1, $1, $2)")
-            .bind(sku)
-            .bind(on_hand)
-            .execute(pg)
-            .await
-            .unwrap();
+    for sku in ["VER-1", "VER-2"] {
+        add_sku(pg, sku, 10).await;
     }
     let b = holdfast_engine::testkit::backends(pg.clone(), &redis.url()).await;
     warm_all(&b.engine, pg, WarmOptions::default(), |_| {})
@@ -52,13 +47,7 @@ async fn an_honest_store_passes_and_each_lie_is_named(pg: PgPool) {
     // Units that do not exist made sellable.
     let keys = b.engine.keyspace();
     let mut conn = redis.connection().await;
-    redis::cmd("HINCRBY")
-        .arg(keys.sku("VER-2"))
-        .arg("available")
-        .arg(5)
-        .query_async::<()>(&mut conn)
-        .await
-        .unwrap();
+    nudge_counter(&b.engine, "VER-2", "available", 5).await;
     // An open hold the reaper would never see.
     redis::cmd("ZREM")
         .arg(keys.due(keys.shard_of("VER-1")))

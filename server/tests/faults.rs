@@ -1,0 +1,201 @@
+//! The API under faults: a confirm for a hold Redis lost, a release while a cart
+//! is being confirmed, a Redis that stops answering (the request deadline), and a
+//! retry after a failed attempt that must not be answered from memory.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use holdfast_engine::idempotency::{self, Begin};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+use holdfast_engine::testkit::{TestRedis, stock};
+use holdfast_engine::tokens::{self, Scope};
+use reqwest::{Client, StatusCode};
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+async fn token(pool: &PgPool) -> String {
+    tokens::create(pool, "faults", &[Scope::Checkout, Scope::Read])
+        .await
+        .unwrap()
+        .secret
+}
+
+async fn post(
+    http: &Client,
+    url: String,
+    token: &str,
+    key: &str,
+    body: Value,
+) -> (StatusCode, Value, Option<String>) {
+    let res = http
+        .post(url)
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    let retry = res
+        .headers()
+        .get("retry-after")
+        .map(|v| v.to_str().unwrap().to_owned());
+    let status = res.status();
+    (status, res.json().await.unwrap_or(Value::Null), retry)
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_confirm_for_a_hold_redis_lost_is_410_reservation_lost(pool: PgPool) {
+    sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ('L-1', 'L', 'L', 10)")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    holdfast_engine::warmup::warm_all(&backends.engine, &pool, Default::default(), |_| {})
+        .await
+        .unwrap();
+    let server = common::spawn(backends.clone()).await;
+    let (http, token) = (Client::new(), token(&pool).await);
+    let (s, held, _) = post(
+        &http,
+        server.url("/api/v1/reservations"),
+        &token,
+        "lost-1",
+        json!({"sku": "L-1", "qty": 2, "buyer": "bo"}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let id = held["id"].as_str().unwrap().to_owned();
+    let mut w = WriteBehind::new(
+        backends.engine.clone(),
+        pool.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            consumer: "faults".into(),
+            block: Duration::from_millis(20),
+            ..WriteBehindConfig::default()
+        },
+        std::sync::Arc::new(WriteBehindStats::default()),
+    );
+    w.run_once().await.unwrap();
+
+    // Redis loses everything (a restart without persistence).
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let (s, body, _) = post(
+        &http,
+        server.url(&format!("/api/v1/reservations/{id}/confirm")),
+        &token,
+        "lost-1-confirm",
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::GONE, "{body}");
+    assert_eq!(body["code"], "reservation_lost");
+    let kind: String =
+        sqlx::query_scalar("SELECT kind FROM remediations WHERE reservation_id = $1")
+            .bind(&id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kind, "unknown_confirm");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_redis_that_stops_answering_gets_503_within_the_deadline(pool: PgPool) {
+    let redis = TestRedis::start_with(&["--enable-debug-command", "yes"]);
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    stock(&backends.engine, "D-1", 5).await;
+    let server = common::spawn(backends).await;
+    let (http, token) = (Client::new(), token(&pool).await);
+    // Verify the token while Redis answers, then freeze Redis for 6 s.
+    let warm = http
+        .get(server.url("/api/v1/stock/D-1"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(warm.status(), StatusCode::OK);
+    let url = redis.url();
+    let sleeper = tokio::spawn(async move {
+        let mut conn = holdfast_engine::redis_conn::connect(&url).await.unwrap();
+        let _: redis::RedisResult<()> = redis::cmd("DEBUG")
+            .arg("SLEEP")
+            .arg(6)
+            .query_async(&mut conn)
+            .await;
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let (s, body, retry) = post(
+        &http,
+        server.url("/api/v1/reservations"),
+        &token,
+        "slow-1",
+        json!({"sku": "D-1", "qty": 1}),
+    )
+    .await;
+    let took = started.elapsed();
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(body["code"], "unavailable");
+    assert!(retry.is_some(), "Retry-After is sent");
+    assert!(took < Duration::from_millis(4_500), "answered in {took:?}");
+    sleeper.await.unwrap();
+
+    // Retrying with the same key as Retry-After says, once Redis answers again,
+    // gets the real outcome (the abandoned attempt's claim lapses within seconds).
+    let started = Instant::now();
+    let (s, body) = loop {
+        let (s, body, retry) = post(
+            &http,
+            server.url("/api/v1/reservations"),
+            &token,
+            "slow-1",
+            json!({"sku": "D-1", "qty": 1}),
+        )
+        .await;
+        if s.is_success() || started.elapsed() > Duration::from_secs(20) {
+            break (s, body);
+        }
+        let wait = retry.and_then(|r| r.parse().ok()).unwrap_or(1);
+        tokio::time::sleep(Duration::from_secs(wait)).await;
+    };
+    assert!(
+        s == StatusCode::CREATED || s == StatusCode::OK,
+        "{s} {body}"
+    );
+}
+
+#[tokio::test]
+async fn a_retry_after_a_failed_attempt_is_never_answered_from_memory() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let begin = idempotency::begin(&engine, 7, "k", "fp").await.unwrap();
+    assert_eq!(
+        begin,
+        Begin::Fresh {
+            after_failure: false
+        }
+    );
+    idempotency::finish(&engine, 7, "k", "fp", 503, &json!({"code": "unavailable"})).await;
+    assert_eq!(
+        idempotency::begin(&engine, 7, "k", "fp").await.unwrap(),
+        Begin::Fresh {
+            after_failure: true
+        },
+        "the failed attempt may have reserved: the retry asks Redis"
+    );
+    assert_eq!(
+        idempotency::begin(&engine, 7, "k", "fp").await.unwrap(),
+        Begin::InProgress,
+        "claimed by that retry"
+    );
+    idempotency::finish(&engine, 7, "k", "fp", 201, &json!({"id": "t7-k"})).await;
+    assert_eq!(
+        idempotency::begin(&engine, 7, "k", "fp").await.unwrap(),
+        Begin::Replay(201, json!({"id": "t7-k"}))
+    );
+}
