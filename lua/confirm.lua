@@ -27,8 +27,11 @@
 --   {'confirmed', sku1, oversold1, ...}  units moved from reserved to sold_pending;
 --                               each line whose sale oversold, with how many units
 --   {'already_confirmed'}       a repeat: nothing moves
---   {'prepared'}                (prepare) the part waits in 'confirming'
+--   {'prepared'}                (prepare) the part now waits in 'confirming'
+--   {'prepared_before'}         (prepare) it already did (another confirmer's, or
+--                               this one's earlier attempt): not this call's to undo
 --   {'rolled_back'}             (rollback) the part is 'held' again
+--   {'not_confirming', state}   (rollback) it was not 'confirming': nothing moves
 --   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
@@ -42,7 +45,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local overdue = tonumber(h[2]) <= now
 
 if mode == 'prepare' then
-  if h[1] == 'confirming' then return {'prepared'} end
+  if h[1] == 'confirming' then return {'prepared_before'} end
   if h[1] ~= 'held' then return {'expired', h[1]} end
   -- Overdue: the cart expires whole (the engine ends every part together).
   if overdue then return {'expired', 'expired'} end
@@ -50,10 +53,9 @@ if mode == 'prepare' then
   return {'prepared'}
 end
 if mode == 'rollback' then
-  if h[1] == 'confirming' then
-    redis.call('HSET', KEYS[1], 'state', 'held')
-    redis.call('HDEL', KEYS[1], 'preparing')
-  end
+  if h[1] ~= 'confirming' then return {'not_confirming', h[1]} end
+  redis.call('HSET', KEYS[1], 'state', 'held')
+  redis.call('HDEL', KEYS[1], 'preparing')
   return {'rolled_back'}
 end
 if mode == 'commit' then

@@ -45,10 +45,16 @@ if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 or #KEYS ~= 3 + 3 * (#ARGV - 7) / 2 then
   return {'invalid', 'lines', 'every line needs a sku and a qty, with its keys'}
 end
 local n = (#ARGV - 7) / 2
+local seen = {}
 for i = 1, n do
   if not whole(ARGV[7 + 2 * i]) then
     return {'invalid', 'qty', ARGV[6 + 2 * i] .. ': qty must be a whole number of at least 1'}
   end
+  -- Each line is checked against `available` alone: a SKU twice would pass twice.
+  if seen[ARGV[6 + 2 * i]] then
+    return {'invalid', 'sku', ARGV[6 + 2 * i] .. ' appears twice; combine the lines'}
+  end
+  seen[ARGV[6 + 2 * i]] = true
 end
 
 local existing = redis.call('HMGET', KEYS[1], 'fp', 'state', 'deadline')

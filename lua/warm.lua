@@ -23,7 +23,8 @@
 -- Returns {'warmed', available, owed} or {'exists', available}.
 local function whole(v)
   local n = tonumber(v)
-  if n and n == math.floor(n) and n > -1e15 and n < 1e15 then return n end
+  -- Exact in Lua's doubles: |n| < 2^53.
+  if n and n == math.floor(n) and n > -9007199254740992 and n < 9007199254740992 then return n end
   return nil
 end
 local sku = ARGV[1]

@@ -152,16 +152,17 @@ impl Engine {
                 state: HoldState::Released,
             });
         }
-        // Phase one: prepare every part that is not already decided.
+        // Phase one: prepare every part that is not already decided. Only the
+        // parts this call prepared are its to roll back: a part another
+        // confirmer prepared stays theirs.
         let mut prepared = Vec::new();
         let mut late = None;
         if parts[0].hold.state != HoldState::Confirmed {
             for p in &parts {
                 let reply = self.confirm_step(p, ConfirmMode::Prepare).await;
                 match reply.and_then(|r| Ok((r.tag()?, r))) {
-                    Ok((tag, _)) if tag == "prepared" || tag == "already_confirmed" => {
-                        prepared.push(p)
-                    }
+                    Ok((tag, _)) if tag == "prepared" => prepared.push(p),
+                    Ok((tag, _)) if tag == "prepared_before" || tag == "already_confirmed" => {}
                     Ok((tag, r)) if tag == "expired" => {
                         late = Some(r.state(1)?);
                         break;
@@ -185,12 +186,32 @@ impl Engine {
                 return Ok(ConfirmOutcome::Expired { state });
             }
         }
-        // Phase two: commit, the home part first (its state is the decision).
-        let mut outcome = ConfirmOutcome::AlreadyConfirmed;
-        for p in &parts {
+        // Phase two: the home part's commit is the decision. Only once it is
+        // confirmed are the other parts committed; if it was rolled back
+        // meanwhile (the reaper found this confirmer stale), nothing is sold.
+        let home = self.confirm_step(&parts[0], ConfirmMode::Commit).await?;
+        let mut outcome = match self.confirm_reply(rid, &home)? {
+            decided @ (ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed) => decided,
+            ConfirmOutcome::Expired { state } => {
+                self.roll_back(rid, &prepared).await;
+                self.expire_cart(rid).await?;
+                return Ok(ConfirmOutcome::Expired { state });
+            }
+            other => return Ok(other),
+        };
+        for p in &parts[1..] {
             let reply = self.confirm_step(p, ConfirmMode::Commit).await?;
-            if self.confirm_reply(rid, &reply)? == ConfirmOutcome::Confirmed {
-                outcome = ConfirmOutcome::Confirmed;
+            match self.confirm_reply(rid, &reply)? {
+                ConfirmOutcome::Confirmed => outcome = ConfirmOutcome::Confirmed,
+                ConfirmOutcome::AlreadyConfirmed => {}
+                other => {
+                    // The home part is sold, so this part must be: it was prepared
+                    // before the home part committed. Anything else is a fault
+                    // to look at, never a silent half-sale.
+                    tracing::error!(reservation = %rid, shard = p.shard, ?other,
+                        "a cart's part could not be committed after its home part was");
+                    self.set_aside(p.shard, rid).await?;
+                }
             }
         }
         Ok(outcome)
@@ -215,25 +236,40 @@ impl Engine {
     pub(crate) async fn expire_cart(&self, rid: &str) -> Result<u64, EngineError> {
         let mut parts = self.locate_parts(rid).await?;
         parts.sort_by_key(home_rank);
-        let now = chrono::Utc::now().timestamp_millis();
-        let home_confirmed = parts
-            .first()
-            .is_some_and(|p| p.hold.state == HoldState::Confirmed);
+        let Some(home) = parts.first() else {
+            return Ok(0);
+        };
+        // Redis' clock, the one `preparing` was written with.
+        let now = self.redis_time_ms().await?;
+        let stale = |p: &Part| {
+            p.preparing_ms
+                .is_none_or(|at| now - at >= STALE_CONFIRMING.as_millis() as i64)
+        };
+        // The home part decides, by its own transition: a stale confirmer's home
+        // part is rolled back unless it was committed meanwhile.
+        let home_confirmed = match home.hold.state {
+            HoldState::Confirmed => true,
+            HoldState::Confirming if !stale(home) => return Ok(0),
+            HoldState::Confirming => {
+                let reply = self.confirm_step(home, ConfirmMode::Rollback).await?;
+                reply.tag()? == "already_confirmed"
+            }
+            _ => false,
+        };
         let mut ended = 0;
         for p in &parts {
-            match p.hold.state {
+            let state = if p.shard == home.shard && !home_confirmed {
+                // Rolled back just now, or held: it expires with the rest.
+                HoldState::Held
+            } else {
+                p.hold.state
+            };
+            match state {
+                HoldState::Confirming if home_confirmed => {
+                    let reply = self.confirm_step(p, ConfirmMode::Commit).await?;
+                    self.confirm_reply(rid, &reply)?;
+                }
                 HoldState::Confirming => {
-                    let stale = p
-                        .preparing_ms
-                        .is_none_or(|at| now - at >= STALE_CONFIRMING.as_millis() as i64);
-                    if !stale {
-                        continue;
-                    }
-                    if home_confirmed {
-                        let reply = self.confirm_step(p, ConfirmMode::Commit).await?;
-                        self.confirm_reply(rid, &reply)?;
-                        continue;
-                    }
                     self.confirm_step(p, ConfirmMode::Rollback).await?;
                     if self
                         .release_in_shard(p.shard, &p.hold, HoldState::Expired)
@@ -247,7 +283,8 @@ impl Engine {
                     // Cannot happen through the protocol (parts are prepared before
                     // the home part commits); never sell or free it alone.
                     tracing::error!(reservation = %rid, shard = p.shard,
-                        "a cart's part is held while its home part is confirmed; left for an operator");
+                        "a cart's part is held while its home part is confirmed; set aside for an operator");
+                    self.set_aside(p.shard, rid).await?;
                 }
                 HoldState::Held
                     if self

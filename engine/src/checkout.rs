@@ -6,7 +6,7 @@ use sha2::{Digest, Sha256};
 
 use crate::engine::valid_key_part;
 use crate::error::EngineError;
-use crate::model::{ConfirmOutcome, Hold};
+use crate::model::{ConfirmOutcome, Hold, HoldState, Line};
 use crate::{Backends, catalog, remediation};
 
 /// The reservation id for `Idempotency-Key` `key` under API token `token_id`:
@@ -42,7 +42,17 @@ pub async fn confirm_payment(b: &Backends, id: &str) -> Result<ConfirmOutcome, E
     let outcome = b.engine.confirm(id).await?;
     match &outcome {
         ConfirmOutcome::Expired { state } => {
-            remediation::record_late_payment(&b.pg, id, state.as_str()).await?;
+            // Kept in Redis' stream first, so PostgreSQL being down loses nothing:
+            // the write-behind records it. Recorded directly too when PostgreSQL
+            // answers at once, so support sees it without waiting.
+            b.engine.note_late_payment(id, *state).await?;
+            if let Err(e) =
+                crate::postgres::quick(remediation::record_late_payment(&b.pg, id, state.as_str()))
+                    .await
+            {
+                tracing::warn!(reservation = %id, error = %e,
+                    "late payment kept in the event stream; the write-behind records it");
+            }
         }
         ConfirmOutcome::Unknown => return remediation::confirm_unknown(&b.pg, id).await,
         _ => {}
@@ -62,6 +72,44 @@ impl Backends {
             .filter_map(|(sku, f)| f.filter(|f| f.owed > 0).map(|f| (sku, f.owed)))
             .collect())
     }
+}
+
+/// Reservation `id` as Redis holds it or, when Redis no longer knows it (its
+/// tombstone lapsed, or Redis lost its data), as the system of record has it: a
+/// recorded order is a confirmed reservation with its lines. `None` when neither
+/// knows it. (PostgreSQL is asked only when Redis does not know the id.)
+pub async fn find_reservation(b: &Backends, id: &str) -> Result<Option<Hold>, EngineError> {
+    if let Some(hold) = b.engine.hold(id).await? {
+        return Ok(Some(hold));
+    }
+    let lines: Vec<(String, i64, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+        "SELECT l.sku, l.qty, o.confirmed_at FROM orders o
+           JOIN order_lines l ON l.reservation_id = o.reservation_id
+          WHERE o.reservation_id = $1 ORDER BY l.sku",
+    )
+    .bind(id)
+    .fetch_all(&b.pg)
+    .await?;
+    let Some((_, _, at)) = lines.first().cloned() else {
+        return Ok(None);
+    };
+    let buyer: Option<String> = sqlx::query_scalar(
+        "SELECT buyer FROM holds WHERE reservation_id = $1 AND buyer IS NOT NULL AND buyer <> '' LIMIT 1",
+    )
+    .bind(id)
+    .fetch_optional(&b.pg)
+    .await?;
+    Ok(Some(Hold {
+        reservation_id: id.to_owned(),
+        state: HoldState::Confirmed,
+        lines: lines
+            .into_iter()
+            .map(|(sku, qty, _)| Line { sku, qty })
+            .collect(),
+        buyer,
+        expires_at_ms: at.timestamp_millis(),
+        created_at_ms: at.timestamp_millis(),
+    }))
 }
 
 /// Reservation `query` if it exists, otherwise the open holds of buyer `query` on

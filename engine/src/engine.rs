@@ -616,7 +616,7 @@ impl Engine {
 
     /// Moves hold `rid` from shard `shard`'s due set to its set-aside set, for an
     /// operator to look at; the reaper no longer trips over it.
-    async fn set_aside(&self, shard: u16, rid: &str) -> Result<(), EngineError> {
+    pub(crate) async fn set_aside(&self, shard: u16, rid: &str) -> Result<(), EngineError> {
         redis::pipe()
             .atomic()
             .cmd("ZREM")
@@ -631,6 +631,44 @@ impl Engine {
             .query_async::<()>(&mut self.conn.clone())
             .await?;
         Ok(())
+    }
+
+    /// Appends a `late_payment` event for reservation `rid`, whose hold had ended
+    /// (`state`) when its payment arrived, to the stream of the shard of its first
+    /// line (the shard of the id's first part when lines are unknown).
+    pub async fn note_late_payment(&self, rid: &str, state: HoldState) -> Result<(), EngineError> {
+        let shard = self
+            .locate(rid)
+            .await?
+            .first()
+            .map_or(0, |(shard, _)| *shard);
+        let now = self.redis_time_ms().await?;
+        redis::cmd("XADD")
+            .arg(self.keys.events(shard))
+            .arg("*")
+            .arg("kind")
+            .arg("late_payment")
+            .arg("sku")
+            .arg("")
+            .arg("qty")
+            .arg(0)
+            .arg("rid")
+            .arg(rid)
+            .arg("state")
+            .arg(state.as_str())
+            .arg("ts")
+            .arg(now)
+            .query_async::<()>(&mut self.conn.clone())
+            .await?;
+        Ok(())
+    }
+
+    /// Redis' clock, Unix milliseconds: the one the scripts stamp holds with.
+    pub(crate) async fn redis_time_ms(&self) -> Result<i64, EngineError> {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(secs * 1_000 + micros / 1_000)
     }
 
     /// A SKU's live figures; `None` when its counter is missing (not warmed).

@@ -46,6 +46,10 @@ pub enum EventKind {
     Settled,
     /// Reconciliation fixed a drifted counter: `available` changed by `qty`.
     Corrected,
+    /// A payment arrived after its hold had ended: no stock moved; the
+    /// write-behind records a remediation (so it is kept even while PostgreSQL
+    /// is down).
+    LatePayment,
 }
 
 impl EventKind {
@@ -61,6 +65,7 @@ impl EventKind {
             "snapshot" => Self::Snapshot,
             "settled" => Self::Settled,
             "corrected" => Self::Corrected,
+            "late_payment" => Self::LatePayment,
             _ => return None,
         })
     }
@@ -106,6 +111,9 @@ pub struct Event {
     /// For a new hold: its buyer, when one was given.
     #[serde(default)]
     pub buyer: Option<String>,
+    /// For a late payment: how the hold had ended.
+    #[serde(default)]
+    pub state: Option<String>,
 }
 
 impl Event {
@@ -138,6 +146,7 @@ impl Event {
             oversold: int("oversold").filter(|n| *n > 0),
             version: int("version"),
             buyer: some_text("buyer"),
+            state: some_text("state"),
         })
     }
 }

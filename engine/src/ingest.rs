@@ -338,6 +338,7 @@ pub struct LaneConsumer {
     stats: Arc<LaneStats>,
     group_ready: bool,
     last_claim: Instant,
+    ledger: Option<sqlx::PgPool>,
 }
 
 /// The default for [`LaneConfig::claim_idle`]: longer than a healthy consumer
@@ -365,6 +366,45 @@ impl LaneConsumer {
             stats,
             group_ready: false,
             last_claim,
+            ledger: None,
+        }
+    }
+
+    /// Also asks PostgreSQL's ledger, before applying a payload, which of its
+    /// events were recorded already: Redis' guards last a day, the ledger for
+    /// ever, so an event redelivered after its guard lapsed (or after Redis lost
+    /// it) is still applied once. While PostgreSQL does not answer within
+    /// [`crate::postgres::QUICK_LOOKUP`], Redis' guards alone decide.
+    pub fn with_ledger(mut self, pg: sqlx::PgPool) -> Self {
+        self.ledger = Some(pg);
+        self
+    }
+
+    /// The event ids of `events` the ledger has recorded for `source`.
+    async fn recorded(
+        &self,
+        source: &str,
+        events: &[FeedEvent],
+    ) -> std::collections::HashSet<String> {
+        let Some(pg) = &self.ledger else {
+            return Default::default();
+        };
+        let ids: Vec<&str> = events.iter().map(|e| e.event_id.as_str()).collect();
+        let lookup = async {
+            Ok(sqlx::query_scalar::<_, String>(
+                "SELECT event_id FROM ledger WHERE source = $1 AND event_id = ANY($2)",
+            )
+            .bind(source)
+            .bind(&ids)
+            .fetch_all(pg)
+            .await?)
+        };
+        match crate::postgres::quick(lookup).await {
+            Ok(found) => found.into_iter().collect(),
+            Err(e) => {
+                tracing::debug!(error = %e, "ledger not asked; Redis' event guards decide");
+                Default::default()
+            }
         }
     }
 
@@ -530,7 +570,12 @@ impl LaneConsumer {
             }
         };
         let mut applied = 0;
+        let recorded = self.recorded(source, &events).await;
         for event in events {
+            if recorded.contains(&event.event_id) {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                continue;
+            }
             if let Some(reason) = self.claim(source, &event).await? {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);
                 bury(&mut self.conn, lane, source, &documented(&event), &reason).await?;

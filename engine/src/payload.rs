@@ -13,6 +13,10 @@ use crate::engine::valid_sku;
 
 /// Most events in one payload.
 pub const MAX_EVENTS: usize = 10_000;
+/// Largest snapshot version (2^53 - 1): the scripts compare versions as Lua
+/// numbers, exact up to there (an epoch in microseconds fits).
+pub const MAX_VERSION: i64 = (1 << 53) - 1;
+
 /// Largest absolute delta or on-hand a feed may send.
 pub const MAX_UNITS: i64 = 1_000_000_000;
 
@@ -125,9 +129,13 @@ fn event(index: usize, raw: RawEvent) -> Result<FeedEvent, PayloadError> {
             let version = raw
                 .version
                 .ok_or_else(|| invalid("a snapshot needs `version`".into()))?;
-            if !(0..=MAX_UNITS).contains(&on_hand) || version < 0 || raw.delta.is_some() {
+            if !(0..=MAX_UNITS).contains(&on_hand)
+                || !(0..=MAX_VERSION).contains(&version)
+                || raw.delta.is_some()
+            {
                 return Err(invalid(
-                    "snapshot needs on_hand >= 0 and version >= 0, and no delta".into(),
+                    "snapshot needs on_hand >= 0 and a version from 0 to 2^53 - 1, and no delta"
+                        .into(),
                 ));
             }
             Change::Snapshot { on_hand, version }

@@ -380,6 +380,8 @@ struct SideRows {
     version: Vec<i64>,
     oversold_rid: Vec<String>,
     oversold_reason: Vec<String>,
+    late_rid: Vec<String>,
+    late_state: Vec<String>,
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -451,6 +453,12 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                 side.hold_buyer.push(e.buyer.clone());
                 side.hold_at.push(at);
             }
+            EventKind::LatePayment => {
+                side.late_rid
+                    .push(e.reservation_id.clone().unwrap_or_default());
+                side.late_state
+                    .push(e.state.clone().unwrap_or_else(|| "expired".into()));
+            }
             EventKind::Snapshot if e.version.is_some() => {
                 side.version_sku.push(e.sku.clone());
                 side.version.push(e.version.unwrap_or(-1));
@@ -521,6 +529,18 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
         )
         .bind(&side.version_sku)
         .bind(&side.version)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !side.late_rid.is_empty() {
+        sqlx::query(
+            "INSERT INTO remediations (reservation_id, hold_state, reason, kind)
+             SELECT rid, state, 'payment confirmed after the hold ended; no stock was taken', 'late_payment'
+               FROM UNNEST($1::text[], $2::text[]) AS t(rid, state)
+             ON CONFLICT (reservation_id) DO NOTHING",
+        )
+        .bind(&side.late_rid)
+        .bind(&side.late_state)
         .execute(&mut *tx)
         .await?;
     }

@@ -254,10 +254,16 @@ async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Resul
                         .arg("state")
                         .query_async(&mut conn)
                         .await?;
-                    let agrees = matches!(
-                        st.as_deref().and_then(HoldState::parse),
-                        Some(HoldState::Held | HoldState::Confirming | HoldState::Confirmed)
-                    );
+                    // Held or deciding parts agree; a part sold next to one still
+                    // merely held (not being confirmed) is half a sale.
+                    let other_state = st.as_deref().and_then(HoldState::parse);
+                    let agrees = match other_state {
+                        Some(HoldState::Held | HoldState::Confirming) => true,
+                        Some(HoldState::Confirmed) => {
+                            HoldState::parse(state) == Some(HoldState::Confirming)
+                        }
+                        _ => false,
+                    };
                     if !agrees {
                         broken_carts += 1;
                     }

@@ -159,6 +159,7 @@ pub async fn warm_all(
         .await?;
     let mut report = WarmReport::default();
     let mut after = String::new();
+    let mut guards_restored = false;
     let script = &engine.scripts.warm;
     script
         .prepare_invoke()
@@ -170,6 +171,14 @@ pub async fn warm_all(
         after = last.sku.clone();
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
+        if !guards_restored && current.iter().any(|c| c.available.is_none()) {
+            // Counters are missing: Redis lost its data, and with it the guards
+            // that stop a redelivered feed event applying twice. The ledger knows
+            // which events were applied; each gets its guard back (for the rest
+            // of its day) before any counter is written, so no redelivery slips in.
+            report.guards = restore_guards(engine, pg).await?;
+            guards_restored = true;
+        }
         let orphans = open_holds(engine, &rows, &current).await?;
         let mut pipe = redis::pipe();
         let mut sent = 0;
@@ -215,12 +224,6 @@ pub async fn warm_all(
             total: total as u64,
             warmed: report.warmed,
         });
-    }
-    if report.warmed > 0 && !options.force {
-        // Counters were missing: Redis lost its data, and with it the guards that
-        // stop a redelivered feed event applying twice. The ledger knows which
-        // events were applied; each gets its guard back for the rest of its day.
-        report.guards = restore_guards(engine, pg).await?;
     }
     report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(report)

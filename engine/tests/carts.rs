@@ -419,3 +419,38 @@ async fn mixed_carts_and_operations_keep_every_unit_accounted_for() {
     // A line of a cart is sold only with the lines before it.
     assert!(sold[0] >= sold[1] && sold[1] >= sold[2], "{sold:?}");
 }
+
+#[tokio::test]
+async fn a_stale_confirmer_is_rolled_back_whole_and_cannot_sell_half() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    engine.reserve(&cart("c-11", &[&a, &b], 1)).await.unwrap();
+    // A confirmer prepared both parts and stalled.
+    confirm_part(&redis, &engine, "c-11", &a, "prepare").await;
+    confirm_part(&redis, &engine, "c-11", &b, "prepare").await;
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    for sku in [&a, &b] {
+        redis::cmd("HSET")
+            .arg(ks.hold(ks.shard_of(sku), "c-11"))
+            .arg("preparing")
+            .arg(chrono::Utc::now().timestamp_millis() - 60_000)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    engine.reap_once(100).await.unwrap();
+    // The stalled confirmer wakes and commits: the home part is no longer
+    // confirming, so nothing is sold.
+    confirm_part(&redis, &engine, "c-11", &b, "commit").await;
+    assert!(matches!(
+        engine.confirm("c-11").await.unwrap(),
+        ConfirmOutcome::Expired { .. }
+    ));
+    assert_eq!(figures(&engine, &a).await, (5, 0, 0));
+    assert_eq!(figures(&engine, &b).await, (5, 0, 0));
+}

@@ -308,6 +308,7 @@ async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
         ("bad-0", vec![("LUA-1", "0")]),
         ("bad-neg", vec![("LUA-1", "-3")]),
         ("bad-frac", vec![("LUA-1", "1"), ("LUA-2", "1.5")]),
+        ("bad-dup", vec![("LUA-1", "10"), ("LUA-1", "10")]),
     ] {
         let mut inv = script.prepare_invoke();
         inv.key(keys.hold(shard, rid))
@@ -615,4 +616,91 @@ async fn feed_movements_in_flight_are_not_drift(pg: PgPool) {
         23,
         "nothing stranded or corrected"
     );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("LATE-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    let mut conn = redis.connection().await;
+    let mut consumer = LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        LaneConfig::default_for(Lane::Feeds),
+        "ledger".into(),
+        Arc::new(LaneStats::default()),
+    )
+    .with_ledger(pg.clone());
+    let body = br#"{"event_id":"old-1","type":"delta","sku":"LATE-1","delta":5}"#;
+    ingest::enqueue(&mut conn, Lane::Feeds, "erp", body, 100)
+        .await
+        .unwrap();
+    consumer
+        .process_once(Duration::from_millis(20))
+        .await
+        .unwrap();
+    drain(&b, &mut w).await;
+    // A day later the guard and the claim are gone; the supplier sends it again.
+    let keys = b.engine.keyspace();
+    redis::pipe()
+        .cmd("DEL")
+        .arg(keys.seen("LATE-1", "erp", "old-1"))
+        .cmd("DEL")
+        .arg(holdfast_engine::keys::Keyspace::feed_event("erp", "old-1"))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    ingest::enqueue(&mut conn, Lane::Feeds, "erp", body, 100)
+        .await
+        .unwrap();
+    consumer
+        .process_once(Duration::from_millis(20))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.engine.figures("LATE-1").await.unwrap().unwrap().available,
+        15,
+        "the ledger remembers what Redis forgot"
+    );
+    // A version in epoch microseconds is a valid snapshot version.
+    let snap = br#"{"event_id":"us-1","type":"snapshot","sku":"LATE-1","on_hand":20,"version":1700000000000000}"#;
+    ingest::enqueue(&mut conn, Lane::Feeds, "erp", snap, 100)
+        .await
+        .unwrap();
+    consumer
+        .process_once(Duration::from_millis(20))
+        .await
+        .unwrap();
+    assert_eq!(
+        b.engine.figures("LATE-1").await.unwrap().unwrap().available,
+        20
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_late_payment_is_kept_in_the_stream_for_the_write_behind(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("LP-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "lp", "LP-1", 1).await;
+    b.engine.release("lp").await.unwrap();
+    sqlx::query("DELETE FROM remediations")
+        .execute(&pg)
+        .await
+        .unwrap();
+    // Recorded directly; remove that row to see the stream's copy do it too.
+    assert!(matches!(
+        checkout::confirm_payment(&b, "lp").await.unwrap(),
+        ConfirmOutcome::Expired { .. }
+    ));
+    sqlx::query("DELETE FROM remediations")
+        .execute(&pg)
+        .await
+        .unwrap();
+    drain(&b, &mut w).await;
+    let kind: String =
+        sqlx::query_scalar("SELECT kind FROM remediations WHERE reservation_id = 'lp'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(kind, "late_payment");
 }

@@ -95,7 +95,8 @@ impl Workers {
                     lane.clone(),
                     format!("{}-{}-{n}", lane.name, std::process::id()),
                     stats.clone(),
-                );
+                )
+                .with_ledger(backends.pg.clone());
                 tasks.push(tokio::spawn(run_consumer(consumer, stopped(rx.clone()))));
             }
         }

@@ -67,6 +67,24 @@ async fn a_confirm_for_a_hold_redis_lost_is_410_reservation_lost(pool: PgPool) {
     .await;
     assert_eq!(s, StatusCode::CREATED);
     let id = held["id"].as_str().unwrap().to_owned();
+    let (_, sold, _) = post(
+        &http,
+        server.url("/api/v1/reservations"),
+        &token,
+        "sold-1",
+        json!({"sku": "L-1", "qty": 1}),
+    )
+    .await;
+    let sold_id = sold["id"].as_str().unwrap().to_owned();
+    let (s, _, _) = post(
+        &http,
+        server.url(&format!("/api/v1/reservations/{sold_id}/confirm")),
+        &token,
+        "sold-1-confirm",
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK);
     let mut w = WriteBehind::new(
         backends.engine.clone(),
         pool.clone(),
@@ -102,6 +120,20 @@ async fn a_confirm_for_a_hold_redis_lost_is_410_reservation_lost(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(kind, "unknown_confirm");
+
+    // A confirm retried for an order PostgreSQL recorded is still answered as
+    // confirmed, from the system of record.
+    let (s, body, _) = post(
+        &http,
+        server.url(&format!("/api/v1/reservations/{sold_id}/confirm")),
+        &token,
+        "sold-1-confirm-again",
+        json!({}),
+    )
+    .await;
+    assert_eq!(s, StatusCode::OK, "{body}");
+    assert_eq!(body["state"], "confirmed");
+    assert_eq!(body["lines"][0]["sku"], "L-1");
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

@@ -12,6 +12,12 @@ use holdfast_engine::idempotency::{self, Begin};
 
 use crate::http::error::{ApiError, respond};
 
+/// How long a request's work may take under a key: less than the request
+/// deadline, leaving time to mark the key.
+const WORK_DEADLINE: std::time::Duration = std::time::Duration::from_millis(
+    crate::http::deadline::REQUEST_DEADLINE.as_millis() as u64 - 500,
+);
+
 /// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
 pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     let Some(value) = headers.get("idempotency-key") else {
@@ -73,9 +79,20 @@ where
         }
         Ok(Begin::Fresh { after_failure }) => after_failure,
     };
-    let (status, body, retry) = match work(after_failure).await {
-        Ok((s, b)) => (s, b, None),
-        Err(e) => (e.status(), e.body_json(), e.retry_after),
+    // The work gets a little less than the request's deadline, so that a slow
+    // attempt is marked failed (its retry then asks Redis) rather than cut off
+    // with its key still claimed.
+    let bounded = tokio::time::timeout(WORK_DEADLINE, work(after_failure)).await;
+    let (status, body, retry) = match bounded {
+        Ok(Ok((s, b))) => (s, b, None),
+        Ok(Err(e)) => (e.status(), e.body_json(), e.retry_after),
+        Err(_) => {
+            let e = ApiError::new(
+                ErrorCode::Unavailable,
+                "the request could not be completed in time; retry shortly with the same Idempotency-Key",
+            );
+            (e.status(), e.body_json(), e.retry_after)
+        }
     };
     idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &body).await;
     respond(status, body, retry)

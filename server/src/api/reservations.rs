@@ -202,7 +202,7 @@ fn action_guard(
 
 /// The reservation as it is now, answered with 200.
 async fn current(state: &ApiState, id: &str) -> Result<(StatusCode, serde_json::Value), ApiError> {
-    let hold = state.backends.engine.hold(id).await?;
+    let hold = checkout::find_reservation(&state.backends, id).await?;
     let hold = hold.ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
     Ok(json(StatusCode::OK, &view(&hold, &[])))
 }
@@ -237,7 +237,7 @@ pub async fn get(
         caller.require(Scope::Checkout)?;
     }
     own(&caller, &id)?;
-    let hold = state.backends.engine.hold(&id).await?;
+    let hold = checkout::find_reservation(&state.backends, &id).await?;
     hold.map(|h| Json(view(&h, &[])))
         .ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))
 }

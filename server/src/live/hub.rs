@@ -267,6 +267,10 @@ impl LiveHub {
             return;
         }
         s.cursor.advance(e.shard, &e.id);
+        if e.sku.is_empty() {
+            // An event about a reservation, not a SKU (a late payment).
+            return;
+        }
         let f = s.figures.entry(e.sku.clone()).or_insert_with(|| SkuLive {
             sku: e.sku.clone(),
             available: 0,
