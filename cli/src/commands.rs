@@ -273,6 +273,7 @@ async fn reconcile(global: &GlobalArgs, args: ReconcileArgs) -> anyhow::Result<(
     let mut bar = Progress::new("reconciling");
     let options = ReconcileOptions {
         correct_up: args.correct_up,
+        lease: Duration::from_secs(args.lease_secs),
         ..ReconcileOptions::default()
     };
     let r = reconcile_all(&backends.engine, &backends.pg, &options, |p| {

@@ -254,4 +254,8 @@ pub struct ReconcileArgs {
     /// oversell) is always corrected down.
     #[arg(long)]
     pub correct_up: bool,
+    /// Lease on the `reconcile` lock, in seconds, renewed after every page. A run
+    /// that stalls longer loses the lock and stops before writing anything more.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    pub lease_secs: u64,
 }

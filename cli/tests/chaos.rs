@@ -3,7 +3,8 @@
 //! it: the server killed with SIGKILL mid write-behind, PostgreSQL stopped for a
 //! minute (`CHAOS_PG_DOWN_SECS`), Redis killed and restarted empty then warmed,
 //! feeds lowering stock under holds and a stale snapshot, carts over shards with
-//! the reaper racing confirm. After each, `holdfast verify` must pass, and the
+//! the reaper racing confirm, a reconciliation SIGSTOPped while it holds its lock
+//! and resumed after its lease. After each, `holdfast verify` must pass, and the
 //! figures (units sold vs stock, acknowledged confirms lost, time to recover) are
 //! printed. One test runs the scenarios in order: each needs the machine to itself
 //! for its latency figures.
@@ -579,6 +580,99 @@ async fn carts_race_the_reaper(stack: &mut Stack) {
     stack.verify("carts");
 }
 
+async fn a_paused_reconciliation_cannot_write_after_its_lease(stack: &mut Stack) {
+    // Enough SKUs for a run to take a while, drifting so that it writes.
+    let pool = sqlx::PgPool::connect(&stack.db_url).await.unwrap();
+    sqlx::query(
+        "INSERT INTO skus (sku, title, product, on_hand)
+         SELECT 'BULK-' || lpad(i::text, 6, '0'), 'Bulk', 'Bulk', 100 FROM generate_series(1, 20000) i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    pool.close().await;
+    stack.cli_ok(&["warm"]);
+    let mut conn = holdfast_engine::redis_conn::connect(&stack.redis.url())
+        .await
+        .unwrap();
+    let engine = holdfast_engine::Engine::new(conn.clone(), Default::default());
+    for i in (1..=20_000).step_by(97) {
+        holdfast_engine::testkit::nudge_counter(&engine, &format!("BULK-{i:06}"), "available", 3)
+            .await;
+    }
+    let lock = holdfast_engine::keys::Keyspace::lock("reconcile");
+    let mut caught = None;
+    for _ in 0..20 {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+            .args(["reconcile", "--lease-secs", "1"])
+            .env("REDIS_URL", stack.redis.url())
+            .env("DATABASE_URL", &stack.db_url)
+            .env("HOLDFAST_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        // SIGSTOP it while it holds the lock.
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(10) {
+            let held: bool = redis::cmd("EXISTS")
+                .arg(&lock)
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            if held {
+                let _ = Command::new("kill")
+                    .args(["-STOP", &child.id().to_string()])
+                    .status();
+                break;
+            }
+            if child.try_wait().unwrap().is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        if child.try_wait().unwrap().is_none() {
+            caught = Some(child);
+            break;
+        }
+    }
+    let mut paused = caught.expect("a reconciliation was paused while it held the lock");
+    // Its lease lapses; another run takes the lock with a newer fencing token.
+    // (If the paused run was inside a transaction, the newer run waits for it at
+    // the fence, as fencing must: the paused run is resumed two seconds later.)
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let pid = paused.id().to_string();
+    let resume = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(2));
+        let _ = Command::new("kill").args(["-CONT", &pid]).status();
+    });
+    let second = stack.cli_ok(&["reconcile"]);
+    resume.join().unwrap();
+    let status = paused.wait().unwrap();
+    let mut text = String::new();
+    if let Some(mut err) = paused.stderr.take() {
+        use std::io::Read;
+        let _ = err.read_to_string(&mut text);
+    }
+    println!(
+        "[reconciliation paused past its lease] the paused run exited with {status}: {}; the next run: {}",
+        text.lines().last().unwrap_or(""),
+        second
+            .lines()
+            .find(|l| l.contains("reconciliation run"))
+            .unwrap_or("")
+    );
+    assert!(
+        !status.success(),
+        "the paused run must not finish its writes"
+    );
+    assert!(
+        text.contains("lock") || text.contains("fencing"),
+        "it says it lost the lock: {text}"
+    );
+    stack.verify("paused reconciliation");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_fault_suite() {
     let mut stack = Stack::start().await;
@@ -588,4 +682,5 @@ async fn the_fault_suite() {
     carts_race_the_reaper(&mut stack).await;
     redis_lost_then_warmed(&mut stack).await;
     postgres_down_checkout_goes_on(&mut stack).await;
+    a_paused_reconciliation_cannot_write_after_its_lease(&mut stack).await;
 }

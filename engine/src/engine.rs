@@ -205,11 +205,57 @@ impl Engine {
         let fp = fingerprint(req);
         let groups = self.group_by_shard(&req.lines);
         if let [(shard, lines)] = groups.as_slice() {
-            return self
-                .reserve_in_shard(*shard, req, lines, ttl, &fp, 0, "")
-                .await;
+            return self.reserve_alone(*shard, req, lines, ttl, &fp).await;
         }
         self.reserve_cart(req, &groups, ttl, &fp).await
+    }
+
+    /// A one-shard hold: the script, with the id looked for in every other shard
+    /// in the same round trip (a cart elsewhere may hold it). Found elsewhere, the
+    /// id is a conflict, and a hold this call made is undone.
+    async fn reserve_alone(
+        &self,
+        shard: u16,
+        req: &ReserveRequest,
+        lines: &[Line],
+        ttl: Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        let rid = &req.reservation_id;
+        let others: Vec<u16> = (0..self.keys.shards()).filter(|s| *s != shard).collect();
+        let inv = self.reserve_invocation(shard, req, lines, ttl, fp, 0, "");
+        let mut pipe = redis::pipe();
+        for other in &others {
+            pipe.cmd("EXISTS").arg(self.keys.hold(*other, rid));
+        }
+        pipe.invoke_script(&inv);
+        let mut replies: Vec<Value> = match pipe.query_async(&mut self.conn.clone()).await {
+            Ok(replies) => replies,
+            Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
+                // Redis restarted and forgot the script: load it, then once more.
+                inv.load_async(&mut self.conn.clone()).await?;
+                pipe.query_async(&mut self.conn.clone()).await?
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let Some(Value::Array(script_reply)) = replies.pop() else {
+            return Err(EngineError::UnexpectedReply(
+                "reserve: no script reply in the pipeline".into(),
+            ));
+        };
+        let elsewhere = replies
+            .iter()
+            .any(|v| redis::from_redis_value_ref::<i64>(v).is_ok_and(|n| n > 0));
+        let outcome = self.reserve_outcome(req, lines, &Reply::new(script_reply))?;
+        if !elsewhere {
+            return Ok(outcome);
+        }
+        if matches!(outcome, ReserveOutcome::Reserved { .. }) {
+            self.undo_part(shard, rid, lines).await?;
+        }
+        Ok(ReserveOutcome::Conflict {
+            reservation_id: rid.clone(),
+        })
     }
 
     pub(crate) fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {
@@ -253,6 +299,26 @@ impl Engine {
         deadline_ms: i64,
         parts: &str,
     ) -> Result<ReserveOutcome, EngineError> {
+        let inv = self.reserve_invocation(shard, req, lines, ttl, fp, deadline_ms, parts);
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        self.reserve_outcome(req, lines, &reply)
+    }
+
+    /// `reserve.lua`'s invocation for `lines` of `req` in `shard`.
+    #[allow(clippy::too_many_arguments)]
+    fn reserve_invocation(
+        &self,
+        shard: u16,
+        req: &ReserveRequest,
+        lines: &[Line],
+        ttl: Duration,
+        fp: &str,
+        deadline_ms: i64,
+        parts: &str,
+    ) -> redis::ScriptInvocation<'_> {
         let buyer = req.buyer.as_deref().unwrap_or("");
         let mut inv = self.scripts.reserve.prepare_invoke();
         for key in self.hold_keys(shard, &req.reservation_id, lines, buyer) {
@@ -268,10 +334,16 @@ impl Engine {
         for line in lines {
             inv.arg(&line.sku).arg(line.qty);
         }
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
+        inv
+    }
+
+    /// Reads `reserve.lua`'s reply for `lines` of `req`.
+    fn reserve_outcome(
+        &self,
+        req: &ReserveRequest,
+        lines: &[Line],
+        reply: &Reply,
+    ) -> Result<ReserveOutcome, EngineError> {
         let rid = req.reservation_id.clone();
         Ok(match reply.tag()?.as_str() {
             "reserved" => ReserveOutcome::Reserved {

@@ -231,6 +231,30 @@ async fn a_retry_completes_the_cart_and_conflicts_are_seen_in_every_shard() {
         "{cart_over_it:?}"
     );
     assert_eq!(figures(&engine, &c).await, (4, 1, 0));
+    // A one-SKU hold with a cart's id, in a shard the cart is not in.
+    let single_over_cart = engine
+        .reserve(&ReserveRequest::single("c-5", &c, 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(single_over_cart, ReserveOutcome::Conflict { .. }),
+        "{single_over_cart:?}"
+    );
+    assert_eq!(figures(&engine, &c).await, (4, 1, 0), "undone");
+    // After Redis forgot its scripts (a restart), the pipelined path reloads them.
+    redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let after_flush = engine
+        .reserve(&ReserveRequest::single("c-12", &c, 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(after_flush, ReserveOutcome::Reserved { .. }),
+        "{after_flush:?}"
+    );
 }
 
 #[tokio::test]
