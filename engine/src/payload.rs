@@ -112,7 +112,8 @@ fn event(index: usize, raw: RawEvent) -> Result<FeedEvent, PayloadError> {
                 .delta
                 .ok_or_else(|| invalid("a delta needs `delta`".into()))?;
             if delta == 0
-                || delta.abs() > MAX_UNITS
+                // unsigned_abs: `abs` of i64::MIN overflows (a panic in debug).
+                || delta.unsigned_abs() > MAX_UNITS.unsigned_abs()
                 || raw.on_hand.is_some()
                 || raw.version.is_some()
             {

@@ -268,6 +268,13 @@ async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
     let (status, text) = dash.own("/api/list_users", "", Some(&cookie)).await;
     assert_eq!(status, 403, "{text}");
     assert!(text.contains("new password"), "{text}");
+    // The live socket refuses it too: no snapshot before a password is chosen.
+    assert_eq!(
+        live(&server.base, Some(&cookie), Some(&server.base), None)
+            .await
+            .err(),
+        Some(403)
+    );
     let (status, text) = dash
         .own(
             "/api/change_password",

@@ -161,6 +161,8 @@ async fn live(
         .write_buffer_size(0)
         .max_write_buffer_size(64 * 1024)
         .max_message_size(4 * 1024)
+        // A frame is buffered whole before the message limit applies: bound it too.
+        .max_frame_size(4 * 1024)
         .on_upgrade(move |socket| async move {
             serve_socket(&hub, socket).await;
             hub.leave(ip);

@@ -31,6 +31,9 @@ pub struct LiveQuery {
     pub cursor: Option<String>,
 }
 
+/// Largest message (and frame) a tab may send.
+pub const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
+
 /// Refuses a cross-site or signed-out handshake; otherwise upgrades.
 pub async fn live(
     State(backends): State<Backends>,
@@ -46,6 +49,9 @@ pub async fn live(
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
     match holdfast_engine::users::session_user(&backends.pg, &secret).await {
+        Ok(Some(user)) if user.must_change_password => {
+            return (StatusCode::FORBIDDEN, "choose a new password first").into_response();
+        }
         Ok(Some(_)) => {}
         Ok(None) => {
             return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
@@ -55,7 +61,12 @@ pub async fn live(
             return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
         }
     }
-    upgrade.on_upgrade(move |socket| serve(socket, hub, query.cursor))
+    // A tab sends only small subscription messages: refuse anything larger,
+    // frame by frame (a frame is buffered whole before a message limit applies).
+    upgrade
+        .max_frame_size(MAX_CLIENT_MESSAGE)
+        .max_message_size(MAX_CLIENT_MESSAGE)
+        .on_upgrade(move |socket| serve(socket, hub, query.cursor))
 }
 
 async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>) {

@@ -160,7 +160,8 @@ fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError
                 "X-Holdfast-Signature must be sha256=<hex HMAC>",
             )
         })?;
-    if (chrono::Utc::now().timestamp() - timestamp).abs() > MAX_SKEW_SECS {
+    // abs_diff: a hostile timestamp (i64::MIN) must not overflow the subtraction.
+    if chrono::Utc::now().timestamp().abs_diff(timestamp) > MAX_SKEW_SECS.unsigned_abs() {
         return Err(refuse(
             ErrorCode::StaleTimestamp,
             "X-Holdfast-Timestamp is more than 5 minutes from now",

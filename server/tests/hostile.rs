@@ -1,0 +1,76 @@
+//! Hostile input on the open endpoints: numbers chosen to overflow, and frames
+//! larger than any legitimate client sends (issue: hardening).
+
+mod common;
+
+use futures_util::SinkExt;
+use holdfast_engine::testkit::TestRedis;
+use holdfast_server::routes::ingest::{IngestConfig, sign};
+use holdfast_server::state::StateOptions;
+use reqwest::StatusCode;
+use sqlx::PgPool;
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+
+const SECRET: &str = "hostile-secret-0123456789";
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn overflowing_numbers_are_refused_not_panicked_on(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let http = reqwest::Client::new();
+    let body = br#"{"event_id":"e","type":"delta","sku":"X-1","delta":1}"#;
+    let ts = i64::MIN;
+    let res = http
+        .post(server.url("/ingest/erp"))
+        .header("X-Holdfast-Timestamp", ts.to_string())
+        .header("X-Holdfast-Signature", sign(SECRET, ts, body))
+        .body(body.to_vec())
+        .send()
+        .await
+        .expect("an answer, not a dropped connection");
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    let v: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(v["code"], "stale_timestamp");
+
+    // A delta of i64::MIN is invalid, not a panic of the parser.
+    let bad = format!(
+        r#"{{"event_id":"m","type":"delta","sku":"X-1","delta":{}}}"#,
+        i64::MIN
+    );
+    assert!(holdfast_engine::payload::parse(bad.as_bytes()).is_err());
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_frame_larger_than_the_limit_closes_the_badge_socket(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let server = common::spawn_live(backends, &redis.url()).await;
+    let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+    // 64 KiB in one frame: far over the 4 KiB a subscription can need.
+    let big = format!(r#"{{"subscribe": ["{}"]}}"#, "A".repeat(64 * 1024));
+    let _ = ws.send(Message::Text(big.into())).await;
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+        use futures_util::StreamExt;
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(
+        closed,
+        "the server closes the socket instead of buffering the frame"
+    );
+}
