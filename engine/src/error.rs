@@ -67,6 +67,14 @@ pub enum EngineError {
     /// The lease on a lock was lost mid-run (it lapsed and was not renewed in time).
     #[error("lost the '{0}' lock mid-run; stopped before writing anything more")]
     LeaseLost(String),
+    /// Too many attempts: retry after `retry_after` seconds.
+    #[error("{reason}; retry in {retry_after} s")]
+    Throttled {
+        /// Why.
+        reason: String,
+        /// Seconds until a retry may succeed.
+        retry_after: u64,
+    },
     /// A script answered something this version does not understand (a mismatch
     /// between `lua/` and the code, or keys edited by hand).
     #[error("unexpected reply from Redis: {0}")]
@@ -86,7 +94,17 @@ impl EngineError {
             | Self::PostgresUnreachable { .. }
             | Self::RedisUnreachable { .. } => ErrorCode::Unavailable,
             Self::Busy(_) => ErrorCode::Busy,
+            Self::Throttled { .. } => ErrorCode::RateLimited,
             _ => ErrorCode::Internal,
+        }
+    }
+
+    /// Seconds after which a retry may succeed (`Retry-After`): the wait a
+    /// throttle names, otherwise the code's own hint.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Self::Throttled { retry_after, .. } => Some(*retry_after),
+            _ => self.code().retry_after(),
         }
     }
 }

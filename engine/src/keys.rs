@@ -121,6 +121,12 @@ impl Keyspace {
         format!("hf:feed:{{{source}}}:{event_id}")
     }
 
+    /// Failed sign-ins for user `username` in the current window (string counter
+    /// with the window as its lifetime).
+    pub fn login_failures(username: &str) -> String {
+        format!("hf:login:{{{username}}}:failures")
+    }
+
     /// The lease key of lock `name`.
     pub fn lock(name: &str) -> String {
         format!("hf:lock:{{{name}}}")

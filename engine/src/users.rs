@@ -132,7 +132,40 @@ pub fn generate_password() -> String {
         .join("-")
 }
 
+/// Password hashes computed at once, at most: each takes about 19 MiB and a
+/// blocking thread, so a burst of sign-ins must not take the server's memory.
+const CONCURRENT_HASHES: usize = 4;
+static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CONCURRENT_HASHES);
+
+/// Longest password accepted (argon2 hashes any length; a megabyte would be
+/// hashed just the same).
+pub const MAX_PASSWORD_LEN: usize = 1_024;
+
+/// Failed sign-ins for one username before it is refused for the window.
+pub const LOGIN_FAILURES: i64 = 5;
+/// The window over which failed sign-ins count, and the wait once over.
+pub const LOGIN_WINDOW: Duration = Duration::from_secs(15 * 60);
+
+/// A permit to hash. A sign-in (`wait` false) is refused at once when every
+/// permit is taken; an administrator's change (`wait` true) waits its turn.
+async fn hashing_permit(wait: bool) -> Result<tokio::sync::SemaphorePermit<'static>, EngineError> {
+    let busy = || EngineError::Throttled {
+        reason: "too many sign-ins at once".into(),
+        retry_after: 1,
+    };
+    if wait {
+        HASHING.acquire().await.map_err(|_| busy())
+    } else {
+        HASHING.try_acquire().map_err(|_| busy())
+    }
+}
+
 async fn hash_password(password: String) -> Result<String, EngineError> {
+    hash_password_as(password, true).await
+}
+
+async fn hash_password_as(password: String, wait: bool) -> Result<String, EngineError> {
+    let _permit = hashing_permit(wait).await?;
     tokio::task::spawn_blocking(move || {
         let salt = SaltString::encode_b64(uuid::Uuid::new_v4().as_bytes())
             .map_err(|e| EngineError::UnexpectedReply(format!("salt: {e}")))?;
@@ -145,8 +178,9 @@ async fn hash_password(password: String) -> Result<String, EngineError> {
     .map_err(|e| EngineError::UnexpectedReply(format!("hashing task: {e}")))?
 }
 
-async fn verify_password(password: String, hash: String) -> bool {
-    tokio::task::spawn_blocking(move || {
+async fn verify_password(password: String, hash: String) -> Result<bool, EngineError> {
+    let _permit = hashing_permit(false).await?;
+    Ok(tokio::task::spawn_blocking(move || {
         PasswordHash::new(&hash).is_ok_and(|parsed| {
             Argon2::default()
                 .verify_password(password.as_bytes(), &parsed)
@@ -154,7 +188,7 @@ async fn verify_password(password: String, hash: String) -> bool {
         })
     })
     .await
-    .unwrap_or(false)
+    .unwrap_or(false))
 }
 
 fn check_new(username: &str, password: &str) -> Result<(), UserError> {
@@ -353,24 +387,75 @@ pub async fn set_password(
 
 /// Checks a username and password; on success starts a session and returns the
 /// user with the session secret (for the cookie).
+///
+/// Guarded against guessing: after [`LOGIN_FAILURES`] failures for one username
+/// within [`LOGIN_WINDOW`] it is refused ([`EngineError::Throttled`], even with
+/// the right password) until the window ends; at most [`CONCURRENT_HASHES`]
+/// passwords are hashed at once (others are refused at once); passwords longer
+/// than [`MAX_PASSWORD_LEN`] never match. The counts live in Redis, shared by
+/// every server.
 pub async fn login(
-    pg: &PgPool,
+    b: &crate::Backends,
     username: &str,
     password: &str,
 ) -> Result<Option<(User, String)>, EngineError> {
-    let row: Option<(String,)> =
-        sqlx::query_as("SELECT password_hash FROM users WHERE username = $1")
-            .bind(username.trim().to_lowercase())
-            .fetch_optional(pg)
-            .await?;
-    let Some((hash,)) = row else {
-        // Unknown names cost a hash too, so timing does not reveal which names exist.
-        let _ = hash_password(password.to_owned()).await;
-        return Ok(None);
-    };
-    if !verify_password(password.to_owned(), hash).await {
+    let name = username.trim().to_lowercase();
+    if !valid_username(&name) {
+        // No such user can exist; nothing is stored or hashed for it.
         return Ok(None);
     }
+    let key = crate::keys::Keyspace::login_failures(&name);
+    let mut conn = b.engine.connection();
+    let (failures, ttl_ms): (Option<i64>, i64) = redis::pipe()
+        .cmd("GET")
+        .arg(&key)
+        .cmd("PTTL")
+        .arg(&key)
+        .query_async(&mut conn)
+        .await?;
+    if failures.unwrap_or(0) >= LOGIN_FAILURES {
+        return Err(EngineError::Throttled {
+            reason: "too many failed sign-ins for this user".into(),
+            retry_after: (ttl_ms.max(1_000) as u64).div_ceil(1_000),
+        });
+    }
+    let matched = if password.len() > MAX_PASSWORD_LEN {
+        false
+    } else {
+        let row: Option<(String,)> =
+            sqlx::query_as("SELECT password_hash FROM users WHERE username = $1")
+                .bind(&name)
+                .fetch_optional(&b.pg)
+                .await?;
+        match row {
+            Some((hash,)) => verify_password(password.to_owned(), hash).await?,
+            None => {
+                // Unknown names cost a hash too, so timing does not reveal which
+                // names exist.
+                hash_password_as(password.to_owned(), false).await?;
+                false
+            }
+        }
+    };
+    if !matched {
+        redis::pipe()
+            .cmd("INCR")
+            .arg(&key)
+            .ignore()
+            .cmd("PEXPIRE")
+            .arg(&key)
+            .arg(LOGIN_WINDOW.as_millis() as u64)
+            .arg("NX")
+            .ignore()
+            .query_async::<()>(&mut conn)
+            .await?;
+        return Ok(None);
+    }
+    redis::cmd("DEL")
+        .arg(&key)
+        .query_async::<()>(&mut conn)
+        .await?;
+    let pg = &b.pg;
     let secret = random_secret();
     let user = sqlx::query_as::<_, UserRow>(
         "WITH u AS (SELECT id, username, role, must_change_password, created_at FROM users WHERE username = $1),

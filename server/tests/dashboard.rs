@@ -268,6 +268,24 @@ async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
     let (status, text) = dash.own("/api/list_users", "", Some(&cookie)).await;
     assert_eq!(status, 403, "{text}");
     assert!(text.contains("new password"), "{text}");
+    // Guessing is throttled: after five wrong passwords even the right one waits.
+    for _ in 0..5 {
+        let (status, _) = dash
+            .own("/api/login", "username=admin&password=wrong-password", None)
+            .await;
+        assert_eq!(status, 401);
+    }
+    let res = dash
+        .http
+        .post(format!("{}/api/login", server.base))
+        .header("origin", &server.base)
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("username=admin&password={password}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert!(res.headers().get("retry-after").is_some());
     // The live socket refuses it too: no snapshot before a password is chosen.
     assert_eq!(
         live(&server.base, Some(&cookie), Some(&server.base), None)
@@ -294,7 +312,13 @@ async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
     let (status, text) = dash.own("/api/list_users", "", Some(&cookie)).await;
     assert_eq!(status, 200, "{text}");
     assert!(text.contains("\"admin\""), "{text}");
-    // The one-time password no longer works.
+    // The one-time password no longer works (the guessing window is cleared
+    // first, so the answer is about the password).
+    redis::cmd("DEL")
+        .arg(holdfast_engine::keys::Keyspace::login_failures("admin"))
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
     let (status, _) = dash
         .own(
             "/api/login",

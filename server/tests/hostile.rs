@@ -74,3 +74,35 @@ async fn a_frame_larger_than_the_limit_closes_the_badge_socket(pool: PgPool) {
         "the server closes the socket instead of buffering the frame"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_burst_of_sign_ins_hashes_a_bounded_number_at_once(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let http = reqwest::Client::new();
+    let attempts = (0..24).map(|i| {
+        let http = http.clone();
+        let base = server.base.clone();
+        async move {
+            http.post(format!("{base}/api/login"))
+                .header("origin", &base)
+                .header("content-type", "application/x-www-form-urlencoded")
+                .body(format!("username=ghost-{i}&password=not-the-password"))
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    });
+    let statuses = futures_util::future::join_all(attempts).await;
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.contains(&429),
+        "more than four at once are refused, not queued: {statuses:?}"
+    );
+}

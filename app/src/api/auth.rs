@@ -10,7 +10,7 @@ pub async fn login(username: String, password: String) -> Result<Me, ServerFnErr
     use crate::server::{convert, guard};
     guard::check_origin()?;
     let backends = guard::backends()?;
-    match holdfast_engine::users::login(&backends.pg, &username, &password)
+    match holdfast_engine::users::login(&backends, &username, &password)
         .await
         .map_err(guard::internal("Signing in"))?
     {

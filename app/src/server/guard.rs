@@ -48,12 +48,15 @@ pub fn internal(what: &'static str) -> impl Fn(EngineError) -> ServerFnError {
                     "{what} failed: a backing service is unavailable. Try again once it is back."
                 )
             }
-            ErrorCode::Busy => format!("{what}: {e}."),
+            ErrorCode::Busy | ErrorCode::RateLimited => format!("{what}: {e}."),
             _ => {
                 tracing::error!(error = %e, "{what} failed");
                 format!("{what} failed because of an internal error; it was logged.")
             }
         };
+        if let (Some(secs), Some(res)) = (e.retry_after(), use_context::<ResponseOptions>()) {
+            res.insert_header(header::RETRY_AFTER, http::HeaderValue::from(secs));
+        }
         refuse(
             StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
             message,

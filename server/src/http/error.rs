@@ -117,10 +117,12 @@ impl ApiError {
         let code = e.code();
         let message = match code {
             ErrorCode::Unavailable => "a backing service is unavailable; retry shortly".to_owned(),
-            ErrorCode::Busy => e.to_string(),
+            ErrorCode::Busy | ErrorCode::RateLimited => e.to_string(),
             _ => "something went wrong on our side".to_owned(),
         };
-        Self::new(code, message)
+        let mut err = Self::new(code, message);
+        err.retry_after = e.retry_after();
+        err
     }
 
     /// The body as JSON, for storing an answer under an `Idempotency-Key`.
