@@ -553,3 +553,26 @@ async fn a_warm_up_reports_progress_to_every_tab_until_done(pool: PgPool) {
         .unwrap();
     assert_eq!(audit.len(), 1);
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn an_open_live_socket_closes_when_its_session_ends(pool: PgPool) {
+    let (dash, _redis, _b) = setup(pool.clone()).await;
+    let cookie = dash.login("viewer", PASSWORD).await;
+    let mut ws = live(&dash.base, Some(&cookie), Some(&dash.base), None)
+        .await
+        .expect("the socket opens");
+    next_of(&mut ws, "snapshot", Duration::from_secs(3)).await;
+    let (status, _) = dash.own("/api/logout", "", Some(&cookie)).await;
+    assert_eq!(status, 200);
+    let closed = tokio::time::timeout(Duration::from_secs(8), async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(closed, "a logged-out tab stops receiving within seconds");
+}

@@ -106,3 +106,33 @@ async fn a_burst_of_sign_ins_hashes_a_bounded_number_at_once(pool: PgPool) {
         "more than four at once are refused, not queued: {statuses:?}"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn handshakes_cut_off_do_not_use_up_a_clients_badge_slots(pool: PgPool) {
+    use tokio::io::AsyncWriteExt;
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let server = common::spawn_live(backends, &redis.url()).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    // More cut-off handshakes than the 50 slots an address has.
+    for _ in 0..60 {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        let req = format!(
+            "GET /public/ws HTTP/1.1\r\nHost: {addr}\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n\
+             Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+        );
+        tcp.write_all(req.as_bytes()).await.unwrap();
+        // Reset before the server's answer is read.
+        #[allow(deprecated)] // SO_LINGER 0: a reset, exactly what is wanted here
+        tcp.set_linger(Some(std::time::Duration::ZERO)).unwrap();
+        drop(tcp);
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    assert!(
+        tokio_tungstenite::connect_async(req).await.is_ok(),
+        "the address still has its slots"
+    );
+}

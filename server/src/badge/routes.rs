@@ -148,14 +148,14 @@ async fn live(
             .into_response();
     }
     let ip = peer.ip();
-    if !hub.admit(ip) {
+    let Some(slot) = Slot::take(hub.clone(), ip) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "10")],
             "too many connections",
         )
             .into_response();
-    }
+    };
     // Badge connections are mostly idle: small buffers keep thousands of them cheap.
     ws.read_buffer_size(4 * 1024)
         .write_buffer_size(0)
@@ -164,9 +164,30 @@ async fn live(
         // A frame is buffered whole before the message limit applies: bound it too.
         .max_frame_size(4 * 1024)
         .on_upgrade(move |socket| async move {
-            serve_socket(&hub, socket).await;
-            hub.leave(ip);
+            serve_socket(&slot.hub, socket).await;
+            drop(slot);
         })
+}
+
+/// A client address's connection slot, given back when dropped: after the
+/// socket closes, and also when the upgrade never happens (the closure holding
+/// it is dropped unrun), so a failed handshake cannot leak a slot.
+struct Slot {
+    hub: Arc<BadgeHub>,
+    ip: std::net::IpAddr,
+}
+
+impl Slot {
+    /// Takes a slot for `ip`; `None` when it has none left.
+    fn take(hub: Arc<BadgeHub>, ip: std::net::IpAddr) -> Option<Self> {
+        hub.admit(ip).then_some(Self { hub, ip })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.hub.leave(self.ip);
+    }
 }
 
 /// A subscription request from a page.

@@ -48,11 +48,11 @@ pub async fn live(
     let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
-    match holdfast_engine::users::session_user(&backends.pg, &secret).await {
+    let user = match holdfast_engine::users::session_user(&backends.pg, &secret).await {
         Ok(Some(user)) if user.must_change_password => {
             return (StatusCode::FORBIDDEN, "choose a new password first").into_response();
         }
-        Ok(Some(_)) => {}
+        Ok(Some(user)) => user,
         Ok(None) => {
             return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
         }
@@ -60,16 +60,54 @@ pub async fn live(
             tracing::error!(error = %e, "live: session check failed");
             return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
         }
-    }
+    };
     // A tab sends only small subscription messages: refuse anything larger,
     // frame by frame (a frame is buffered whole before a message limit applies).
     upgrade
         .max_frame_size(MAX_CLIENT_MESSAGE)
         .max_message_size(MAX_CLIENT_MESSAGE)
-        .on_upgrade(move |socket| serve(socket, hub, query.cursor))
+        .on_upgrade(move |socket| async move {
+            let session = Session {
+                pg: backends.pg.clone(),
+                secret,
+                user,
+            };
+            serve(socket, hub, query.cursor, session).await
+        })
 }
 
-async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>) {
+/// How often an open socket's session is checked again: a logout, a password
+/// change, a deletion or a demotion closes the socket within this long.
+pub const SESSION_RECHECK: Duration = Duration::from_secs(5);
+
+/// The session a socket was opened with, to check again while it is open.
+struct Session {
+    pg: sqlx::PgPool,
+    secret: String,
+    user: holdfast_engine::users::User,
+}
+
+impl Session {
+    /// Whether the session still belongs to the same user with the same role and
+    /// no pending password change. PostgreSQL not answering keeps the socket
+    /// open (the dashboard must not go dark with the system of record).
+    async fn still_valid(&self) -> bool {
+        match holdfast_engine::postgres::quick(holdfast_engine::users::session_user(
+            &self.pg,
+            &self.secret,
+        ))
+        .await
+        {
+            Ok(Some(now)) => {
+                now.id == self.user.id && now.role == self.user.role && !now.must_change_password
+            }
+            Ok(None) => false,
+            Err(_) => true,
+        }
+    }
+}
+
+async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>, session: Session) {
     // The first message may name the watched SKU; wait for it briefly so a
     // resumed tab gets its missed events in the snapshot.
     let mut watched: Option<String> = None;
@@ -90,6 +128,8 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>)
     }
     let mut ping = tokio::time::interval(Duration::from_secs(20));
     ping.tick().await;
+    let mut recheck = tokio::time::interval(SESSION_RECHECK);
+    recheck.tick().await;
     loop {
         tokio::select! {
             msg = sub.deltas.recv() => {
@@ -143,6 +183,17 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>)
             },
             _ = ping.tick() => {
                 if socket.send(Message::Ping(Vec::new().into())).await.is_err() {
+                    return;
+                }
+            }
+            _ = recheck.tick() => {
+                if !session.still_valid().await {
+                    let _ = socket
+                        .send(Message::Close(Some(axum::extract::ws::CloseFrame {
+                            code: 4001,
+                            reason: "session ended".into(),
+                        })))
+                        .await;
                     return;
                 }
             }
