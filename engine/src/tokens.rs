@@ -118,6 +118,14 @@ pub async fn verify(pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, Engi
     Ok(row.map(info))
 }
 
+/// Whether `secret` has the shape of a token this server issues (`hf_` and 64
+/// lower-case hex digits): anything else is refused without asking PostgreSQL.
+pub fn well_formed(secret: &str) -> bool {
+    secret.strip_prefix("hf_").is_some_and(|hex| {
+        hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+    })
+}
+
 /// How long a verified (or refused) token is remembered: a revocation takes
 /// effect within this long while PostgreSQL answers.
 pub const TOKEN_CACHE_TTL: std::time::Duration = std::time::Duration::from_secs(5);
@@ -204,6 +212,15 @@ impl TokenCache {
                 }
             },
         }
+    }
+
+    /// Whether an answer for `secret` is remembered (checking it costs no
+    /// PostgreSQL query now).
+    pub fn knows(&self, secret: &str) -> bool {
+        let key = digest(secret);
+        self.entries
+            .lock()
+            .is_ok_and(|entries| entries.contains_key(&key))
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most

@@ -136,3 +136,56 @@ async fn handshakes_cut_off_do_not_use_up_a_clients_badge_slots(pool: PgPool) {
         "the address still has its slots"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn invented_tokens_are_refused_cheaply_and_cannot_flood_postgresql(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let http = reqwest::Client::new();
+    let real =
+        holdfast_engine::tokens::create(&pool, "real", &[holdfast_engine::tokens::Scope::Read])
+            .await
+            .unwrap()
+            .secret;
+    let get = |token: String| {
+        let http = http.clone();
+        let url = server.url("/api/v1/stock/X-1");
+        async move {
+            http.get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // Known once, remembered after.
+    assert_eq!(
+        get(real.clone()).await,
+        503,
+        "not warmed, but authenticated"
+    );
+    // Not a token's shape: refused without a lookup.
+    assert_eq!(get("hf_nope".into()).await, 401);
+    // 100 invented tokens of the right shape from one address.
+    let mut statuses = Vec::new();
+    for i in 0..100u32 {
+        statuses.push(get(format!("hf_{:064x}", i)).await);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    let refused = statuses.iter().filter(|s| **s == 429).count();
+    assert!(
+        refused >= 50,
+        "most were refused before PostgreSQL: {refused}"
+    );
+    assert_eq!(
+        get(real).await,
+        503,
+        "a known token is not held up by the flood"
+    );
+}

@@ -7,7 +7,10 @@ use std::sync::Arc;
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
 use holdfast_domain::Scope;
-use holdfast_engine::tokens::{TokenCache, TokenInfo};
+use std::net::SocketAddr;
+
+use axum::extract::ConnectInfo;
+use holdfast_engine::tokens::{self, TokenCache, TokenInfo};
 use sqlx::PgPool;
 
 use super::error::ApiError;
@@ -24,6 +27,9 @@ pub struct TokenCheck {
     pub pg: PgPool,
     /// Requests per API token.
     pub per_token: Arc<RateLimiter>,
+    /// Checks of tokens not yet known, per client address: a flood of invented
+    /// tokens costs PostgreSQL nothing past this (429 instead).
+    pub unknown_per_address: Arc<RateLimiter>,
 }
 
 impl TokenCheck {
@@ -33,9 +39,16 @@ impl TokenCheck {
             cache: Arc::default(),
             pg,
             per_token: Arc::new(RateLimiter::new(Limit::per_second(per_token))),
+            unknown_per_address: Arc::new(RateLimiter::new(Limit::per_second(
+                UNKNOWN_TOKENS_PER_ADDRESS,
+            ))),
         }
     }
 }
+
+/// Checks of not-yet-known tokens per client address per second (bursts of
+/// twice that): a real client needs one per token, then its answer is remembered.
+pub const UNKNOWN_TOKENS_PER_ADDRESS: u32 = 10;
 
 /// The authenticated caller of an API route.
 #[derive(Debug, Clone)]
@@ -67,8 +80,16 @@ where
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "))
             .map(str::trim)
-            .filter(|s| s.starts_with("hf_"))
+            .filter(|s| tokens::well_formed(s))
             .ok_or_else(ApiError::unauthorized)?;
+        if !check.cache.knows(secret)
+            && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+        {
+            check
+                .unknown_per_address
+                .check(&peer.ip().to_string())
+                .map_err(ApiError::too_many)?;
+        }
         let Some(info) = check.cache.verify(&check.pg, secret).await? else {
             return Err(ApiError::unauthorized());
         };
