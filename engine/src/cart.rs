@@ -23,7 +23,7 @@
 
 use std::time::Duration;
 
-use crate::engine::{ConfirmMode, Engine, Part};
+use crate::engine::{ConfirmMode, Engine, Part, PartCall};
 use crate::error::EngineError;
 use crate::model::{
     ConfirmOutcome, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
@@ -85,7 +85,15 @@ impl Engine {
                 continue;
             }
             let outcome = self
-                .reserve_in_shard(*shard, req, lines, ttl, fp, deadline, &cart)
+                .reserve_in_shard(&PartCall {
+                    shard: *shard,
+                    req,
+                    lines,
+                    ttl,
+                    fp,
+                    deadline_ms: deadline,
+                    cart: &cart,
+                })
                 .await;
             match outcome {
                 Ok(ReserveOutcome::Reserved {

@@ -223,7 +223,16 @@ impl Engine {
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = &req.reservation_id;
         let others: Vec<u16> = (0..self.keys.shards()).filter(|s| *s != shard).collect();
-        let inv = self.reserve_invocation(shard, req, lines, ttl, fp, 0, "");
+        let call = PartCall {
+            shard,
+            req,
+            lines,
+            ttl,
+            fp,
+            deadline_ms: 0,
+            cart: "",
+        };
+        let inv = self.reserve_invocation(&call);
         let mut pipe = redis::pipe();
         for other in &others {
             pipe.cmd("EXISTS").arg(self.keys.hold(*other, rid));
@@ -286,39 +295,30 @@ impl Engine {
         keys
     }
 
-    /// Runs `reserve.lua` for `lines` (all in `shard`). `deadline_ms` (0: now +
-    /// `ttl`) and `parts` ('' for a one-shard hold) make the part of a cart.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs `reserve.lua` for one shard's part of a request.
     pub(crate) async fn reserve_in_shard(
         &self,
-        shard: u16,
-        req: &ReserveRequest,
-        lines: &[Line],
-        ttl: Duration,
-        fp: &str,
-        deadline_ms: i64,
-        parts: &str,
+        call: &PartCall<'_>,
     ) -> Result<ReserveOutcome, EngineError> {
-        let inv = self.reserve_invocation(shard, req, lines, ttl, fp, deadline_ms, parts);
+        let inv = self.reserve_invocation(call);
         let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
         );
-        self.reserve_outcome(req, lines, &reply)
+        self.reserve_outcome(call.req, call.lines, &reply)
     }
 
-    /// `reserve.lua`'s invocation for `lines` of `req` in `shard`.
-    #[allow(clippy::too_many_arguments)]
-    fn reserve_invocation(
-        &self,
-        shard: u16,
-        req: &ReserveRequest,
-        lines: &[Line],
-        ttl: Duration,
-        fp: &str,
-        deadline_ms: i64,
-        parts: &str,
-    ) -> redis::ScriptInvocation<'_> {
+    /// `reserve.lua`'s invocation for `call`.
+    fn reserve_invocation(&self, call: &PartCall<'_>) -> redis::ScriptInvocation<'_> {
+        let PartCall {
+            shard,
+            req,
+            lines,
+            ttl,
+            fp,
+            deadline_ms,
+            cart: parts,
+        } = *call;
         let buyer = req.buyer.as_deref().unwrap_or("");
         let mut inv = self.scripts.reserve.prepare_invoke();
         for key in self.hold_keys(shard, &req.reservation_id, lines, buyer) {
@@ -706,14 +706,10 @@ impl Engine {
     }
 
     /// Appends a `late_payment` event for reservation `rid`, whose hold had ended
-    /// (`state`) when its payment arrived, to the stream of the shard of its first
-    /// line (the shard of the id's first part when lines are unknown).
+    /// (`state`) when its payment arrived. Any shard's stream will do (the
+    /// write-behind reads them all): the one the id hashes to, with no lookup.
     pub async fn note_late_payment(&self, rid: &str, state: HoldState) -> Result<(), EngineError> {
-        let shard = self
-            .locate(rid)
-            .await?
-            .first()
-            .map_or(0, |(shard, _)| *shard);
+        let shard = self.keys.shard_of(rid);
         let now = self.redis_time_ms().await?;
         redis::cmd("XADD")
             .arg(self.keys.events(shard))
@@ -849,6 +845,25 @@ fn fingerprint(req: &ReserveRequest) -> String {
         .collect();
     lines.sort();
     format!("{}|{}", req.buyer.as_deref().unwrap_or(""), lines.join(","))
+}
+
+/// One shard's part of a reservation, as `reserve.lua` is called for it.
+#[derive(Clone, Copy)]
+pub(crate) struct PartCall<'a> {
+    /// The shard.
+    pub(crate) shard: u16,
+    /// The whole request (id, buyer).
+    pub(crate) req: &'a ReserveRequest,
+    /// This shard's lines.
+    pub(crate) lines: &'a [Line],
+    /// The hold's lifetime, when `deadline_ms` is 0.
+    pub(crate) ttl: Duration,
+    /// The request's fingerprint (same id + same request = a retry).
+    pub(crate) fp: &'a str,
+    /// The cart's deadline, Unix ms; 0 for now + `ttl`.
+    pub(crate) deadline_ms: i64,
+    /// The cart's shards, home first; '' for a one-shard hold.
+    pub(crate) cart: &'a str,
 }
 
 /// How a cart's part is confirmed (`confirm.lua`'s mode).

@@ -63,6 +63,28 @@ async fn reserve(engine: &Engine, rid: &str, sku: &str, qty: i64) {
     assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{rid}: {r:?}");
 }
 
+/// Units `sku` has available now.
+async fn available(b: &Backends, sku: &str) -> i64 {
+    b.engine.figures(sku).await.unwrap().unwrap().available
+}
+
+/// A consumer of `lane` over the test's Redis.
+async fn consumer_of(
+    b: &Backends,
+    redis: &TestRedis,
+    lane: LaneConfig,
+    name: String,
+    stats: Arc<LaneStats>,
+) -> LaneConsumer {
+    LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        lane,
+        name,
+        stats,
+    )
+}
+
 async fn on_hand(pg: &PgPool, sku: &str) -> i64 {
     sqlx::query_scalar("SELECT on_hand FROM skus WHERE sku = $1")
         .bind(sku)
@@ -251,10 +273,7 @@ async fn warm_up_restores_snapshot_versions_and_feed_guards(pg: PgPool) {
         DeltaOutcome::Duplicate,
         "a redelivered event applies once"
     );
-    assert_eq!(
-        b.engine.figures("GRD-1").await.unwrap().unwrap().available,
-        55
-    );
+    assert_eq!(available(&b, "GRD-1").await, 55);
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
@@ -441,13 +460,14 @@ async fn one_event_id_is_one_event_per_source(pg: PgPool) {
     let (redis, b) = setup(&pg, &[("DUP-1", 10), ("DUP-2", 10)]).await;
     let mut conn = redis.connection().await;
     let stats = Arc::new(LaneStats::default());
-    let mut consumer = LaneConsumer::new(
-        b.engine.clone(),
-        redis.connection().await,
+    let mut consumer = consumer_of(
+        &b,
+        &redis,
         LaneConfig::default_for(Lane::Feeds),
         "dup".into(),
         stats.clone(),
-    );
+    )
+    .await;
     for body in [
         r#"{"event_id":"e-1","type":"delta","sku":"DUP-1","delta":5}"#,
         r#"{"event_id":"e-1","type":"delta","sku":"DUP-2","delta":5}"#,
@@ -463,12 +483,9 @@ async fn one_event_id_is_one_event_per_source(pg: PgPool) {
             .await
             .unwrap();
     }
+    assert_eq!(available(&b, "DUP-1").await, 15);
     assert_eq!(
-        b.engine.figures("DUP-1").await.unwrap().unwrap().available,
-        15
-    );
-    assert_eq!(
-        b.engine.figures("DUP-2").await.unwrap().unwrap().available,
+        available(&b, "DUP-2").await,
         10,
         "the reused id for another SKU is not applied"
     );
@@ -490,13 +507,14 @@ async fn payloads_a_dead_consumer_left_are_taken_over(pg: PgPool) {
         claim_idle: Duration::from_millis(50),
         ..LaneConfig::default_for(Lane::Feeds)
     };
-    let mut dying = LaneConsumer::new(
-        b.engine.clone(),
-        redis.connection().await,
+    let mut dying = consumer_of(
+        &b,
+        &redis,
         lane.clone(),
         "feeds-4242-0".into(),
         Arc::default(),
-    );
+    )
+    .await;
     // Make the group, then let the "dying" consumer take a payload and never finish.
     dying.process_once(Duration::from_millis(10)).await.unwrap();
     ingest::enqueue(
@@ -522,19 +540,10 @@ async fn payloads_a_dead_consumer_left_are_taken_over(pg: PgPool) {
         .unwrap();
     drop(dying);
     tokio::time::sleep(Duration::from_millis(80)).await;
-    let mut heir = LaneConsumer::new(
-        b.engine.clone(),
-        redis.connection().await,
-        lane,
-        "feeds-4343-0".into(),
-        Arc::default(),
-    );
+    let mut heir = consumer_of(&b, &redis, lane, "feeds-4343-0".into(), Arc::default()).await;
     let done = heir.process_once(Duration::from_millis(10)).await.unwrap();
     assert_eq!(done.applied, 1, "the abandoned payload was applied");
-    assert_eq!(
-        b.engine.figures("DEAD-1").await.unwrap().unwrap().available,
-        13
-    );
+    assert_eq!(available(&b, "DEAD-1").await, 13);
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
@@ -612,7 +621,7 @@ async fn feed_movements_in_flight_are_not_drift(pg: PgPool) {
         .unwrap();
     assert_eq!(report.drifted, 0, "{report:?}");
     assert_eq!(
-        b.engine.figures("FLY-1").await.unwrap().unwrap().available,
+        available(&b, "FLY-1").await,
         23,
         "nothing stranded or corrected"
     );
@@ -623,13 +632,14 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
     let (redis, b) = setup(&pg, &[("LATE-1", 10)]).await;
     let mut w = writer(&b, redis.connection().await);
     let mut conn = redis.connection().await;
-    let mut consumer = LaneConsumer::new(
-        b.engine.clone(),
-        redis.connection().await,
+    let mut consumer = consumer_of(
+        &b,
+        &redis,
         LaneConfig::default_for(Lane::Feeds),
         "ledger".into(),
         Arc::new(LaneStats::default()),
     )
+    .await
     .with_ledger(pg.clone());
     let body = br#"{"event_id":"old-1","type":"delta","sku":"LATE-1","delta":5}"#;
     ingest::enqueue(&mut conn, Lane::Feeds, "erp", body, 100)
@@ -658,7 +668,7 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
         .await
         .unwrap();
     assert_eq!(
-        b.engine.figures("LATE-1").await.unwrap().unwrap().available,
+        available(&b, "LATE-1").await,
         15,
         "the ledger remembers what Redis forgot"
     );
@@ -671,10 +681,7 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
         .process_once(Duration::from_millis(20))
         .await
         .unwrap();
-    assert_eq!(
-        b.engine.figures("LATE-1").await.unwrap().unwrap().available,
-        20
-    );
+    assert_eq!(available(&b, "LATE-1").await, 20);
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
