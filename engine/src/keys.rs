@@ -127,6 +127,11 @@ impl Keyspace {
         format!("hf:login:{{{username}}}:failures")
     }
 
+    /// Failed sign-ins from one client address (any usernames).
+    pub fn login_failures_from(ip: std::net::IpAddr) -> String {
+        format!("hf:login:addr:{{{ip}}}:failures")
+    }
+
     /// The lease key of lock `name`.
     pub fn lock(name: &str) -> String {
         format!("hf:lock:{{{name}}}")

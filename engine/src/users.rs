@@ -385,46 +385,76 @@ pub async fn set_password(
     Ok(())
 }
 
-/// Checks a username and password; on success starts a session and returns the
-/// user with the session secret (for the cookie).
+/// One sign-in attempt: who, with what, from where, replacing which session.
+#[derive(Debug, Clone, Copy)]
+pub struct Attempt<'a> {
+    /// The username as typed.
+    pub username: &'a str,
+    /// The password as typed.
+    pub password: &'a str,
+    /// The client's address (after trusted proxies), for the per-address limit.
+    pub from: Option<std::net::IpAddr>,
+    /// The session secret the browser already holds: ended by a successful
+    /// sign-in, so a session id planted before sign-in is never promoted.
+    pub replaces: Option<&'a str>,
+}
+
+/// Failed sign-ins from one client address (any usernames) before it is
+/// refused for the window: enough for an office behind one NAT to mistype,
+/// far too few to guess passwords across many accounts.
+pub const LOGIN_FAILURES_PER_ADDRESS: i64 = 20;
+
+/// Checks `password` for `username` under the guessing limits; `Ok(false)` for
+/// a wrong password (counted) or a name that cannot exist.
 ///
-/// Guarded against guessing: after [`LOGIN_FAILURES`] failures for one username
-/// within [`LOGIN_WINDOW`] it is refused ([`EngineError::Throttled`], even with
-/// the right password) until the window ends; at most [`CONCURRENT_HASHES`]
-/// passwords are hashed at once (others are refused at once); passwords longer
-/// than [`MAX_PASSWORD_LEN`] never match. The counts live in Redis, shared by
-/// every server.
-pub async fn login(
+/// After [`LOGIN_FAILURES`] failures for one username, or
+/// [`LOGIN_FAILURES_PER_ADDRESS`] from one address, within [`LOGIN_WINDOW`] it
+/// is refused ([`EngineError::Throttled`], even with the right password) until
+/// the window ends; at most [`CONCURRENT_HASHES`] passwords are hashed at once
+/// (others are refused at once); passwords longer than [`MAX_PASSWORD_LEN`]
+/// never match. The counts live in Redis, shared by every server.
+async fn check_password(
     b: &crate::Backends,
-    username: &str,
+    name: &str,
     password: &str,
-) -> Result<Option<(User, String)>, EngineError> {
-    let name = username.trim().to_lowercase();
-    if !valid_username(&name) {
+    from: Option<std::net::IpAddr>,
+) -> Result<bool, EngineError> {
+    if !valid_username(name) {
         // No such user can exist; nothing is stored or hashed for it.
-        return Ok(None);
+        return Ok(false);
     }
-    let key = crate::keys::Keyspace::login_failures(&name);
+    let mut keys = vec![(
+        crate::keys::Keyspace::login_failures(name),
+        LOGIN_FAILURES,
+        "too many failed sign-ins for this user",
+    )];
+    if let Some(ip) = from {
+        keys.push((
+            crate::keys::Keyspace::login_failures_from(ip),
+            LOGIN_FAILURES_PER_ADDRESS,
+            "too many failed sign-ins from this address",
+        ));
+    }
     let mut conn = b.engine.connection();
-    let (failures, ttl_ms): (Option<i64>, i64) = redis::pipe()
-        .cmd("GET")
-        .arg(&key)
-        .cmd("PTTL")
-        .arg(&key)
-        .query_async(&mut conn)
-        .await?;
-    if failures.unwrap_or(0) >= LOGIN_FAILURES {
-        return Err(EngineError::Throttled {
-            reason: "too many failed sign-ins for this user".into(),
-            retry_after: (ttl_ms.max(1_000) as u64).div_ceil(1_000),
-        });
+    let mut read = redis::pipe();
+    for (key, _, _) in &keys {
+        read.cmd("GET").arg(key).cmd("PTTL").arg(key);
+    }
+    let counts: Vec<(Option<i64>, i64)> = read.query_async(&mut conn).await?;
+    for ((_, limit, reason), (failures, ttl_ms)) in keys.iter().zip(&counts) {
+        if failures.unwrap_or(0) >= *limit {
+            return Err(EngineError::Throttled {
+                reason: (*reason).into(),
+                retry_after: ((*ttl_ms).max(1_000) as u64).div_ceil(1_000),
+            });
+        }
     }
     let matched = if password.len() > MAX_PASSWORD_LEN {
         false
     } else {
         let row: Option<(String,)> =
             sqlx::query_as("SELECT password_hash FROM users WHERE username = $1")
-                .bind(&name)
+                .bind(name)
                 .fetch_optional(&b.pg)
                 .await?;
         match row {
@@ -437,41 +467,102 @@ pub async fn login(
             }
         }
     };
-    if !matched {
-        redis::pipe()
-            .cmd("INCR")
-            .arg(&key)
-            .ignore()
-            .cmd("PEXPIRE")
-            .arg(&key)
-            .arg(LOGIN_WINDOW.as_millis() as u64)
-            .arg("NX")
-            .ignore()
-            .query_async::<()>(&mut conn)
-            .await?;
+    let mut write = redis::pipe();
+    if matched {
+        // Only the user's own count is forgiven: a right password for one
+        // account must not reset an address guessing at others.
+        write.cmd("DEL").arg(&keys[0].0).ignore();
+    } else {
+        for (key, _, _) in &keys {
+            write
+                .cmd("INCR")
+                .arg(key)
+                .ignore()
+                .cmd("PEXPIRE")
+                .arg(key)
+                .arg(LOGIN_WINDOW.as_millis() as u64)
+                .arg("NX")
+                .ignore();
+        }
+    }
+    write.query_async::<()>(&mut conn).await?;
+    Ok(matched)
+}
+
+/// Checks a username and password (under [`check_password`]'s limits); on
+/// success starts a new session, ends the one the browser held before and any
+/// expired ones, and returns the user with the new session secret (for the
+/// cookie).
+pub async fn login(
+    b: &crate::Backends,
+    attempt: Attempt<'_>,
+) -> Result<Option<(User, String)>, EngineError> {
+    let name = attempt.username.trim().to_lowercase();
+    if !check_password(b, &name, attempt.password, attempt.from).await? {
         return Ok(None);
     }
-    redis::cmd("DEL")
-        .arg(&key)
-        .query_async::<()>(&mut conn)
-        .await?;
-    let pg = &b.pg;
     let secret = random_secret();
     let user = sqlx::query_as::<_, UserRow>(
-        "WITH u AS (SELECT id, username, role, must_change_password, created_at FROM users WHERE username = $1),
+        "WITH gone AS (DELETE FROM sessions WHERE expires_at < now() OR digest = $4),
+              u AS (SELECT id, username, role, must_change_password, created_at FROM users WHERE username = $1),
               s AS (INSERT INTO sessions (digest, user_id, expires_at)
                     SELECT $2, id, now() + make_interval(secs => $3) FROM u)
          SELECT * FROM u",
     )
-    .bind(username.trim().to_lowercase())
+    .bind(&name)
     .bind(digest(&secret))
     .bind(SESSION_TTL.as_secs_f64())
-    .fetch_optional(pg)
+    .bind(attempt.replaces.map(digest).unwrap_or_default())
+    .fetch_optional(&b.pg)
     .await?;
     match user {
         Some(u) => Ok(Some((u.into_user()?, secret))),
         None => Ok(None),
     }
+}
+
+/// Why a user's own password change was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ChangeError {
+    /// The current password given is wrong (counted like a failed sign-in).
+    #[error("the current password is not right")]
+    WrongCurrent,
+    /// The new password is refused, or PostgreSQL failed.
+    #[error(transparent)]
+    User(#[from] UserError),
+}
+
+/// A signed-in user replaces their own password: the current one must be given
+/// (checked under the sign-in limits, so a stolen session cannot be turned
+/// into a stolen account), and every other session of theirs ends.
+pub async fn change_own_password(
+    b: &crate::Backends,
+    username: &str,
+    current: &str,
+    new: &str,
+    from: Option<std::net::IpAddr>,
+    session: &str,
+) -> Result<(), ChangeError> {
+    if new.chars().count() < MIN_PASSWORD_LEN {
+        return Err(UserError::WeakPassword.into());
+    }
+    if !check_password(b, username, current, from)
+        .await
+        .map_err(UserError::from)?
+    {
+        return Err(ChangeError::WrongCurrent);
+    }
+    set_password(&b.pg, username, new, false, Some(session)).await?;
+    Ok(())
+}
+
+/// Deletes sessions past their end; returns how many. Run on a schedule so the
+/// table holds only live sessions even when nobody signs in or out.
+pub async fn purge_expired_sessions(pg: &PgPool) -> Result<u64, EngineError> {
+    Ok(sqlx::query("DELETE FROM sessions WHERE expires_at < now()")
+        .execute(pg)
+        .await?
+        .rows_affected())
 }
 
 /// The user a live session belongs to.

@@ -113,7 +113,8 @@ pub struct ServeArgs {
     pub demo: bool,
     /// With `--demo`: the password of the demo users `admin`, `support` and
     /// `viewer` (created if missing, never changed).
-    #[arg(long, env = "HOLDFAST_DEMO_PASSWORD", default_value = "holdfast-demo")]
+    /// On a listen address that is not loopback, a password must be given.
+    #[arg(long, env = "HOLDFAST_DEMO_PASSWORD", default_value = DEMO_PASSWORD)]
     pub demo_password: String,
     /// Most PostgreSQL connections this process opens.
     #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16)]
@@ -175,12 +176,148 @@ pub struct ServeArgs {
     /// out checkout); 0 for no limit.
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]
     pub feeds_rate: u32,
+    /// Host names this server answers for (`shop.example`), comma-separated in
+    /// the environment. IP addresses and `localhost` always work; a request for
+    /// any other name is refused (421), which defeats DNS rebinding.
+    #[arg(
+        long = "public-host",
+        env = "HOLDFAST_PUBLIC_HOSTS",
+        value_delimiter = ','
+    )]
+    pub public_hosts: Vec<String>,
+    /// Proxies (addresses or CIDR ranges, `10.0.0.0/8`) whose `X-Forwarded-For`
+    /// or `Forwarded` header names the client, comma-separated in the
+    /// environment. Every per-client limit uses that address. None by default:
+    /// the TCP peer is the client.
+    #[arg(
+        long = "trusted-proxy",
+        env = "HOLDFAST_TRUSTED_PROXIES",
+        value_delimiter = ','
+    )]
+    pub trusted_proxies: Vec<String>,
+    /// The dashboard is served over HTTPS (directly or by a TLS-terminating
+    /// proxy): the session cookie becomes `__Host-holdfast_session` with
+    /// `Secure`, and answers carry Strict-Transport-Security.
+    #[arg(long, env = "HOLDFAST_SECURE_COOKIES", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
+    pub secure_cookies: bool,
+    /// Seconds a client has to send a request's headers (also how long an idle
+    /// keep-alive connection stays open).
+    #[arg(long, env = "HOLDFAST_HEADER_READ_TIMEOUT_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub header_read_timeout_secs: u64,
+    /// Seconds a client has to send a request's body.
+    #[arg(long, env = "HOLDFAST_BODY_TIMEOUT_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub body_timeout_secs: u64,
+    /// Most client connections open at once (HTTP and WebSocket); more wait to
+    /// be accepted.
+    #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS", default_value_t = 20_000,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections: u64,
 }
 
+/// The published demo password: refused on a listen address other people can
+/// reach.
+pub const DEMO_PASSWORD: &str = "holdfast-demo";
+
 impl ServeArgs {
+    /// Refuses settings that would be unsafe together: the demo's published
+    /// password on an address reachable from other machines.
+    pub fn check(&self) -> Result<(), String> {
+        if self.demo && !self.listen.ip().is_loopback() && self.demo_password == DEMO_PASSWORD {
+            return Err(format!(
+                "--demo on {} would let anyone who can reach it sign in as admin with the published \
+                 password; give --demo-password (HOLDFAST_DEMO_PASSWORD) or listen on 127.0.0.1",
+                self.listen
+            ));
+        }
+        Ok(())
+    }
+
+    /// The edge's settings these flags describe.
+    pub fn edge(&self) -> Result<crate::http::edge::EdgeConfig, String> {
+        use crate::http::edge::{Cidr, EdgeConfig};
+        Ok(EdgeConfig {
+            public_hosts: self
+                .public_hosts
+                .iter()
+                .map(|h| h.trim().to_ascii_lowercase())
+                .filter(|h| !h.is_empty())
+                .collect(),
+            trusted_proxies: self
+                .trusted_proxies
+                .iter()
+                .filter(|p| !p.trim().is_empty())
+                .map(|p| Cidr::parse(p).map_err(|e| format!("--trusted-proxy {e}")))
+                .collect::<Result<_, _>>()?,
+            cookies: holdfast_app::server::guard::CookiePolicy {
+                secure: self.secure_cookies,
+            },
+            header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
+            body_timeout: std::time::Duration::from_secs(self.body_timeout_secs),
+            max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+        })
+    }
+
     /// `serve`'s settings from the environment and defaults alone, for when no
     /// subcommand was given.
     pub fn from_env() -> Self {
         Self::parse_from(["holdfast"])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_published_demo_password_stays_on_loopback() {
+        let args = |extra: &[&str]| {
+            let mut argv = vec!["holdfast", "--demo"];
+            argv.extend_from_slice(extra);
+            ServeArgs::parse_from(argv)
+        };
+        assert!(args(&["--listen", "127.0.0.1:3000"]).check().is_ok());
+        let open = args(&["--listen", "0.0.0.0:3000"]).check();
+        assert!(open.unwrap_err().contains("--demo-password"));
+        assert!(
+            args(&[
+                "--listen",
+                "0.0.0.0:3000",
+                "--demo-password",
+                "holdfast-demo"
+            ])
+            .check()
+            .is_err(),
+            "naming the published password does not make it secret"
+        );
+        assert!(
+            args(&[
+                "--listen",
+                "0.0.0.0:3000",
+                "--demo-password",
+                "a-private-one-42"
+            ])
+            .check()
+            .is_ok()
+        );
+    }
+
+    #[test]
+    fn edge_settings_are_parsed_and_bad_ranges_named() {
+        let args = ServeArgs::parse_from([
+            "holdfast",
+            "--public-host",
+            "Shop.Example",
+            "--trusted-proxy",
+            "10.0.0.0/8",
+            "--secure-cookies",
+        ]);
+        let edge = args.edge().unwrap();
+        assert_eq!(edge.public_hosts, vec!["shop.example".to_owned()]);
+        assert!(edge.cookies.secure);
+        assert!(edge.trusted_proxies[0].contains("10.9.9.9".parse().unwrap()));
+        let bad = ServeArgs::parse_from(["holdfast", "--trusted-proxy", "10.0.0.0/99"]);
+        assert!(bad.edge().unwrap_err().contains("--trusted-proxy"));
     }
 }

@@ -26,6 +26,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
+use crate::http::edge::EdgeConfig;
 use crate::routes::ingest::IngestConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
@@ -81,6 +82,9 @@ pub fn router(state: AppState) -> Router {
     let jobs = state.jobs.clone();
     let verified = state.workers.verify.clone();
     let options = state.leptos.clone();
+    let cookies = state.edge.cookies;
+    let edge = state.edge.clone();
+    let body_timeout = state.edge.body_timeout;
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
@@ -96,27 +100,105 @@ pub fn router(state: AppState) -> Router {
                 provide_context(backends.clone());
                 provide_context(jobs.clone());
                 provide_context(verified.clone());
+                provide_context(cookies);
             },
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
+            body_timeout,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            edge,
+            crate::http::edge::edge,
+        ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)
 }
 
-/// Serves `router` on `listener` until `shutdown` completes, then drains in-flight
-/// requests.
+/// Serves `router` on `listener` until `shutdown` completes, then drains
+/// in-flight requests (for at most [`DRAIN`]).
+///
+/// The listener applies `edge`'s connection limits: a client must send its
+/// request headers within the header-read timeout (which also closes a
+/// keep-alive connection idle that long), and at most `max_connections` are
+/// open at once; past that, new clients wait in the accept queue.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
+    edge: &EdgeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    // Connect info gives handlers the client's address (per-client badge limits).
-    let service = router.into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, service)
-        .with_graceful_shutdown(shutdown)
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper_util::service::TowerToHyperService;
+    use tower::ServiceExt;
+
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(edge.header_read_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(256);
+    let graceful = GracefulShutdown::new();
+    let permits = Arc::new(tokio::sync::Semaphore::new(edge.max_connections.max(1)));
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            () = &mut shutdown => break,
+            permit = permits.clone().acquire_owned() => match permit {
+                Ok(p) => p,
+                Err(_) => break,
+            },
+        };
+        let (stream, peer) = tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(error = %e, "accepting a connection failed");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let _ = stream.set_nodelay(true);
+        // Handlers see the peer as `ConnectInfo`, as with axum's own server.
+        let service = router.clone().map_request(
+            move |mut req: axum::http::Request<hyper::body::Incoming>| {
+                req.extensions_mut()
+                    .insert(axum::extract::ConnectInfo(peer));
+                req
+            },
+        );
+        let connection = builder
+            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
+            .into_owned();
+        let connection = graceful.watch(connection);
+        tokio::spawn(async move {
+            // Errors here are clients going away or timing out: nothing to report.
+            let _ = connection.await;
+            drop(permit);
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
         .await
+        .is_err()
+    {
+        tracing::warn!("some connections were still open after the drain period");
+    }
+    Ok(())
 }
+
+/// Longest wait for open requests to finish at shutdown.
+pub const DRAIN: Duration = Duration::from_secs(10);
 
 /// Starts the live side of a server over `state`: the event feed (one stream
 /// reader for the process), the listener that clears the sold-out cache when
@@ -173,6 +255,8 @@ impl Application {
     /// Connects, prepares the database (demo drop and users when asked), starts
     /// the workers and binds the listener.
     pub async fn build(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<Self> {
+        args.check().map_err(anyhow::Error::msg)?;
+        let edge = args.edge().map_err(anyhow::Error::msg)?;
         let backends = connect_with(global, args.pg_max_connections).await?;
         if args.demo {
             let load = catalog::load_demo_drop(&backends.pg).await?;
@@ -223,6 +307,7 @@ impl Application {
                 max_connections_per_client: args.badge_max_connections_per_client,
                 ..BadgeConfig::default()
             },
+            edge,
         };
         let stats = Arc::new(WorkerStats::new());
         let workers =
@@ -256,7 +341,8 @@ impl Application {
     ) -> std::io::Result<()> {
         let (stop_live, live_rx) = tokio::sync::watch::channel(false);
         let live = start_live(&self.state, &self.redis_url, live_rx);
-        let served = serve(self.listener, router(self.state), shutdown).await;
+        let edge = self.state.edge.clone();
+        let served = serve(self.listener, router(self.state), &edge, shutdown).await;
         let _ = stop_live.send(true);
         for task in live {
             let _ = task.await;
@@ -306,7 +392,10 @@ pub async fn spawn_in_background(listener: TcpListener, state: AppState, live_fr
         // Live until the runtime ends.
         std::mem::forget(stop);
     }
-    tokio::spawn(serve(listener, router(state), std::future::pending()));
+    let edge = state.edge.clone();
+    tokio::spawn(
+        async move { serve(listener, router(state), &edge, std::future::pending()).await },
+    );
     if live_from.is_some() {
         // Give the feed a moment to position itself at the streams' end.
         tokio::time::sleep(Duration::from_millis(100)).await;

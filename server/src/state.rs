@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::extract::FromRef;
+use holdfast_app::server::guard::CookiePolicy;
 use holdfast_app::server::jobs::JobBoard;
 use holdfast_engine::Backends;
 use leptos::config::LeptosOptions;
@@ -15,6 +16,7 @@ use crate::api::soldout::SoldOutCache;
 use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
 use crate::http::auth::TokenCheck;
+use crate::http::edge::EdgeConfig;
 use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
 use crate::routes::ingest::{IngestConfig, IngestState};
@@ -33,6 +35,8 @@ pub struct StateOptions {
     pub ingest: IngestConfig,
     /// Badge limits and origins.
     pub badge: BadgeConfig,
+    /// Public hosts, trusted proxies, cookies and connection limits.
+    pub edge: EdgeConfig,
 }
 
 impl Default for StateOptions {
@@ -43,6 +47,7 @@ impl Default for StateOptions {
             sold_out_ttl: Duration::from_secs(2),
             ingest: IngestConfig::parse(&[]).unwrap_or_default(),
             badge: BadgeConfig::default(),
+            edge: EdgeConfig::default(),
         }
     }
 }
@@ -70,6 +75,8 @@ pub struct AppState {
     pub jobs: Arc<JobBoard>,
     /// The dashboards' live hub.
     pub live: Arc<LiveHub>,
+    /// The edge's settings (hosts, proxies, cookies, connection limits).
+    pub edge: Arc<EdgeConfig>,
 }
 
 impl AppState {
@@ -95,6 +102,7 @@ impl AppState {
             sold_out: Arc::new(SoldOutCache::new(options.sold_out_ttl)),
             ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
             feed: Feed::new(4_096),
+            edge: Arc::new(options.edge),
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),
@@ -157,6 +165,12 @@ impl FromRef<AppState> for IngestState {
 impl FromRef<AppState> for Arc<BadgeHub> {
     fn from_ref(state: &AppState) -> Self {
         state.badges.clone()
+    }
+}
+
+impl FromRef<AppState> for CookiePolicy {
+    fn from_ref(state: &AppState) -> Self {
+        state.edge.cookies
     }
 }
 

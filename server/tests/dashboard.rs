@@ -293,18 +293,42 @@ async fn the_first_admin_signs_in_once_with_a_one_time_password(pool: PgPool) {
             .err(),
         Some(403)
     );
+    // While the name is throttled, its current password cannot be checked either.
     let (status, text) = dash
         .own(
             "/api/change_password",
-            "new_password=short&repeat=short",
+            &format!("current_password={password}&new_password=a-much-longer-one&repeat=a-much-longer-one"),
+            Some(&cookie),
+        )
+        .await;
+    assert_eq!(status, 429, "{text}");
+    redis::cmd("DEL")
+        .arg(holdfast_engine::keys::Keyspace::login_failures("admin"))
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let (status, text) = dash
+        .own(
+            "/api/change_password",
+            &format!("current_password={password}&new_password=short&repeat=short"),
             Some(&cookie),
         )
         .await;
     assert_eq!(status, 400, "{text}");
+    // A session alone cannot change the password: the current one is asked for.
     let (status, text) = dash
         .own(
             "/api/change_password",
-            "new_password=a-much-longer-one&repeat=a-much-longer-one",
+            "current_password=not-the-password&new_password=a-much-longer-one&repeat=a-much-longer-one",
+            Some(&cookie),
+        )
+        .await;
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("current password"), "{text}");
+    let (status, text) = dash
+        .own(
+            "/api/change_password",
+            &format!("current_password={password}&new_password=a-much-longer-one&repeat=a-much-longer-one"),
             Some(&cookie),
         )
         .await;

@@ -10,7 +10,14 @@ pub async fn login(username: String, password: String) -> Result<Me, ServerFnErr
     use crate::server::{convert, guard};
     guard::check_origin()?;
     let backends = guard::backends()?;
-    match holdfast_engine::users::login(&backends, &username, &password)
+    let replaces = guard::incoming_session();
+    let attempt = holdfast_engine::users::Attempt {
+        username: &username,
+        password: &password,
+        from: guard::client_ip(),
+        replaces: replaces.as_deref(),
+    };
+    match holdfast_engine::users::login(&backends, attempt)
         .await
         .map_err(guard::internal("Signing in"))?
     {
@@ -46,9 +53,14 @@ pub async fn current_user() -> Result<Option<Me>, ServerFnError> {
     Ok(guard::current().await?.map(|c| convert::me(&c.user)))
 }
 
-/// Replaces the caller's password (required after a one-time password).
+/// Replaces the caller's password (required after a one-time password); the
+/// current password must be given.
 #[server(endpoint = "change_password")]
-pub async fn change_password(new_password: String, repeat: String) -> Result<Me, ServerFnError> {
+pub async fn change_password(
+    current_password: String,
+    new_password: String,
+    repeat: String,
+) -> Result<Me, ServerFnError> {
     use crate::server::{convert, guard};
     use http::StatusCode;
     guard::check_origin()?;
@@ -61,15 +73,20 @@ pub async fn change_password(new_password: String, repeat: String) -> Result<Me,
             "The two passwords differ.",
         ));
     }
-    holdfast_engine::users::set_password(
-        &caller.backends.pg,
+    use holdfast_engine::users::{ChangeError, change_own_password};
+    change_own_password(
+        &caller.backends,
         &caller.user.username,
+        &current_password,
         &new_password,
-        false,
-        Some(&caller.session),
+        guard::client_ip(),
+        &caller.session,
     )
     .await
-    .map_err(guard::user_error("Changing the password"))?;
+    .map_err(|e| match e {
+        ChangeError::WrongCurrent => guard::refuse(StatusCode::FORBIDDEN, e.to_string()),
+        ChangeError::User(e) => guard::user_error("Changing the password")(e),
+    })?;
     guard::audit(
         &caller,
         "change_password",

@@ -58,6 +58,7 @@ pub fn ChangePassword() -> impl IntoView {
             <h1>"Choose your password"</h1>
             <p>"You signed in with a one-time password. Choose your own (at least 10 characters) to continue."</p>
             <ActionForm action=change>
+                <label>"One-time password"<input type="password" name="current_password" autocomplete="current-password" required/></label>
                 <label>"New password"<input type="password" name="new_password" autocomplete="new-password" required minlength="10"/></label>
                 <label>"Repeat it"<input type="password" name="repeat" autocomplete="new-password" required minlength="10"/></label>
                 <button type="submit">"Save and continue"</button>

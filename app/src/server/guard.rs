@@ -13,8 +13,73 @@ use http::{HeaderMap, Method, StatusCode, header};
 use leptos::prelude::*;
 use leptos_axum::ResponseOptions;
 
-/// The session cookie's name.
+/// The session cookie's name over plain HTTP (local runs, tests).
 pub const SESSION_COOKIE: &str = "holdfast_session";
+/// The session cookie's name when cookies are secure: browsers accept a
+/// `__Host-` cookie only with `Secure`, `Path=/` and no `Domain`, so a sibling
+/// subdomain cannot plant or overwrite it.
+pub const SECURE_SESSION_COOKIE: &str = "__Host-holdfast_session";
+
+/// The client's address as the server's edge resolved it (the TCP peer, or
+/// what a trusted proxy forwarded); the server puts it in every request's
+/// extensions, and every per-client limit uses it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClientIp(pub std::net::IpAddr);
+
+/// How the session cookie is named and flagged. The server provides it in
+/// context; without it (plain HTTP) the cookie is not `Secure`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CookiePolicy {
+    /// Served over HTTPS (directly or behind a TLS-terminating proxy): the
+    /// cookie is `Secure` and carries the `__Host-` prefix.
+    pub secure: bool,
+}
+
+impl CookiePolicy {
+    /// The cookie's name under this policy.
+    pub fn name(self) -> &'static str {
+        if self.secure {
+            SECURE_SESSION_COOKIE
+        } else {
+            SESSION_COOKIE
+        }
+    }
+
+    /// The session secret a request carries, under this policy's name only.
+    pub fn read(self, headers: &HeaderMap) -> Option<String> {
+        cookie(headers, self.name())
+    }
+
+    /// The `Set-Cookie` value for a new session (or, with `None`, one that clears it).
+    pub fn set(self, secret: Option<&str>) -> String {
+        let secure = if self.secure { "; Secure" } else { "" };
+        let (value, age) = match secret {
+            Some(s) => (s, users::SESSION_TTL.as_secs()),
+            None => ("", 0),
+        };
+        format!(
+            "{}={value}; Path=/; HttpOnly; SameSite=Lax; Max-Age={age}{secure}",
+            self.name()
+        )
+    }
+}
+
+/// The cookie policy in context.
+fn cookie_policy() -> CookiePolicy {
+    use_context::<CookiePolicy>().unwrap_or_default()
+}
+
+/// The calling client's address, when the server resolved one.
+pub fn client_ip() -> Option<std::net::IpAddr> {
+    use_context::<http::request::Parts>()
+        .and_then(|p| p.extensions.get::<ClientIp>().copied())
+        .map(|c| c.0)
+}
+
+/// The session secret the calling browser sent, if any.
+pub fn incoming_session() -> Option<String> {
+    request().and_then(|(_, headers)| cookie_policy().read(&headers))
+}
 
 /// A signed-in caller allowed to proceed.
 #[derive(Clone)]
@@ -116,7 +181,7 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     let Some((_, headers)) = request() else {
         return Ok(None);
     };
-    let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
+    let Some(secret) = cookie_policy().read(&headers) else {
         return Ok(None);
     };
     let user = users::session_user(&backends.pg, &secret)
@@ -182,15 +247,10 @@ pub async fn audit(caller: &SignedIn, action: &str, subject: &str, detail: serde
     .await;
 }
 
-/// The `Set-Cookie` value for a new session (or, with `None`, one that clears it).
+/// The `Set-Cookie` value for a new session (or, with `None`, one that clears
+/// it), under the policy in context.
 pub fn session_cookie(secret: Option<&str>) -> String {
-    match secret {
-        Some(s) => format!(
-            "{SESSION_COOKIE}={s}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}",
-            users::SESSION_TTL.as_secs()
-        ),
-        None => format!("{SESSION_COOKIE}=; Path=/; HttpOnly; SameSite=Lax; Max-Age=0"),
-    }
+    cookie_policy().set(secret)
 }
 
 /// Adds a `Set-Cookie` header to the response.
@@ -251,8 +311,19 @@ mod tests {
         assert_eq!(cookie(&h, SESSION_COOKIE).as_deref(), Some("abc"));
         assert_eq!(cookie(&h, "c").as_deref(), Some("3"));
         assert_eq!(cookie(&h, "missing"), None);
-        let set = session_cookie(Some("s3cret"));
+        let plain = CookiePolicy::default();
+        let set = plain.set(Some("s3cret"));
+        assert!(set.starts_with("holdfast_session=s3cret;"));
         assert!(set.contains("HttpOnly") && set.contains("SameSite=Lax") && set.contains("Path=/"));
-        assert!(session_cookie(None).contains("Max-Age=0"));
+        assert!(!set.contains("Secure"));
+        assert!(plain.set(None).contains("Max-Age=0"));
+        let secure = CookiePolicy { secure: true };
+        let set = secure.set(Some("s3cret"));
+        assert!(set.starts_with("__Host-holdfast_session=s3cret;") && set.ends_with("; Secure"));
+        assert_eq!(
+            secure.read(&h),
+            None,
+            "a plain cookie is not read under the secure name"
+        );
     }
 }

@@ -5,14 +5,14 @@
 //! change the set); the server answers with each SKU's badge at once and then
 //! whenever it changes: `{"sku": "DROP-001", "state": "low", "left": 3}`.
 
-use std::net::SocketAddr;
-
+use axum::Extension;
 use axum::Router;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
-use axum::extract::{ConnectInfo, Query, State};
+use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use holdfast_app::server::guard::ClientIp;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
@@ -84,12 +84,12 @@ pub struct PollQuery {
 /// public cache, so polling pages cost little.
 async fn poll(
     State(hub): State<Arc<BadgeHub>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(ClientIp(client)): Extension<ClientIp>,
     headers: HeaderMap,
     Query(q): Query<PollQuery>,
 ) -> Response {
-    // The address is the TCP peer's: behind a proxy every shopper would share one.
-    if let Err(secs) = hub.polls.check(&peer.ip().to_string()) {
+    // The client's address as the edge resolved it (through trusted proxies).
+    if let Err(secs) = hub.polls.check(&client.to_string()) {
         let retry = [(header::RETRY_AFTER, secs.to_string())];
         return (StatusCode::TOO_MANY_REQUESTS, retry, "polling too fast").into_response();
     }
@@ -136,7 +136,7 @@ async fn poll(
 /// allow-list and (429) past the connections allowed per client address.
 async fn live(
     State(hub): State<Arc<BadgeHub>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    Extension(ClientIp(client)): Extension<ClientIp>,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -147,8 +147,7 @@ async fn live(
         )
             .into_response();
     }
-    let ip = peer.ip();
-    let Some(slot) = Slot::take(hub.clone(), ip) else {
+    let Some(slot) = Slot::take(hub.clone(), client) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "10")],

@@ -6,10 +6,8 @@ use std::sync::Arc;
 
 use axum::extract::{FromRef, FromRequestParts};
 use axum::http::request::Parts;
+use holdfast_app::server::guard::ClientIp;
 use holdfast_domain::Scope;
-use std::net::SocketAddr;
-
-use axum::extract::ConnectInfo;
 use holdfast_engine::tokens::{self, TokenCache, TokenInfo};
 use sqlx::PgPool;
 
@@ -83,11 +81,11 @@ where
             .filter(|s| tokens::well_formed(s))
             .ok_or_else(ApiError::unauthorized)?;
         if !check.cache.knows(secret)
-            && let Some(ConnectInfo(peer)) = parts.extensions.get::<ConnectInfo<SocketAddr>>()
+            && let Some(ClientIp(client)) = parts.extensions.get::<ClientIp>()
         {
             check
                 .unknown_per_address
-                .check(&peer.ip().to_string())
+                .check(&client.to_string())
                 .map_err(ApiError::too_many)?;
         }
         let Some(info) = check.cache.verify(&check.pg, secret).await? else {

@@ -13,7 +13,7 @@ use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::live::{ClientMsg, ServerMsg};
-use holdfast_app::server::guard::{SESSION_COOKIE, cookie, same_origin};
+use holdfast_app::server::guard::{CookiePolicy, same_origin};
 use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -38,6 +38,7 @@ pub const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
 pub async fn live(
     State(backends): State<Backends>,
     State(hub): State<Arc<LiveHub>>,
+    State(cookies): State<CookiePolicy>,
     Query(query): Query<LiveQuery>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
@@ -45,7 +46,7 @@ pub async fn live(
     if !same_origin(&headers) {
         return (StatusCode::FORBIDDEN, "cross-site WebSocket refused").into_response();
     }
-    let Some(secret) = cookie(&headers, SESSION_COOKIE) else {
+    let Some(secret) = cookies.read(&headers) else {
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
     let user = match holdfast_engine::users::session_user(&backends.pg, &secret).await {

@@ -1,0 +1,370 @@
+//! The edge every request crosses first: which client sent it (the TCP peer,
+//! or what a trusted proxy forwarded), whether it was addressed to a host this
+//! server answers for, and the security headers on every answer.
+//!
+//! The host check defeats DNS rebinding: a page on `rebind.attacker.example`
+//! whose name is made to resolve to this server sends `Host:
+//! rebind.attacker.example`, and its `Origin` matches that host, so an Origin
+//! check alone passes. A request is served only when its `Host` is an IP
+//! address (a rebinding page always uses a name), `localhost`, or one of the
+//! configured public hosts.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use holdfast_app::server::guard::{ClientIp, CookiePolicy};
+
+/// The edge's settings: public names, trusted proxies, cookies and the
+/// connection limits the listener applies.
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// Host names (without port) this server answers for besides IP addresses
+    /// and `localhost`, lower case.
+    pub public_hosts: Vec<String>,
+    /// Peers whose `X-Forwarded-For` / `Forwarded` is believed.
+    pub trusted_proxies: Vec<Cidr>,
+    /// How the session cookie is set.
+    pub cookies: CookiePolicy,
+    /// Longest wait for a request's headers, from the moment a connection is
+    /// open or idle between requests (slow-header clients and idle keep-alive
+    /// connections are closed after it).
+    pub header_read_timeout: Duration,
+    /// Longest time to receive a request's body.
+    pub body_timeout: Duration,
+    /// Most connections open at once; further clients wait in the kernel's
+    /// accept queue until one closes.
+    pub max_connections: usize,
+}
+
+/// Default for [`EdgeConfig::header_read_timeout`].
+pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`EdgeConfig::body_timeout`].
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default for [`EdgeConfig::max_connections`].
+pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
+
+impl Default for EdgeConfig {
+    fn default() -> Self {
+        Self {
+            public_hosts: Vec::new(),
+            trusted_proxies: Vec::new(),
+            cookies: CookiePolicy::default(),
+            header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+        }
+    }
+}
+
+impl EdgeConfig {
+    /// Whether `host` (a `Host` header: name or address, maybe with a port)
+    /// names this server.
+    pub fn host_allowed(&self, host: &str) -> bool {
+        let name = strip_port(host).to_ascii_lowercase();
+        if name.is_empty() {
+            return false;
+        }
+        let bare = name.trim_start_matches('[').trim_end_matches(']');
+        bare.parse::<IpAddr>().is_ok()
+            || name == "localhost"
+            || self.public_hosts.contains(&name)
+    }
+
+    /// The client behind a request from `peer`: `peer` itself unless it is a
+    /// trusted proxy, in which case the forwarded chain is walked from the
+    /// nearest hop back to the first address no trusted proxy vouches for.
+    pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        if !self.trusts(peer) {
+            return peer;
+        }
+        let chain = forwarded_chain(headers);
+        let mut client = peer;
+        for hop in chain.iter().rev() {
+            client = *hop;
+            if !self.trusts(*hop) {
+                break;
+            }
+        }
+        client
+    }
+
+    fn trusts(&self, ip: IpAddr) -> bool {
+        self.trusted_proxies.iter().any(|c| c.contains(ip))
+    }
+}
+
+/// `host` without a trailing `:port` (IPv6 literals keep their brackets).
+fn strip_port(host: &str) -> &str {
+    if host.starts_with('[') {
+        return host
+            .split_once(']')
+            .map_or(host, |(h, _)| &host[..=h.len()]);
+    }
+    match host.rsplit_once(':') {
+        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
+            name
+        }
+        _ => host,
+    }
+}
+
+/// The client addresses a request says it passed through, first (the
+/// original client) to last: `Forwarded: for=…` if present, else
+/// `X-Forwarded-For`. Entries that are not addresses (`unknown`, obfuscated
+/// names) end the chain there, as an untrusted hop would.
+fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
+    let values = |name: header::HeaderName| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(|s| s.trim().to_owned())
+            .collect()
+    };
+    let forwarded = values(header::FORWARDED);
+    let raw: Vec<String> = if forwarded.is_empty() {
+        values(header::HeaderName::from_static("x-forwarded-for"))
+    } else {
+        forwarded
+            .iter()
+            .filter_map(|element| {
+                element.split(';').find_map(|pair| {
+                    let (k, v) = pair.trim().split_once('=')?;
+                    k.eq_ignore_ascii_case("for")
+                        .then(|| v.trim_matches('"').to_owned())
+                })
+            })
+            .collect()
+    };
+    let mut chain = Vec::new();
+    for entry in raw {
+        let bare = strip_port(&entry);
+        match bare.trim_start_matches('[').trim_end_matches(']').parse() {
+            Ok(ip) => chain.push(ip),
+            // An unreadable hop: nothing before it can be believed.
+            Err(_) => chain.clear(),
+        }
+    }
+    chain
+}
+
+/// An address range, `10.0.0.0/8` or `::1/128` (a bare address is a /32 or /128).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    network: IpAddr,
+    prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `addr[/prefix]`.
+    pub fn parse(s: &str) -> Result<Self, String> {
+        let s = s.trim();
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let network: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an address or address/prefix"))?;
+        let max = if network.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix must be 0 to {max}"))?,
+            None => max,
+        };
+        Ok(Self { network, prefix })
+    }
+
+    /// Whether `ip` is inside the range.
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let bits = |ip: IpAddr| -> (u128, u8) {
+            match ip {
+                IpAddr::V4(v4) => (u128::from(u32::from(v4)), 32),
+                IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                    Some(v4) => (u128::from(u32::from(v4)), 32),
+                    None => (u128::from(v6), 128),
+                },
+            }
+        };
+        let (net, width) = bits(self.network);
+        let (addr, addr_width) = bits(ip);
+        if width != addr_width {
+            return false;
+        }
+        let host_bits = u32::from(width - self.prefix.min(width));
+        let mask = if host_bits >= 128 {
+            0
+        } else {
+            (u128::MAX << host_bits) & (u128::MAX >> (128 - u32::from(width)))
+        };
+        net & mask == addr & mask
+    }
+}
+
+/// The Content-Security-Policy of every answer: only this origin's scripts,
+/// styles, sockets and images, WebAssembly allowed, no framing (the badge is
+/// embedded as a script, never a frame). Leptos' hydration bootstrap is an
+/// inline module script, hence `'unsafe-inline'` for scripts; no page renders
+/// user input as HTML.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; \
+     script-src 'self' 'unsafe-inline' 'wasm-unsafe-eval'; \
+     style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; \
+     frame-ancestors 'none'; base-uri 'self'; form-action 'self'; object-src 'none'";
+
+/// Middleware: refuses a request for a host this server does not answer for
+/// (421), records the client's address ([`ClientIp`]) for every per-client
+/// limit, and adds the security headers to the answer.
+pub async fn edge(
+    State(edge): State<Arc<EdgeConfig>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    let host = request
+        .headers()
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .or_else(|| request.uri().authority().map(|a| a.as_str()))
+        .unwrap_or_default()
+        .to_owned();
+    let mut response = if edge.host_allowed(&host) {
+        let peer = request
+            .extensions()
+            .get::<ConnectInfo<SocketAddr>>()
+            .map(|c| c.0.ip());
+        if let Some(peer) = peer {
+            let client = edge.client_ip(peer, request.headers());
+            request.extensions_mut().insert(ClientIp(client));
+        }
+        next.run(request).await
+    } else {
+        (
+            StatusCode::MISDIRECTED_REQUEST,
+            "this server does not answer for that host name; an operator can add it with --public-host",
+        )
+            .into_response()
+    };
+    let h = response.headers_mut();
+    h.entry(header::CONTENT_SECURITY_POLICY)
+        .or_insert(HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        HeaderValue::from_static("strict-origin-when-cross-origin"),
+    );
+    if edge.cookies.secure {
+        h.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            HeaderValue::from_static("max-age=31536000"),
+        );
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn edge(hosts: &[&str], proxies: &[&str]) -> EdgeConfig {
+        EdgeConfig {
+            public_hosts: hosts.iter().map(|h| (*h).to_owned()).collect(),
+            trusted_proxies: proxies.iter().map(|p| Cidr::parse(p).unwrap()).collect(),
+            ..EdgeConfig::default()
+        }
+    }
+
+    #[test]
+    fn names_must_be_listed_addresses_need_not() {
+        let e = edge(&["shop.example"], &[]);
+        for ok in [
+            "127.0.0.1:3000",
+            "10.1.2.3",
+            "[::1]:3000",
+            "localhost:3000",
+            "LOCALHOST",
+            "shop.example",
+            "Shop.Example:443",
+        ] {
+            assert!(e.host_allowed(ok), "{ok}");
+        }
+        for refused in [
+            "rebind.attacker.example:3000",
+            "shop.example.attacker.example",
+            "localhost.attacker.example",
+            "",
+            ":3000",
+        ] {
+            assert!(!e.host_allowed(refused), "{refused}");
+        }
+    }
+
+    #[test]
+    fn ranges_contain_what_they_should() {
+        let c = Cidr::parse("10.0.0.0/8").unwrap();
+        assert!(c.contains("10.200.1.1".parse().unwrap()));
+        assert!(!c.contains("11.0.0.1".parse().unwrap()));
+        assert!(c.contains("::ffff:10.0.0.9".parse().unwrap()));
+        assert!(!c.contains("::1".parse().unwrap()));
+        let one = Cidr::parse("::1").unwrap();
+        assert!(one.contains("::1".parse().unwrap()));
+        assert!(!one.contains("::2".parse().unwrap()));
+        assert!(
+            Cidr::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        assert!(Cidr::parse("10.0.0.0/33").is_err());
+        assert!(Cidr::parse("ten/8").is_err());
+    }
+
+    #[test]
+    fn forwarded_addresses_count_only_from_trusted_proxies() {
+        let peer: IpAddr = "10.0.0.5".parse().unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "203.0.113.7, 10.0.0.4".parse().unwrap());
+        // Not trusted: the peer is the client, whatever it claims.
+        assert_eq!(edge(&[], &[]).client_ip(peer, &h), peer);
+        // Trusted: the first hop no trusted proxy vouches for.
+        let trusted = edge(&[], &["10.0.0.0/8"]);
+        assert_eq!(
+            trusted.client_ip(peer, &h),
+            "203.0.113.7".parse::<IpAddr>().unwrap()
+        );
+        // A client cannot skip the line by prepending an address: the rightmost
+        // untrusted hop is the one the proxy saw.
+        h.insert(
+            "x-forwarded-for",
+            "1.1.1.1, 198.51.100.2, 10.0.0.4".parse().unwrap(),
+        );
+        assert_eq!(
+            trusted.client_ip(peer, &h),
+            "198.51.100.2".parse::<IpAddr>().unwrap()
+        );
+        let mut f = HeaderMap::new();
+        f.insert(
+            "forwarded",
+            r#"for="[2001:db8::1]:4711";proto=https, for=10.0.0.4"#
+                .parse()
+                .unwrap(),
+        );
+        assert_eq!(
+            trusted.client_ip(peer, &f),
+            "2001:db8::1".parse::<IpAddr>().unwrap()
+        );
+        // Garbage in the chain ends belief at the last readable hop.
+        h.insert("x-forwarded-for", "203.0.113.7, garbage".parse().unwrap());
+        assert_eq!(trusted.client_ip(peer, &h), peer);
+    }
+}

@@ -1,0 +1,387 @@
+//! The edge, attacked over real sockets (issue: hardening): DNS rebinding, slow
+//! and idle clients, too many connections, forwarded addresses, security
+//! headers, and session cookies that are rotated, secured and purged.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use holdfast_app::server::guard::{CookiePolicy, SECURE_SESSION_COOKIE, SESSION_COOKIE};
+use holdfast_domain::Role;
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::users;
+use holdfast_server::http::edge::{Cidr, EdgeConfig};
+use holdfast_server::state::StateOptions;
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const PASSWORD: &str = "correct horse battery";
+
+async fn server_with(pool: PgPool, redis: &TestRedis, edge: EdgeConfig) -> common::TestServer {
+    users::create(&pool, "admin", Role::Admin, PASSWORD, false)
+        .await
+        .unwrap();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        edge,
+        ..StateOptions::default()
+    };
+    common::spawn_with(backends, options, None).await
+}
+
+fn addr(server: &common::TestServer) -> SocketAddr {
+    server.base.trim_start_matches("http://").parse().unwrap()
+}
+
+/// Signs in through the server function, as the page does; the status and the
+/// `Set-Cookie` value of the session, if any.
+async fn login(
+    server: &common::TestServer,
+    form: &str,
+    extra: &[(&str, &str)],
+) -> (u16, Option<String>) {
+    let mut req = reqwest::Client::new()
+        .post(server.url("/api/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", &server.base)
+        .body(form.to_owned());
+    for (k, v) in extra {
+        req = req.header(*k, *v);
+    }
+    let res = req.send().await.unwrap();
+    let cookie = res
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.contains("holdfast_session="));
+    (res.status().as_u16(), cookie)
+}
+
+/// `name=value` of a `Set-Cookie` line.
+fn pair(set_cookie: &str) -> String {
+    set_cookie.split(';').next().unwrap().to_owned()
+}
+
+async fn list_users(server: &common::TestServer, cookie: &str) -> u16 {
+    reqwest::Client::new()
+        .post(server.url("/api/list_users"))
+        .header("origin", &server.base)
+        .header("cookie", cookie)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_rebinding_host_name_is_refused_before_anything_runs(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    let port = addr(&server).port();
+    let rebind = format!("rebind.attacker.example:{port}");
+    // The attacker's page: Host and Origin both name the attacker's domain,
+    // so an Origin-equals-Host check alone would pass.
+    let res = reqwest::Client::new()
+        .post(server.url("/api/login"))
+        .header("host", &rebind)
+        .header("origin", format!("http://{rebind}"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!("username=admin&password={PASSWORD}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 421);
+    assert!(res.headers().get("set-cookie").is_none());
+    // The same on the API, the badges and the pages.
+    for path in ["/api/v1/stock/DROP-001", "/public/stock?skus=DROP-001", "/"] {
+        let res = reqwest::Client::new()
+            .get(server.url(path))
+            .header("host", &rebind)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 421, "{path}");
+    }
+    // By address or localhost it is served.
+    let (status, cookie) =
+        login(&server, &format!("username=admin&password={PASSWORD}"), &[]).await;
+    assert_eq!(status, 200);
+    assert!(cookie.is_some());
+    let res = reqwest::Client::new()
+        .get(server.url("/healthz"))
+        .header("host", format!("localhost:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_configured_public_host_is_served(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        public_hosts: vec!["shop.example".into()],
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    for (host, status) in [("shop.example", 200), ("evil.example", 421)] {
+        let res = reqwest::Client::new()
+            .get(server.url("/healthz"))
+            .header("host", host)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), status, "{host}");
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn every_answer_carries_the_security_headers(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    for path in [
+        "/",
+        "/login",
+        "/healthz",
+        "/api/v1/stock/DROP-001",
+        "/public/stock?skus=X",
+    ] {
+        let res = reqwest::get(server.url(path)).await.unwrap();
+        let h = res.headers();
+        let csp = h
+            .get("content-security-policy")
+            .unwrap_or_else(|| panic!("{path}: no CSP"))
+            .to_str()
+            .unwrap();
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        assert!(csp.contains("default-src 'self'"), "{path}: {csp}");
+        assert_eq!(h.get("x-frame-options").unwrap(), "DENY", "{path}");
+        assert_eq!(
+            h.get("x-content-type-options").unwrap(),
+            "nosniff",
+            "{path}"
+        );
+        assert!(h.get("referrer-policy").is_some(), "{path}");
+        assert!(
+            h.get("strict-transport-security").is_none(),
+            "{path}: no HSTS over plain HTTP"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_client_that_sends_headers_slowly_is_cut_off(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        header_read_timeout: Duration::from_secs(2),
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let started = Instant::now();
+    let mut slow = TcpStream::connect(addr(&server)).await.unwrap();
+    slow.write_all(b"GET /healthz HTTP/1.1\r\n").await.unwrap();
+    // One header byte a second: a slowloris client never finishes.
+    let mut closed_after = None;
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        if slow.write_all(b"X").await.is_err() {
+            closed_after = Some(started.elapsed());
+            break;
+        }
+        let mut buf = [0u8; 512];
+        match tokio::time::timeout(Duration::from_millis(10), slow.read(&mut buf)).await {
+            Ok(Ok(_)) | Ok(Err(_)) => {
+                // End of stream, an error answer, or a reset: the server gave up.
+                closed_after = Some(started.elapsed());
+                break;
+            }
+            Err(_) => {}
+        }
+    }
+    let closed_after = closed_after.expect("the slow client is still connected after 10 s");
+    assert!(closed_after < Duration::from_secs(5), "{closed_after:?}");
+
+    // An idle keep-alive connection is closed after the same time.
+    let mut idle = TcpStream::connect(addr(&server)).await.unwrap();
+    idle.write_all(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = idle.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    let end = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            match idle.read(&mut buf).await {
+                Ok(0) | Err(_) => return,
+                Ok(_) => {}
+            }
+        }
+    })
+    .await;
+    assert!(end.is_ok(), "an idle keep-alive connection stayed open");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn connections_past_the_cap_wait_until_one_closes(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        max_connections: 2,
+        header_read_timeout: Duration::from_secs(30),
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let first = TcpStream::connect(addr(&server)).await.unwrap();
+    let _second = TcpStream::connect(addr(&server)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    assert!(
+        client.get(server.url("/healthz")).send().await.is_err(),
+        "a third connection is not served while two are open"
+    );
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let res = client.get(server.url("/healthz")).send().await.unwrap();
+    assert_eq!(res.status().as_u16(), 200);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn forwarded_addresses_count_only_from_a_trusted_proxy(pool: PgPool) {
+    let redis = TestRedis::start();
+    let pool2 = pool.clone();
+    // Not trusted: every claimed address shares the peer's poll budget.
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    let poll = |server: &common::TestServer, from: &str| {
+        let req = reqwest::Client::new()
+            .get(server.url("/public/stock?skus=DROP-001"))
+            .header("x-forwarded-for", from.to_owned());
+        async move { req.send().await.unwrap().status().as_u16() }
+    };
+    let mut limited = false;
+    for _ in 0..40 {
+        limited |= poll(&server, "203.0.113.1").await == 429;
+    }
+    assert!(limited, "40 polls at once exceed one client's budget");
+    assert_eq!(
+        poll(&server, "203.0.113.2").await,
+        429,
+        "an untrusted peer cannot claim another address"
+    );
+
+    // Trusted loopback proxy: each forwarded client has its own budget.
+    sqlx::query("DELETE FROM users")
+        .execute(&pool2)
+        .await
+        .unwrap();
+    let edge = EdgeConfig {
+        trusted_proxies: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+        ..EdgeConfig::default()
+    };
+    let proxied = server_with(pool2, &redis, edge).await;
+    let mut limited = false;
+    for _ in 0..40 {
+        limited |= poll(&proxied, "203.0.113.1").await == 429;
+    }
+    assert!(limited);
+    assert_eq!(poll(&proxied, "203.0.113.2").await, 200);
+
+    // Sign-in failures count per forwarded address, across usernames.
+    for i in 0..users::LOGIN_FAILURES_PER_ADDRESS {
+        let (status, _) = login(
+            &proxied,
+            &format!("username=guess{i}&password=wrong-password"),
+            &[("x-forwarded-for", "198.51.100.9")],
+        )
+        .await;
+        assert_eq!(status, 401, "attempt {i}");
+    }
+    let (status, _) = login(
+        &proxied,
+        &format!("username=admin&password={PASSWORD}"),
+        &[("x-forwarded-for", "198.51.100.9")],
+    )
+    .await;
+    assert_eq!(status, 429, "the guessing address is held off");
+    let (status, _) = login(
+        &proxied,
+        &format!("username=admin&password={PASSWORD}"),
+        &[("x-forwarded-for", "198.51.100.10")],
+    )
+    .await;
+    assert_eq!(status, 200, "another address signs in");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn sign_in_rotates_the_session_and_purges_expired_ones(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool.clone(), &redis, EdgeConfig::default()).await;
+    let form = format!("username=admin&password={PASSWORD}");
+    let (status, first) = login(&server, &form, &[]).await;
+    assert_eq!(status, 200);
+    let first = pair(&first.unwrap());
+    assert!(first.starts_with(&format!("{SESSION_COOKIE}=")));
+    assert_eq!(list_users(&server, &first).await, 200);
+    // An expired session lingering in the table.
+    sqlx::query(
+        "INSERT INTO sessions (digest, user_id, expires_at)
+         SELECT 'expired-digest', id, now() - interval '1 hour' FROM users WHERE username = 'admin'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    // Signing in again with the old cookie: a new session, and the old one ends
+    // (a session id planted before sign-in is never promoted).
+    let (status, second) = login(&server, &form, &[("cookie", &first)]).await;
+    assert_eq!(status, 200);
+    let second = pair(&second.unwrap());
+    assert_ne!(first, second);
+    assert_eq!(list_users(&server, &second).await, 200);
+    assert_eq!(list_users(&server, &first).await, 401);
+    let expired: i64 = sqlx::query_scalar("SELECT count(*) FROM sessions WHERE expires_at < now()")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(expired, 0, "expired sessions are purged");
+    // The scheduled purge finds nothing left, and removes what expires later.
+    sqlx::query("UPDATE sessions SET expires_at = now() - interval '1 second'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(users::purge_expired_sessions(&pool).await.unwrap(), 1);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn secure_cookies_are_host_prefixed_and_secure(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        cookies: CookiePolicy { secure: true },
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let (status, cookie) =
+        login(&server, &format!("username=admin&password={PASSWORD}"), &[]).await;
+    assert_eq!(status, 200);
+    let cookie = cookie.unwrap();
+    assert!(
+        cookie.starts_with(&format!("{SECURE_SESSION_COOKIE}=")),
+        "{cookie}"
+    );
+    assert!(
+        cookie.contains("; Secure") && cookie.contains("Path=/"),
+        "{cookie}"
+    );
+    assert!(!cookie.contains("Domain"), "{cookie}");
+    let secure = pair(&cookie);
+    assert_eq!(list_users(&server, &secure).await, 200);
+    // The same secret under the plain name is not a session here.
+    let plain = secure.replace(SECURE_SESSION_COOKIE, SESSION_COOKIE);
+    assert_eq!(list_users(&server, &plain).await, 401);
+    let res = reqwest::get(server.url("/healthz")).await.unwrap();
+    assert!(res.headers().get("strict-transport-security").is_some());
+}
