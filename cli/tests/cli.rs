@@ -260,3 +260,88 @@ fn help_lists_the_commands_and_environment() {
         assert!(help.contains(needle), "--help mentions {needle}:\n{help}");
     }
 }
+
+/// Resident memory of process `pid`, in KiB.
+fn rss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_burst_of_sign_ins_keeps_the_servers_memory_bounded(
+    _pool: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    use std::io::{BufRead, BufReader};
+    let pg_url = common::pg_url(&opts);
+    let redis = TestRedis::start();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", &pg_url)
+        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
+        .env("HOLDFAST_LOG", "warn")
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start holdfast serve");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let url = loop {
+        let mut line = String::new();
+        assert!(out.read_line(&mut line).unwrap() > 0, "exited early");
+        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
+            break url.to_owned();
+        }
+    };
+    let http = reqwest::Client::new();
+    let attempt = |i: usize| {
+        let (http, url) = (http.clone(), url.clone());
+        async move {
+            http.post(format!("{url}/api/login"))
+                .header("origin", &url)
+                .form(&[
+                    ("username", format!("ghost-{i}")),
+                    ("password", "not-the-password".to_owned()),
+                ])
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        }
+    };
+    // Warm up (first hashes allocate the pool the hasher reuses).
+    futures_util::future::join_all((0..4).map(attempt)).await;
+    let before = rss_kib(child.id());
+    let mut statuses = Vec::new();
+    for round in 0..4 {
+        let burst = (0..48).map(|i| attempt(1_000 * (round + 1) + i));
+        statuses.extend(futures_util::future::join_all(burst).await);
+    }
+    let after = rss_kib(child.id());
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // Four hashes of ~19 MiB at most at once; 192 attempts unbounded took
+    // hundreds of MiB.
+    let grew_mib = after.saturating_sub(before) / 1024;
+    assert!(grew_mib < 120, "resident memory grew by {grew_mib} MiB");
+}
+
+#[test]
+fn the_demo_password_is_refused_beyond_loopback() {
+    let (ok, _, err) = holdfast(
+        &["serve", "--demo", "--listen", "0.0.0.0:0"],
+        "redis://127.0.0.1:1",
+        "postgres://127.0.0.1:1/none",
+    );
+    assert!(!ok);
+    assert!(err.contains("--demo-password"), "{err}");
+}

@@ -61,14 +61,16 @@ pub async fn sku(pool: &PgPool, sku: &str) -> Result<Option<SkuRecord>, EngineEr
     .await?)
 }
 
-/// The low-stock threshold of `sku`; `None` when PostgreSQL does not know it.
-pub async fn threshold(pool: &PgPool, sku: &str) -> Result<Option<i64>, EngineError> {
-    let found: Option<i32> =
-        sqlx::query_scalar("SELECT low_stock_threshold FROM skus WHERE sku = $1")
-            .bind(sku)
-            .fetch_optional(pool)
-            .await?;
-    Ok(found.map(i64::from))
+/// Every catalogue SKU's low-stock threshold, in one query: the badges keep it
+/// in memory, so a shopper's request for any SKU, real or invented, costs
+/// PostgreSQL nothing.
+pub async fn thresholds(
+    pool: &PgPool,
+) -> Result<std::collections::HashMap<String, i64>, EngineError> {
+    let rows: Vec<(String, i32)> = sqlx::query_as("SELECT sku, low_stock_threshold FROM skus")
+        .fetch_all(pool)
+        .await?;
+    Ok(rows.into_iter().map(|(s, t)| (s, i64::from(t))).collect())
 }
 
 /// The SKUs of every drop, each once: newest drop first, in each drop's order.

@@ -147,7 +147,7 @@ const OUTAGE_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 /// PostgreSQL per request.
 #[derive(Debug, Default)]
 pub struct TokenCache {
-    entries: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Verified>>,
+    entries: std::sync::Mutex<Entries>,
     /// Set while PostgreSQL is failing (the last check failed): stale answers
     /// are then given at once and checked again in the background.
     failing: std::sync::atomic::AtomicBool,
@@ -239,11 +239,50 @@ impl TokenCache {
         };
         let now = std::time::Instant::now();
         if let Ok(mut entries) = self.entries.lock() {
-            if entries.len() > 10_000 {
-                entries.retain(|_, (_, verified, _)| verified.elapsed() < TOKEN_OUTAGE_GRACE);
-            }
             entries.insert(digest(secret), (info.clone(), now, now + TOKEN_CACHE_TTL));
         }
         Ok(info)
+    }
+
+    /// How many answers are remembered (live tokens plus at most
+    /// [`REFUSED_REMEMBERED`] refusals).
+    pub fn remembered(&self) -> usize {
+        self.entries.lock().map_or(0, |e| e.map.len())
+    }
+}
+
+/// Refused secrets remembered at most: the oldest refusal is forgotten first,
+/// in constant time, so invented tokens cannot grow the cache or stall it.
+/// Live tokens are few (an operator issues them) and always kept.
+pub const REFUSED_REMEMBERED: usize = 4_096;
+
+/// The cache's answers by secret digest, with the refusals in arrival order.
+#[derive(Debug, Default)]
+struct Entries {
+    map: std::collections::HashMap<Vec<u8>, Verified>,
+    refused: std::collections::VecDeque<Vec<u8>>,
+}
+
+impl Entries {
+    fn get(&self, key: &[u8]) -> Option<&Verified> {
+        self.map.get(key)
+    }
+
+    fn contains_key(&self, key: &[u8]) -> bool {
+        self.map.contains_key(key)
+    }
+
+    fn insert(&mut self, key: Vec<u8>, value: Verified) {
+        if value.0.is_none() && !matches!(self.map.get(&key), Some((None, _, _))) {
+            self.refused.push_back(key.clone());
+            while self.refused.len() > REFUSED_REMEMBERED {
+                if let Some(old) = self.refused.pop_front()
+                    && matches!(self.map.get(&old), Some((None, _, _)))
+                {
+                    self.map.remove(&old);
+                }
+            }
+        }
+        self.map.insert(key, value);
     }
 }

@@ -189,3 +189,186 @@ async fn invented_tokens_are_refused_cheaply_and_cannot_flood_postgresql(pool: P
         "a known token is not held up by the flood"
     );
 }
+
+/// Transactions committed in the test's database so far.
+async fn transactions(pool: &PgPool) -> i64 {
+    sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+async fn badge_socket(base: &str) -> common::Socket {
+    let req = format!("{}/public/ws", base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    tokio_tungstenite::connect_async(req).await.unwrap().0
+}
+
+/// The next text message within 2 s.
+async fn next_text(ws: &mut common::Socket) -> serde_json::Value {
+    use futures_util::StreamExt;
+    loop {
+        let msg = tokio::time::timeout(std::time::Duration::from_secs(2), ws.next())
+            .await
+            .expect("a message within 2 s")
+            .expect("open")
+            .expect("a frame");
+        if let Message::Text(t) = msg {
+            return serde_json::from_str(&t).unwrap();
+        }
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn invented_badge_skus_cost_no_database_work_and_subscribing_is_paced(pool: PgPool) {
+    holdfast_engine::catalog::load_demo_drop(&pool)
+        .await
+        .unwrap();
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    holdfast_engine::testkit::stock(&backends.engine, "DROP-001", 40).await;
+    let server = common::spawn_live(backends, &redis.url()).await;
+    let mut ws = badge_socket(&server.base).await;
+    // A real SKU first: its badge arrives (and loads the thresholds once).
+    ws.send(Message::Text(r#"{"subscribe":["DROP-001"]}"#.into()))
+        .await
+        .unwrap();
+    assert_eq!(
+        next_text(&mut ws).await["state"],
+        "low",
+        "40 is under its threshold"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let before = transactions(&pool).await;
+    // The burst allows four more subscribe messages at once; each names 20
+    // invented SKUs, answered "unknown" without asking PostgreSQL.
+    for round in 0..4 {
+        let skus: Vec<String> = (0..20).map(|i| format!("FAKE-{round}-{i}")).collect();
+        ws.send(Message::Text(
+            serde_json::json!({ "subscribe": skus }).to_string().into(),
+        ))
+        .await
+        .unwrap();
+        for _ in 0..20 {
+            assert_eq!(next_text(&mut ws).await["state"], "unknown");
+        }
+    }
+    // Past the burst: refused until the pace allows another.
+    for _ in 0..3 {
+        ws.send(Message::Text(r#"{"subscribe":["FAKE-X"]}"#.into()))
+            .await
+            .unwrap();
+    }
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        answers.push(next_text(&mut ws).await);
+    }
+    assert!(
+        answers
+            .iter()
+            .any(|a| a["error"].as_str().is_some_and(|e| e.contains("too often"))),
+        "{answers:?}"
+    );
+    // PostgreSQL publishes its counts within about a second.
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let spent = transactions(&pool).await - before;
+    assert!(
+        spent < 20,
+        "80 invented SKUs cost {spent} PostgreSQL transactions"
+    );
+    // The polling endpoint answers the same from memory.
+    let res = reqwest::get(server.url("/public/stock?skus=FAKE-A,FAKE-B,DROP-001"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let spent_with_poll = transactions(&pool).await - before;
+    assert!(spent_with_poll < 20, "{spent_with_poll}");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_badge_socket_that_answers_nothing_is_closed(pool: PgPool) {
+    use futures_util::StreamExt;
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        badge: holdfast_server::badge::BadgeConfig {
+            ping_every: std::time::Duration::from_millis(300),
+            idle_timeout: std::time::Duration::from_secs(1),
+            ..Default::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
+    // A reading client answers pings (tungstenite does so while reading) and stays.
+    let mut alive = badge_socket(&server.base).await;
+    let mut pings = 0;
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(2);
+    while let Ok(Some(Ok(msg))) = tokio::time::timeout_at(deadline, alive.next()).await {
+        assert!(
+            !matches!(msg, Message::Close(_)),
+            "a live client was closed"
+        );
+        pings += usize::from(matches!(msg, Message::Ping(_)));
+    }
+    assert!(pings >= 3, "{pings} pings in 2 s");
+    // A client that never reads never answers a ping: closed after the timeout.
+    let mut silent = badge_socket(&server.base).await;
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let closed = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+        loop {
+            match silent.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false);
+    assert!(closed, "the silent socket is still open");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn invented_session_cookies_cannot_flood_the_live_handshake(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn_live(backends, &redis.url()).await;
+    let handshake = |cookie: String| {
+        let mut req = format!("{}/live", server.base.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        req.headers_mut()
+            .insert("origin", server.base.parse().unwrap());
+        req.headers_mut().insert(
+            "cookie",
+            format!("holdfast_session={cookie}").parse().unwrap(),
+        );
+        async move {
+            match tokio_tungstenite::connect_async(req).await {
+                Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
+                Ok(_) => 101,
+                Err(e) => panic!("{e}"),
+            }
+        }
+    };
+    // Not the shape of a session secret: refused without a lookup.
+    assert_eq!(handshake("x".repeat(5_000)).await, 401);
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let before = transactions(&pool).await;
+    let mut statuses = Vec::new();
+    for i in 0..100u32 {
+        statuses.push(handshake(format!("{i:064x}")).await);
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    let limited = statuses.iter().filter(|s| **s == 429).count();
+    assert!(limited >= 80, "only {limited} of 100 were held off");
+    tokio::time::sleep(std::time::Duration::from_millis(1_500)).await;
+    let spent = transactions(&pool).await - before;
+    assert!(spent < 30, "100 invented cookies cost {spent} transactions");
+}

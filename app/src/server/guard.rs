@@ -181,7 +181,11 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     let Some((_, headers)) = request() else {
         return Ok(None);
     };
-    let Some(secret) = cookie_policy().read(&headers) else {
+    let Some(secret) = cookie_policy()
+        .read(&headers)
+        .filter(|s| users::well_formed_secret(s))
+    else {
+        // No cookie, or not one this server could have issued: no lookup.
         return Ok(None);
     };
     let user = users::session_user(&backends.pg, &secret)

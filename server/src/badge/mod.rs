@@ -4,8 +4,11 @@
 //! One [`BadgeHub`] per process turns the event feed into the latest badge per
 //! watched SKU, held in a `watch` channel: a slow connection simply sees the
 //! newest value when it catches up, it never buffers a backlog. No cookies, no
-//! private data; an Origin allow-list, connections per client address and
-//! subscriptions per connection are limited.
+//! private data; an Origin allow-list, connections per client address,
+//! subscriptions per connection and subscribe messages per connection are
+//! limited. Only SKUs with a stock counter get a watch entry and thresholds come
+//! from one in-memory copy of the catalogue, so invented SKUs cost one Redis
+//! read each and no memory or PostgreSQL work.
 
 pub mod routes;
 
@@ -59,6 +62,15 @@ pub struct BadgeConfig {
     pub max_subscriptions: usize,
     /// Polls per second per client address (bursts of twice that).
     pub polls_per_second: u32,
+    /// Subscribe messages one connection may send in a burst; then one per
+    /// [`BadgeConfig::resubscribe_every`].
+    pub subscribe_burst: u32,
+    /// Pace of subscribe messages after the burst.
+    pub resubscribe_every: Duration,
+    /// How often the server pings an open socket.
+    pub ping_every: Duration,
+    /// A socket from which nothing (not even a pong) arrived for this long is closed.
+    pub idle_timeout: Duration,
 }
 
 impl Default for BadgeConfig {
@@ -68,6 +80,10 @@ impl Default for BadgeConfig {
             max_connections_per_client: 50,
             max_subscriptions: 20,
             polls_per_second: 10,
+            subscribe_burst: 5,
+            resubscribe_every: Duration::from_secs(1),
+            ping_every: Duration::from_secs(25),
+            idle_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -79,18 +95,27 @@ pub struct BadgeHub {
     /// Limits and the Origin allow-list.
     pub config: BadgeConfig,
     skus: Mutex<HashMap<String, watch::Sender<Badge>>>,
-    thresholds: Mutex<HashMap<String, (i64, Instant)>>,
+    thresholds: Mutex<Thresholds>,
+    reloading: tokio::sync::Mutex<()>,
     connections: Mutex<HashMap<IpAddr, usize>>,
     /// Polls per client address.
     pub polls: RateLimiter,
 }
 
-/// How long a SKU's low-stock threshold is cached.
-const THRESHOLD_TTL: Duration = Duration::from_secs(60);
-/// How long a threshold stands in after PostgreSQL failed to answer, before it
-/// is asked again.
+/// The catalogue's thresholds in memory, and when they were read.
+#[derive(Default)]
+struct Thresholds {
+    by_sku: HashMap<String, i64>,
+    read_at: Option<Instant>,
+    tried_at: Option<Instant>,
+}
+
+/// How long the catalogue's thresholds are used before they are read again.
+const THRESHOLD_TTL: Duration = Duration::from_secs(30);
+/// How long after PostgreSQL failed to answer before it is asked again (the
+/// last copy, or the default, stands in meanwhile).
 const THRESHOLD_RETRY: Duration = Duration::from_secs(5);
-/// Threshold for a SKU PostgreSQL does not know.
+/// Threshold for a SKU the catalogue does not list.
 const DEFAULT_THRESHOLD: i64 = 5;
 
 impl BadgeHub {
@@ -101,41 +126,45 @@ impl BadgeHub {
             pg,
             skus: Mutex::default(),
             thresholds: Mutex::default(),
+            reloading: tokio::sync::Mutex::new(()),
             connections: Mutex::default(),
             polls: RateLimiter::new(Limit::per_second(config.polls_per_second)),
             config,
         }
     }
 
+    /// `sku`'s low-stock threshold from the in-memory catalogue, read again
+    /// (one query for every SKU, by one caller at a time) when it is old.
     async fn threshold(&self, sku: &str) -> i64 {
-        if let Ok(t) = self.thresholds.lock()
-            && let Some((v, at)) = t.get(sku)
-            && at.elapsed() < THRESHOLD_TTL
-        {
-            return *v;
-        }
-        let (v, fresh_for) = match postgres::quick(catalog::threshold(&self.pg, sku)).await {
-            Ok(found) => (found.unwrap_or(DEFAULT_THRESHOLD), THRESHOLD_TTL),
-            Err(e) => {
-                // Keep the last known threshold (or the default) and ask again
-                // soon, rather than remembering a guess for a minute.
-                tracing::warn!(%sku, error = %e, "could not read a low-stock threshold");
-                let last = self
-                    .thresholds
-                    .lock()
-                    .ok()
-                    .and_then(|t| t.get(sku).map(|(v, _)| *v));
-                (last.unwrap_or(DEFAULT_THRESHOLD), THRESHOLD_RETRY)
+        let due = self.thresholds.lock().is_ok_and(|t| {
+            t.read_at.is_none_or(|at| at.elapsed() >= THRESHOLD_TTL)
+                && t.tried_at.is_none_or(|at| at.elapsed() >= THRESHOLD_RETRY)
+        });
+        if due && let Ok(_reload) = self.reloading.try_lock() {
+            let read = postgres::quick(catalog::thresholds(&self.pg)).await;
+            if let Ok(mut t) = self.thresholds.lock() {
+                t.tried_at = Some(Instant::now());
+                match read {
+                    Ok(by_sku) => {
+                        t.by_sku = by_sku;
+                        t.read_at = Some(Instant::now());
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "could not read the low-stock thresholds")
+                    }
+                }
             }
-        };
-        if let Ok(mut t) = self.thresholds.lock() {
-            // Stored as if read `THRESHOLD_TTL - fresh_for` ago, so it lapses after `fresh_for`.
-            let at = Instant::now()
-                .checked_sub(THRESHOLD_TTL - fresh_for)
-                .unwrap_or_else(Instant::now);
-            t.insert(sku.to_owned(), (v, at));
         }
-        v
+        self.thresholds
+            .lock()
+            .ok()
+            .and_then(|t| t.by_sku.get(sku).copied())
+            .unwrap_or(DEFAULT_THRESHOLD)
+    }
+
+    /// How many SKUs have a watch entry (bounded by the SKUs with counters).
+    pub fn watched(&self) -> usize {
+        self.skus.lock().map_or(0, |s| s.len())
     }
 
     /// The badge of `sku` read from Redis now.
@@ -158,6 +187,11 @@ impl BadgeHub {
             return tx.subscribe();
         }
         let badge = self.current(sku).await;
+        if badge.state == StockState::Unknown {
+            // No counter: an invented or unwarmed SKU gets a one-off answer and
+            // no entry (it appears on the next subscribe once warmed).
+            return watch::channel(badge).1;
+        }
         let Ok(mut skus) = self.skus.lock() else {
             return watch::channel(badge).1;
         };

@@ -19,6 +19,7 @@ use tokio_stream::StreamExt;
 use tokio_stream::wrappers::WatchStream;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use axum::extract::FromRef;
 
@@ -195,18 +196,32 @@ struct Subscribe {
     subscribe: Vec<String>,
 }
 
+/// Serves one badge socket: subscriptions (paced: a burst, then one per
+/// `resubscribe_every`), the badges as they change, a ping every `ping_every`,
+/// and a close when nothing has come back for `idle_timeout`.
 async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
+    let config = &hub.config;
     let mut streams = tokio_stream::StreamMap::new();
+    let mut pace = Pace::new(config.subscribe_burst, config.resubscribe_every);
+    let mut heard = tokio::time::Instant::now();
+    let mut ping = tokio::time::interval(config.ping_every);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ping.tick().await;
     loop {
         tokio::select! {
             incoming = socket.recv() => {
                 let Some(Ok(message)) = incoming else { return };
+                heard = tokio::time::Instant::now();
                 let Message::Text(text) = message else { continue };
+                if !pace.admit() {
+                    let _ = socket.send(Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await;
+                    continue;
+                }
                 let Ok(request) = serde_json::from_str::<Subscribe>(&text) else {
                     let _ = socket.send(Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await;
                     continue;
                 };
-                let max = hub.config.max_subscriptions;
+                let max = config.max_subscriptions;
                 if request.subscribe.len() > max
                     || !request.subscribe.iter().all(|s| holdfast_engine::engine::valid_sku(s))
                 {
@@ -226,6 +241,48 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                     return;
                 }
             }
+            _ = ping.tick() => {
+                if heard.elapsed() >= config.idle_timeout {
+                    let _ = socket.send(Message::Close(None)).await;
+                    return;
+                }
+                if socket.send(Message::Ping(Default::default())).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// A per-connection token bucket: `burst` at once, then one per `every`.
+pub(crate) struct Pace {
+    tokens: f64,
+    burst: f64,
+    every: Duration,
+    at: Instant,
+}
+
+impl Pace {
+    /// A full bucket.
+    pub(crate) fn new(burst: u32, every: Duration) -> Self {
+        Self {
+            tokens: f64::from(burst.max(1)),
+            burst: f64::from(burst.max(1)),
+            every,
+            at: Instant::now(),
+        }
+    }
+
+    /// Takes one token; `false` when there is none.
+    pub(crate) fn admit(&mut self) -> bool {
+        let refill = self.at.elapsed().as_secs_f64() / self.every.as_secs_f64().max(1e-3);
+        self.tokens = (self.tokens + refill).min(self.burst);
+        self.at = Instant::now();
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
         }
     }
 }

@@ -70,9 +70,7 @@ impl EdgeConfig {
             return false;
         }
         let bare = name.trim_start_matches('[').trim_end_matches(']');
-        bare.parse::<IpAddr>().is_ok()
-            || name == "localhost"
-            || self.public_hosts.contains(&name)
+        bare.parse::<IpAddr>().is_ok() || name == "localhost" || self.public_hosts.contains(&name)
     }
 
     /// The client behind a request from `peer`: `peer` itself unless it is a

@@ -62,6 +62,8 @@ pub struct LiveHub {
     tx: broadcast::Sender<HubMsg>,
     ops: watch::Sender<Option<Arc<String>>>,
     clients: AtomicUsize,
+    /// `/live` handshakes per client address.
+    pub handshakes: crate::http::ratelimit::RateLimiter,
 }
 
 /// Counts a connected tab for as long as it lives.
@@ -100,6 +102,9 @@ impl LiveHub {
             tx: broadcast::channel(1_024).0,
             ops: watch::channel(None).0,
             clients: AtomicUsize::new(0),
+            handshakes: crate::http::ratelimit::RateLimiter::new(
+                crate::http::ratelimit::Limit::per_second(super::ws::HANDSHAKES_PER_ADDRESS),
+            ),
         }
     }
 

@@ -8,12 +8,13 @@
 
 use std::time::Duration;
 
+use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::live::{ClientMsg, ServerMsg};
-use holdfast_app::server::guard::{CookiePolicy, same_origin};
+use holdfast_app::server::guard::{ClientIp, CookiePolicy, same_origin};
 use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -39,6 +40,7 @@ pub async fn live(
     State(backends): State<Backends>,
     State(hub): State<Arc<LiveHub>>,
     State(cookies): State<CookiePolicy>,
+    client: Option<Extension<ClientIp>>,
     Query(query): Query<LiveQuery>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
@@ -46,9 +48,21 @@ pub async fn live(
     if !same_origin(&headers) {
         return (StatusCode::FORBIDDEN, "cross-site WebSocket refused").into_response();
     }
-    let Some(secret) = cookies.read(&headers) else {
+    let Some(secret) = cookies
+        .read(&headers)
+        .filter(|s| holdfast_engine::users::well_formed_secret(s))
+    else {
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
+    let address = client.map_or_else(String::new, |Extension(ClientIp(ip))| ip.to_string());
+    if let Err(secs) = hub.handshakes.check(&address) {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(axum::http::header::RETRY_AFTER, secs.to_string())],
+            "too many connection attempts",
+        )
+            .into_response();
+    }
     let user = match holdfast_engine::users::session_user(&backends.pg, &secret).await {
         Ok(Some(user)) if user.must_change_password => {
             return (StatusCode::FORBIDDEN, "choose a new password first").into_response();
@@ -76,6 +90,15 @@ pub async fn live(
             serve(socket, hub, query.cursor, session).await
         })
 }
+
+/// How often the server pings an open tab.
+pub const PING_EVERY: Duration = Duration::from_secs(20);
+/// A tab from which nothing (not even a pong) arrived for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Handshakes per client address per second (bursts of twice that), checked
+/// before any session lookup: invented cookies cannot flood PostgreSQL.
+pub const HANDSHAKES_PER_ADDRESS: u32 = 5;
 
 /// How often an open socket's session is checked again: a logout, a password
 /// change, a deletion or a demotion closes the socket within this long.
@@ -127,8 +150,9 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
     {
         return;
     }
-    let mut ping = tokio::time::interval(Duration::from_secs(20));
+    let mut ping = tokio::time::interval(PING_EVERY);
     ping.tick().await;
+    let mut heard = tokio::time::Instant::now();
     let mut recheck = tokio::time::interval(SESSION_RECHECK);
     recheck.tick().await;
     loop {
@@ -175,14 +199,20 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
             }
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Text(text))) => {
+                    heard = tokio::time::Instant::now();
                     if let Ok(ClientMsg::Watch { sku }) = serde_json::from_str(&text) {
                         watched = sku;
                     }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                Some(Ok(_)) => {}
+                Some(Ok(_)) => heard = tokio::time::Instant::now(),
             },
             _ = ping.tick() => {
+                // A browser answers every ping; silence means the tab or its
+                // network is gone, and the socket would only hold memory.
+                if heard.elapsed() >= IDLE_TIMEOUT {
+                    return;
+                }
                 if socket.send(Message::Ping(Vec::new().into())).await.is_err() {
                     return;
                 }

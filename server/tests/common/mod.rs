@@ -9,6 +9,10 @@ use holdfast_server::startup::spawn_in_background;
 use holdfast_server::state::{AppState, StateOptions, leptos_options};
 use tokio::net::TcpListener;
 
+/// A WebSocket client.
+pub type Socket =
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
+
 /// A Holdfast server on a free loopback port, stopped when the test's runtime ends.
 pub struct TestServer {
     /// `http://127.0.0.1:<port>`.
