@@ -22,6 +22,10 @@ pub enum ErrorCode {
     SoldOut,
     /// The buyer reached the SKU's per-buyer limit.
     BuyerLimitReached,
+    /// A line's SKU has a per-buyer limit, so the request must name its buyer.
+    BuyerRequired,
+    /// The body is larger than this endpoint accepts.
+    PayloadTooLarge,
     /// The hold had ended before payment was confirmed.
     HoldExpired,
     /// Redis lost the reservation; a remediation was recorded.
@@ -65,6 +69,8 @@ impl ErrorCode {
             Self::Invalid => "invalid",
             Self::SoldOut => "sold_out",
             Self::BuyerLimitReached => "buyer_limit_reached",
+            Self::BuyerRequired => "buyer_required",
+            Self::PayloadTooLarge => "payload_too_large",
             Self::HoldExpired => "hold_expired",
             Self::ReservationLost => "reservation_lost",
             Self::IdempotencyKeyRequired => "idempotency_key_required",
@@ -95,7 +101,8 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::SoldOut | Self::BuyerLimitReached | Self::RequestInProgress | Self::Busy => 409,
             Self::HoldExpired | Self::ReservationLost => 410,
-            Self::Invalid | Self::IdempotencyKeyReused => 422,
+            Self::PayloadTooLarge => 413,
+            Self::Invalid | Self::IdempotencyKeyReused | Self::BuyerRequired => 422,
             Self::RateLimited | Self::LaneFull => 429,
             Self::Internal => 500,
             Self::NotWarmed | Self::Unavailable => 503,

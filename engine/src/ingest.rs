@@ -37,6 +37,48 @@ fn paused_key(lane: Lane) -> String {
     format!("hf:ingest:{{{lane}}}:paused")
 }
 
+/// The payload bytes waiting on `lane` (kept by `lua/enqueue.lua` and the consumers).
+fn bytes_key(lane: Lane) -> String {
+    format!("hf:ingest:{{{lane}}}:bytes")
+}
+
+/// `lua/enqueue.lua`: a lane's intake, capped in payloads and bytes.
+static ENQUEUE: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/enqueue.lua")));
+
+/// Source names that are not webhook sources: the ledger records sales,
+/// corrections and feeds under them, and a webhook source of the same name
+/// would share their `(source, event_id)` space.
+pub const RESERVED_SOURCES: &[&str] = &[
+    "checkout",
+    "reconcile",
+    "feed",
+    "warm",
+    "manual",
+    "dashboard",
+    "cli",
+    "holdfast",
+];
+
+/// Whether `name` may name a webhook source: 1 to 40 of `a-z 0-9 _ -`, not
+/// reserved.
+pub fn check_source_name(name: &str) -> Result<(), String> {
+    if name.is_empty()
+        || name.len() > 40
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_' || b == b'-')
+    {
+        return Err("a source name is 1 to 40 of a-z, 0-9, '_' and '-'".into());
+    }
+    if RESERVED_SOURCES.contains(&name) {
+        return Err(format!(
+            "'{name}' is reserved (the ledger uses it for its own entries)"
+        ));
+    }
+    Ok(())
+}
+
 /// The dead-letter stream.
 pub const DEAD_KEY: &str = "hf:ingest:{dead}";
 
@@ -47,6 +89,8 @@ pub struct LaneConfig {
     pub name: Lane,
     /// Most payloads waiting before new ones are refused.
     pub cap: u64,
+    /// Most payload bytes waiting before new ones are refused.
+    pub cap_bytes: u64,
     /// Consumer tasks.
     pub concurrency: usize,
     /// Most events applied per second by the whole lane (0: unlimited).
@@ -65,6 +109,7 @@ impl LaneConfig {
             Lane::Orders => Self {
                 name,
                 cap: 100_000,
+                cap_bytes: 64 * 1024 * 1024,
                 concurrency: 2,
                 rate_per_sec: 0,
                 batch: 50,
@@ -73,6 +118,7 @@ impl LaneConfig {
             Lane::Feeds => Self {
                 name,
                 cap: 20_000,
+                cap_bytes: 256 * 1024 * 1024,
                 concurrency: 1,
                 rate_per_sec: 5_000,
                 batch: 10,
@@ -87,38 +133,72 @@ impl LaneConfig {
 pub enum Intake {
     /// Appended; the id is the stream entry id.
     Accepted(String),
-    /// The lane holds `backlog` payloads, at or over its cap: retry later.
+    /// The lane is at its cap of payloads or bytes: retry later.
     Full {
         /// Payloads waiting.
         backlog: u64,
+        /// Payload bytes waiting.
+        bytes: u64,
     },
 }
 
-/// Appends a raw payload from `source` to `lane`, unless the lane is full.
+/// A lane's caps.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caps {
+    /// Most payloads waiting.
+    pub payloads: u64,
+    /// Most payload bytes waiting.
+    pub bytes: u64,
+}
+
+/// Appends a raw payload from `source` to `lane`, unless the lane is at one of
+/// its `caps`.
 pub async fn enqueue(
     conn: &mut ConnectionManager,
     lane: Lane,
     source: &str,
     body: &[u8],
-    cap: u64,
+    caps: Caps,
 ) -> Result<Intake, EngineError> {
-    let backlog: u64 = redis::cmd("XLEN")
-        .arg(lane_key(lane))
-        .query_async(conn)
-        .await?;
-    if backlog >= cap {
-        return Ok(Intake::Full { backlog });
-    }
-    let id: String = redis::cmd("XADD")
-        .arg(lane_key(lane))
-        .arg("*")
-        .arg("source")
+    let reply: Value = ENQUEUE
+        .key(lane_key(lane))
+        .key(bytes_key(lane))
+        .arg(caps.payloads)
+        .arg(caps.bytes)
         .arg(source)
-        .arg("body")
         .arg(body)
+        .invoke_async(conn)
+        .await?;
+    let fields: Vec<Value> = redis::from_redis_value(reply)
+        .map_err(|e| EngineError::UnexpectedReply(format!("enqueue: {e}")))?;
+    let text = |v: &Value| redis::from_redis_value_ref::<String>(v).ok();
+    let int = |v: Option<&Value>| {
+        v.and_then(|v| redis::from_redis_value_ref::<u64>(v).ok())
+            .unwrap_or(0)
+    };
+    match fields.first().and_then(text).as_deref() {
+        Some("ok") => fields
+            .get(1)
+            .and_then(text)
+            .map(Intake::Accepted)
+            .ok_or_else(|| EngineError::UnexpectedReply("enqueue: no id".into())),
+        Some("full") => Ok(Intake::Full {
+            backlog: int(fields.get(1)),
+            bytes: int(fields.get(2)),
+        }),
+        other => Err(EngineError::UnexpectedReply(format!(
+            "enqueue answered {other:?}"
+        ))),
+    }
+}
+
+/// Payload bytes waiting on `lane`.
+pub async fn lane_bytes(conn: &mut ConnectionManager, lane: Lane) -> Result<u64, EngineError> {
+    let n: Option<i64> = redis::cmd("GET")
+        .arg(bytes_key(lane))
         .query_async(conn)
         .await?;
-    Ok(Intake::Accepted(id))
+    Ok(n.unwrap_or(0).max(0).unsigned_abs())
 }
 
 /// Stops `lane`'s consumers (payloads still queue, up to the cap).
@@ -269,15 +349,19 @@ pub async fn replay(conn: &mut ConnectionManager, id: &str) -> Result<Option<Str
         .get("lane")
         .and_then(|l| Lane::parse(l).ok())
         .unwrap_or(Lane::Feeds);
-    let new_id: String = redis::cmd("XADD")
-        .arg(lane_key(lane))
-        .arg("*")
-        .arg("source")
-        .arg(f.get("source").cloned().unwrap_or_default())
-        .arg("body")
-        .arg(f.get("body").cloned().unwrap_or_default())
-        .query_async(conn)
-        .await?;
+    // Counted in like any payload; a replay is an operator's decision, so no cap.
+    let unlimited = Caps {
+        payloads: u64::MAX,
+        bytes: u64::MAX,
+    };
+    let source = f.get("source").cloned().unwrap_or_default();
+    let body = f.get("body").cloned().unwrap_or_default();
+    let Intake::Accepted(new_id) = enqueue(conn, lane, &source, body.as_bytes(), unlimited).await?
+    else {
+        return Err(EngineError::UnexpectedReply(
+            "a replay was refused by an unlimited lane".into(),
+        ));
+    };
     redis::cmd("XDEL")
         .arg(DEAD_KEY)
         .arg(id)
@@ -445,18 +529,34 @@ impl LaneConsumer {
         for (id, source, body) in entries {
             done.payloads += 1;
             done.applied += self.apply(&source, &body).await?;
-            redis::pipe()
-                .cmd("XACK")
-                .arg(lane_key(self.lane.name))
-                .arg(GROUP)
-                .arg(&id)
-                .cmd("XDEL")
-                .arg(lane_key(self.lane.name))
-                .arg(&id)
+            self.finish(&id, body.len()).await?;
+        }
+        Ok(done)
+    }
+
+    /// Acknowledges and deletes a handled payload, counting its bytes out of
+    /// the lane (only if this call deleted it, so a payload two consumers
+    /// handled is counted out once).
+    async fn finish(&mut self, id: &str, size: usize) -> Result<(), EngineError> {
+        let lane = self.lane.name;
+        let (_, deleted): (i64, i64) = redis::pipe()
+            .cmd("XACK")
+            .arg(lane_key(lane))
+            .arg(GROUP)
+            .arg(id)
+            .cmd("XDEL")
+            .arg(lane_key(lane))
+            .arg(id)
+            .query_async(&mut self.conn)
+            .await?;
+        if deleted == 1 {
+            redis::cmd("DECRBY")
+                .arg(bytes_key(lane))
+                .arg(size)
                 .query_async::<()>(&mut self.conn)
                 .await?;
         }
-        Ok(done)
+        Ok(())
     }
 
     /// Takes over payloads another consumer of this lane left pending longer than

@@ -147,10 +147,21 @@ async fn bad_signatures_stale_timestamps_and_tampered_bodies_are_refused(pool: P
     );
     let (s, _) = hook.send("erp", &body, now, "sha256=zz").await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
-    let (s, _) = hook
+    // An unknown source is answered exactly as a wrong signature: the answer
+    // never says which sources exist.
+    let (s, unknown) = hook
         .send("nobody", &body, now, &sign(SECRET, now, &body))
         .await;
-    assert_eq!(s, StatusCode::NOT_FOUND);
+    let (_, wrong) = hook
+        .send(
+            "erp",
+            &body,
+            now,
+            &sign("another-secret-0123456789", now, &body),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNAUTHORIZED);
+    assert_eq!(unknown, wrong);
     assert_eq!(backlog(&redis).await, 0, "nothing was enqueued");
 
     let (s, ok) = hook
@@ -327,4 +338,98 @@ async fn a_paused_lane_queues_and_a_full_lane_answers_429(pool: PgPool) {
     ingest::resume(&mut conn, Lane::Feeds).await.unwrap();
     drain(&mut c, &redis).await;
     assert_eq!(engine.figures("F-4").await.unwrap().unwrap().available, 3);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_lane_is_capped_in_bytes_and_counts_them_out_again(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let engine = backends.engine.clone();
+    let mut config = IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap();
+    config.byte_caps.insert(Lane::Feeds, 3 * 1024 * 1024);
+    let options = StateOptions {
+        ingest: config,
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let hook = Hook {
+        base: server.base,
+        http: reqwest::Client::new(),
+    };
+    stock(&engine, "BIG-1", 10).await;
+    // A valid payload padded to about 1.5 MiB: two fit under 3 MiB, a third not.
+    let padded = |id: &str| {
+        json!({"events": [{"event_id": id, "type": "delta", "sku": "BIG-1", "delta": 1}],
+               "note": "x".repeat(1_500_000)})
+    };
+    let (s, _) = hook.signed(&padded("b-1")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, _) = hook.signed(&padded("b-2")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, full) = hook.signed(&padded("b-3")).await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "{full}");
+    assert_eq!(full["code"], "lane_full");
+    let mut conn = redis.connection().await;
+    assert!(ingest::lane_bytes(&mut conn, Lane::Feeds).await.unwrap() >= 3_000_000);
+    // Consumed, the bytes are counted out and the lane takes payloads again.
+    let (mut c, _) = consumer(&engine, &redis).await;
+    for _ in 0..5 {
+        c.process_once(Duration::from_millis(50)).await.unwrap();
+    }
+    assert_eq!(ingest::lane_bytes(&mut conn, Lane::Feeds).await.unwrap(), 0);
+    let (s, _) = hook.signed(&padded("b-3")).await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn bad_signatures_are_limited_before_the_body_is_hashed(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
+        ingest_rate: 5,
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let hook = Hook {
+        base: server.base,
+        http: reqwest::Client::new(),
+    };
+    let body = vec![b'{'; 1024 * 1024];
+    let now = chrono::Utc::now().timestamp();
+    let mut statuses = Vec::new();
+    for _ in 0..30 {
+        let (s, _) = hook.send("erp", &body, now, "sha256=00").await;
+        statuses.push(s.as_u16());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 401 || *s == 429),
+        "{statuses:?}"
+    );
+    assert!(
+        statuses.iter().filter(|s| **s == 429).count() >= 15,
+        "an address sending bad signatures is held off: {statuses:?}"
+    );
+}
+
+#[test]
+fn source_settings_refuse_reserved_names_and_never_echo_secrets() {
+    let secret = "super-secret-value-0123456789";
+    for bad in [
+        format!("checkout=orders:{secret}"),
+        format!("reconcile=feeds:{secret}"),
+        format!("Bad Name=feeds:{secret}"),
+        format!("erp=nowhere:{secret}"),
+        format!("erp:{secret}"),
+        "erp=feeds:short".to_owned(),
+    ] {
+        let err = IngestConfig::parse(&[bad.clone()]).unwrap_err();
+        assert!(!err.contains(secret), "{err}");
+        assert!(!err.contains("short"), "{err}");
+    }
+    assert!(
+        IngestConfig::parse(&[format!("checkout=orders:{secret}")])
+            .unwrap_err()
+            .contains("reserved")
+    );
 }

@@ -5,13 +5,19 @@
 //! secret. A timestamp more than 5 minutes off is refused, signatures are compared
 //! in constant time, and the raw payload is appended to the source's lane: the
 //! answer is 202 with the event id, in milliseconds, whatever the lane's backlog.
+//!
+//! Cheap checks come first: the source must exist and the caller (source and
+//! client address) be within its rate before the body is read or a MAC
+//! computed. An unknown source gets the same 401 as a wrong signature, so the
+//! answer never says which sources exist.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use axum::Extension;
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
+use axum::body::Body;
 use axum::extract::{DefaultBodyLimit, FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -21,6 +27,8 @@ use holdfast_domain::{ErrorCode, Lane};
 use holdfast_engine::ingest::{self, Intake};
 use redis::aio::ConnectionManager;
 use sha2::Sha256;
+
+use holdfast_app::server::guard::ClientIp;
 
 use crate::http::error::ApiError;
 use crate::http::ratelimit::{Limit, RateLimiter};
@@ -46,24 +54,33 @@ pub struct IngestConfig {
     pub sources: HashMap<String, Source>,
     /// Most payloads waiting per lane.
     pub caps: HashMap<Lane, u64>,
+    /// Most payload bytes waiting per lane.
+    pub byte_caps: HashMap<Lane, u64>,
 }
 
 impl IngestConfig {
-    /// Parses `name=lane:secret` entries.
+    /// Parses `name=lane:secret` entries. Errors name the entry by its
+    /// position and source name, never by its text: it holds the secret.
     pub fn parse(entries: &[String]) -> Result<Self, String> {
         let mut config = Self::default();
-        for entry in entries.iter().filter(|e| !e.trim().is_empty()) {
+        for (n, entry) in entries.iter().filter(|e| !e.trim().is_empty()).enumerate() {
+            let which = format!("entry {}", n + 1);
             let (name, rest) = entry
                 .trim()
                 .split_once('=')
-                .ok_or_else(|| format!("'{entry}': expected name=lane:secret"))?;
+                .ok_or_else(|| format!("{which}: expected name=lane:secret"))?;
+            let name = name.trim();
+            let which = format!("{which} (source '{name}')");
+            if let Err(why) = ingest::check_source_name(name) {
+                return Err(format!("{which}: {why}"));
+            }
             let (lane, secret) = rest
                 .split_once(':')
-                .ok_or_else(|| format!("'{entry}': expected name=lane:secret"))?;
-            let lane = Lane::parse(lane).map_err(|e| format!("'{entry}': {e}"))?;
+                .ok_or_else(|| format!("{which}: expected name=lane:secret"))?;
+            let lane = Lane::parse(lane).map_err(|e| format!("{which}: {e}"))?;
             if secret.len() < 16 {
                 return Err(format!(
-                    "source '{name}': the secret must be at least 16 characters"
+                    "{which}: the secret must be at least 16 characters"
                 ));
             }
             config.sources.insert(
@@ -75,9 +92,9 @@ impl IngestConfig {
             );
         }
         for lane in Lane::ALL {
-            config
-                .caps
-                .insert(lane, ingest::LaneConfig::default_for(lane).cap);
+            let defaults = ingest::LaneConfig::default_for(lane);
+            config.caps.insert(lane, defaults.cap);
+            config.byte_caps.insert(lane, defaults.cap_bytes);
         }
         Ok(config)
     }
@@ -92,6 +109,8 @@ pub struct IngestState {
     pub config: Arc<IngestConfig>,
     /// Webhooks per source.
     pub per_source: Arc<RateLimiter>,
+    /// Attempts per source and client address, before any verification.
+    pub per_caller: Arc<RateLimiter>,
 }
 
 impl IngestState {
@@ -101,6 +120,7 @@ impl IngestState {
             redis,
             config: Arc::new(config),
             per_source: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
+            per_caller: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
         }
     }
 }
@@ -178,37 +198,78 @@ fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError
         })
 }
 
+/// The one answer for an unknown source and a wrong signature.
+fn not_verified() -> ApiError {
+    refuse(
+        ErrorCode::BadSignature,
+        "the signature does not match the body (or there is no such source)",
+    )
+}
+
 async fn receive(
     State(state): State<IngestState>,
     Path(source): Path<String>,
+    client: Option<Extension<ClientIp>>,
     headers: HeaderMap,
-    body: Bytes,
+    body: Body,
 ) -> Response {
     let Some(src) = state.config.sources.get(&source) else {
-        return ApiError::not_found(format!("no webhook source '{source}'")).into_response();
+        return not_verified().into_response();
+    };
+    // Limits before work: a flood of 2 MiB bodies with bad signatures from one
+    // address is refused before it is read or hashed, and does not use up the
+    // real sender's budget (a different address).
+    let caller = match client {
+        Some(Extension(ClientIp(ip))) => format!("{source}@{ip}"),
+        None => source.clone(),
+    };
+    if let Err(secs) = state.per_caller.check(&caller) {
+        return ApiError::too_many(secs).into_response();
+    }
+    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+        Ok(b) => b,
+        Err(_) => {
+            return ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("a webhook body is at most {BODY_LIMIT} bytes"),
+            )
+            .into_response();
+        }
     };
     if let Err(e) = verify(&src.secret, &headers, &body) {
-        return e.into_response();
+        return if e.code == ErrorCode::BadSignature {
+            not_verified().into_response()
+        } else {
+            e.into_response()
+        };
     }
     if let Err(secs) = state.per_source.check(&source) {
         return ApiError::too_many(secs).into_response();
     }
-    let cap = state
-        .config
-        .caps
-        .get(&src.lane)
-        .copied()
-        .unwrap_or(u64::MAX);
-    match ingest::enqueue(&mut state.redis.clone(), src.lane, &source, &body, cap).await {
+    let caps = ingest::Caps {
+        payloads: state
+            .config
+            .caps
+            .get(&src.lane)
+            .copied()
+            .unwrap_or(u64::MAX),
+        bytes: state
+            .config
+            .byte_caps
+            .get(&src.lane)
+            .copied()
+            .unwrap_or(u64::MAX),
+    };
+    match ingest::enqueue(&mut state.redis.clone(), src.lane, &source, &body, caps).await {
         Ok(Intake::Accepted(id)) => (
             StatusCode::ACCEPTED,
             Json(serde_json::json!({ "event_id": id, "lane": src.lane })),
         )
             .into_response(),
-        Ok(Intake::Full { backlog }) => ApiError::new(
+        Ok(Intake::Full { backlog, bytes }) => ApiError::new(
             ErrorCode::LaneFull,
             format!(
-                "the {} lane holds {backlog} payloads; retry later",
+                "the {} lane holds {backlog} payloads ({bytes} bytes); retry later",
                 src.lane
             ),
         )
