@@ -423,7 +423,7 @@ fn source_settings_refuse_reserved_names_and_never_echo_secrets() {
         format!("erp:{secret}"),
         "erp=feeds:short".to_owned(),
     ] {
-        let err = IngestConfig::parse(&[bad.clone()]).unwrap_err();
+        let err = IngestConfig::parse(std::slice::from_ref(&bad)).unwrap_err();
         assert!(!err.contains(secret), "{err}");
         assert!(!err.contains("short"), "{err}");
     }
