@@ -30,6 +30,7 @@
 --   {'not_warmed', sku}               a counter is missing (never "sold out")
 --   {'sold_out', sku, available}
 --   {'limit', sku, limit, already}    the per-buyer limit would be exceeded
+--   {'buyer_required', sku, limit}    the SKU has a per-buyer limit and no buyer was named
 --   {'invalid', field, message}       a number is not a whole number in range
 local function whole(v)
   local x = tonumber(v)
@@ -70,7 +71,11 @@ for i = 1, n do
   if not c[1] then return {'not_warmed', sku} end
   local available = tonumber(c[1])
   local limit = tonumber(c[2] or '0')
-  if buyer ~= '' and limit > 0 then
+  if limit > 0 and buyer == '' then
+    -- Without a buyer the limit could not be counted: anyone could skip it.
+    return {'buyer_required', sku, limit}
+  end
+  if limit > 0 then
     local already = tonumber(redis.call('GET', KEYS[b + 3]) or '0')
     if already + qty > limit then return {'limit', sku, limit, already} end
   end

@@ -165,7 +165,8 @@ impl Stack {
         self.post(
             "/api/v1/reservations",
             key,
-            json!({ "lines": lines, "ttl_ms": 60_000 }),
+            // Each key its own buyer: demo SKUs have per-buyer limits.
+            json!({ "lines": lines, "ttl_ms": 60_000, "buyer": key }),
         )
         .await
     }
@@ -262,7 +263,7 @@ async fn server_killed_mid_write_behind(stack: &mut Stack) {
                 .post(format!("{base}/api/v1/reservations"))
                 .bearer_auth(&token)
                 .header("Idempotency-Key", format!("kill-{i}"))
-                .json(&json!({ "sku": "DROP-001", "qty": 1 }))
+                .json(&json!({ "sku": "DROP-001", "qty": 1, "buyer": format!("kill-{i}") }))
                 .send()
                 .await
             else {
@@ -524,7 +525,7 @@ async fn carts_race_the_reaper(stack: &mut Stack) {
                 .post(format!("{base}/api/v1/reservations"))
                 .bearer_auth(&token)
                 .header("Idempotency-Key", &key)
-                .json(&json!({ "lines": lines, "ttl_ms": 1_000 }))
+                .json(&json!({ "lines": lines, "ttl_ms": 1_000, "buyer": key }))
                 .send()
                 .await
                 .unwrap();

@@ -63,7 +63,8 @@ pub struct ReserveRequest {
     pub reservation_id: String,
     /// What to hold. A SKU may appear once.
     pub lines: Vec<Line>,
-    /// Who is buying, for the per-buyer limit; `None` skips the limit.
+    /// Who is buying, for the per-buyer limit. Required when a line's SKU
+    /// has a limit ([`ReserveOutcome::BuyerRequired`] otherwise).
     pub buyer: Option<String>,
     /// How long the hold lasts, in milliseconds; `None` takes the configured default.
     pub ttl_ms: Option<u64>,
@@ -153,6 +154,14 @@ pub enum ReserveOutcome {
         limit: i64,
         /// Units this buyer already holds or bought.
         already: i64,
+    },
+    /// `sku` has a per-buyer limit, so the request must name its buyer: without
+    /// one the limit could not be counted. Nothing moved.
+    BuyerRequired {
+        /// The limited SKU.
+        sku: String,
+        /// Its per-buyer limit.
+        limit: i64,
     },
     /// The request is malformed; nothing was sent to Redis.
     Invalid(Invalid),

@@ -8,7 +8,8 @@ const token = process.env.HOLDFAST_TOKEN ?? '';
 async function reserve(request: APIRequestContext, key: string, sku: string, qty: number) {
   const r = await request.post('/api/v1/reservations', {
     headers: { Authorization: `Bearer ${token}`, 'Idempotency-Key': key },
-    data: { sku, qty, ttl_ms: 600000 },
+    // Each key its own buyer: demo SKUs have per-buyer limits.
+    data: { sku, qty, ttl_ms: 600000, buyer: `buyer-${key}` },
   });
   expect(r.status(), await r.text()).toBe(201);
   return (await r.json()).id as string;

@@ -375,6 +375,10 @@ impl Engine {
                 limit: reply.int(2)?,
                 already: reply.int(3)?,
             },
+            "buyer_required" => ReserveOutcome::BuyerRequired {
+                sku: reply.text(1)?,
+                limit: reply.int(2)?,
+            },
             // The script checks every number itself too (a caller that skipped
             // validation cannot write a bad hold).
             "invalid" => ReserveOutcome::Invalid(invalid(&reply.text(1)?, reply.text(2)?)),

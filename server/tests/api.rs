@@ -555,3 +555,60 @@ async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
         )
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_limited_sku_needs_a_buyer_so_the_limit_cannot_be_skipped(pool: PgPool) {
+    let (api, _redis, engine) = setup(pool, &[Scope::Checkout]).await;
+    holdfast_engine::testkit::stock_with_limit(&engine, "LIM-1", 100, 2).await;
+    stock(&engine, "FREE-1", 100).await;
+    // Leaving the buyer out was a way around the limit: refused, nothing held.
+    let (s, body, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("nb-1"),
+            json!({"sku": "LIM-1", "qty": 2}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    assert_eq!(body["code"], "buyer_required");
+    assert_eq!(body["field"], "buyer");
+    // In a cart too, whatever the other lines.
+    let (s, body, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("nb-2"),
+            json!({"lines": [{"sku": "FREE-1", "qty": 1}, {"sku": "LIM-1", "qty": 1}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{body}");
+    let f = engine.figures("LIM-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (100, 0));
+    let f = engine.figures("FREE-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (100, 0), "all or nothing");
+    // With a buyer the limit counts; a SKU without a limit needs none.
+    let (s, _, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("b-1"),
+            json!({"sku": "LIM-1", "qty": 2, "buyer": "ann"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let (s, body, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("b-2"),
+            json!({"sku": "LIM-1", "qty": 1, "buyer": "ann"}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CONFLICT, "{body}");
+    assert_eq!(body["code"], "buyer_limit_reached");
+    let (s, _, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("free-1"),
+            json!({"sku": "FREE-1", "qty": 3}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+}

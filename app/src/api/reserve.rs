@@ -62,6 +62,12 @@ pub async fn manual_reserve(
                 format!("This buyer reached the limit of {limit} for {sku}."),
             );
         }
+        ReserveOutcome::BuyerRequired { sku, limit } => {
+            return refused(
+                StatusCode::BAD_REQUEST,
+                format!("{sku} is limited to {limit} per buyer: name the buyer."),
+            );
+        }
         ReserveOutcome::Invalid(i) => {
             return refused(
                 StatusCode::BAD_REQUEST,

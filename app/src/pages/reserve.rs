@@ -17,7 +17,7 @@ pub fn ReservePage() -> impl IntoView {
             <ActionForm action=reserve>
                 <label>"SKU"<input type="text" name="sku" required placeholder="DROP-001"/></label>
                 <label>"Units"<input type="number" name="qty" min="1" value="1" required/></label>
-                <label>"Buyer (optional)"<input type="text" name="buyer"/></label>
+                <label>"Buyer (required for a SKU with a per-buyer limit)"<input type="text" name="buyer"/></label>
                 <label>"Hold for seconds (optional)"<input type="number" name="ttl_secs" min="1"/></label>
                 <button type="submit" disabled=move || reserve.pending().get()>"Reserve"</button>
             </ActionForm>

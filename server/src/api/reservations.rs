@@ -64,7 +64,7 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_
         (status = 403, description = "The token lacks the scope", body = ErrorBody),
         (status = 409, description = "Sold out (with what is left), per-buyer limit, or same key in progress", body = ErrorBody),
         (status = 413, description = "Body over 16 KiB"),
-        (status = 422, description = "Invalid field, or the key was used for another request", body = ErrorBody),
+        (status = 422, description = "Invalid field; the key was used for another request; or `buyer_required`: a line's SKU has a per-buyer limit and no `buyer` was given", body = ErrorBody),
         (status = 429, description = "Rate limited", body = ErrorBody),
         (status = 503, description = "Counter not warmed (never a 409), or a backend unavailable", body = ErrorBody),
     ),
@@ -178,6 +178,12 @@ async fn create_inner(
             ErrorCode::BuyerLimitReached,
             format!("{sku} is limited to {limit} per buyer and this buyer already holds or bought {already}"),
         )
+        .sku(sku)),
+        ReserveOutcome::BuyerRequired { sku, limit } => Err(ApiError::new(
+            ErrorCode::BuyerRequired,
+            format!("{sku} is limited to {limit} per buyer: name the buyer (`buyer`) so the limit can be counted"),
+        )
+        .field("buyer")
         .sku(sku)),
         ReserveOutcome::Invalid(inv) => Err(ApiError::invalid(&inv.field, inv.message)),
     }
