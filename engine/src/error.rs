@@ -99,6 +99,30 @@ impl EngineError {
         }
     }
 
+    /// Whether the fault lies in the input rather than in a backing service:
+    /// a script or PostgreSQL refused this very data (a script error, a key of
+    /// the wrong type, a data exception or constraint violation, a reply this
+    /// version cannot read). Retrying the same input cannot succeed, so a
+    /// worker sets such input aside instead of retrying it forever; an outage
+    /// (unreachable, timed out, loading, out of memory, busy) is retried.
+    pub fn refused_input(&self) -> bool {
+        match self {
+            Self::Postgres(sqlx::Error::Database(db)) => db
+                .code()
+                .is_some_and(|c| c.starts_with("22") || c.starts_with("23")),
+            Self::Redis(e) => {
+                matches!(
+                    e.kind(),
+                    redis::ErrorKind::Server(redis::ServerErrorKind::ResponseError)
+                        | redis::ErrorKind::UnexpectedReturnType
+                        | redis::ErrorKind::Parse
+                ) || e.code() == Some("WRONGTYPE")
+            }
+            Self::UnexpectedReply(_) => true,
+            _ => false,
+        }
+    }
+
     /// Seconds after which a retry may succeed (`Retry-After`): the wait a
     /// throttle names, otherwise the code's own hint.
     pub fn retry_after(&self) -> Option<u64> {

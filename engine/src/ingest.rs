@@ -46,6 +46,10 @@ fn bytes_key(lane: Lane) -> String {
 static ENQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/enqueue.lua")));
 
+/// Attempts a payload that fails on its own data gets before it is
+/// dead-lettered (an outage is retried without counting).
+pub const MAX_ATTEMPTS: u32 = 3;
+
 /// Source names that are not webhook sources: the ledger records sales,
 /// corrections and feeds under them, and a webhook source of the same name
 /// would share their `(source, event_id)` space.
@@ -422,6 +426,8 @@ pub struct LaneConsumer {
     stats: Arc<LaneStats>,
     group_ready: bool,
     last_claim: Instant,
+    /// Failed attempts of payloads that failed on their own data, by entry id.
+    failures: HashMap<String, u32>,
     ledger: Option<sqlx::PgPool>,
 }
 
@@ -450,6 +456,7 @@ impl LaneConsumer {
             stats,
             group_ready: false,
             last_claim,
+            failures: HashMap::new(),
             ledger: None,
         }
     }
@@ -528,7 +535,33 @@ impl LaneConsumer {
         let mut done = Processed::default();
         for (id, source, body) in entries {
             done.payloads += 1;
-            done.applied += self.apply(&source, &body).await?;
+            match self.apply(&source, &body).await {
+                Ok(n) => done.applied += n,
+                Err(e) if e.refused_input() => {
+                    // A payload that keeps failing on its own data must not
+                    // block the lane: after a few tries it is dead-lettered.
+                    let tries = self.failures.entry(id.clone()).or_insert(0);
+                    *tries += 1;
+                    if *tries < MAX_ATTEMPTS {
+                        return Err(e);
+                    }
+                    self.failures.remove(&id);
+                    self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                    tracing::error!(lane = %self.lane.name, entry = %id, %source, error = %e,
+                        "a payload failed {MAX_ATTEMPTS} times; dead-lettered so the lane goes on");
+                    let reason = format!("failed {MAX_ATTEMPTS} times: {e}");
+                    bury(
+                        &mut self.conn,
+                        self.lane.name,
+                        &source,
+                        &String::from_utf8_lossy(&body),
+                        &reason,
+                    )
+                    .await?;
+                }
+                Err(e) => return Err(e),
+            }
+            self.failures.remove(&id);
             self.finish(&id, body.len()).await?;
         }
         Ok(done)

@@ -97,6 +97,10 @@ pub struct WriteBehindStats {
     pub lost_entries: AtomicU64,
     /// Entries trimmed from the streams after every group acknowledged them.
     pub trimmed: AtomicU64,
+    /// Entries PostgreSQL refused as data (not as an outage): set aside in
+    /// [`PARKED_KEY`] with the reason so they never stop the others; each is an
+    /// alarm and asks for a reconciliation.
+    pub parked: AtomicU64,
     /// Set when something only a reconciliation can repair was seen; the
     /// scheduler runs one at once and clears it.
     pub reconcile_requested: std::sync::atomic::AtomicBool,
@@ -314,8 +318,15 @@ impl WriteBehind {
         if entries == 0 {
             return Ok(BatchReport::default());
         }
-        let events: Vec<&Event> = batches.iter().flat_map(|b| &b.events).collect();
-        let report = record_events(&self.pg, &events, &batches).await?;
+        let all: Vec<&Event> = batches.iter().flat_map(|b| &b.events).collect();
+        let (report, events) = match record_events(&self.pg, &all, &batches).await {
+            Ok(report) => (report, all),
+            // One entry PostgreSQL refuses as data would fail every retry of
+            // the batch and stop all recording: find it, set it aside, and
+            // record the rest.
+            Err(e) if e.refused_input() => self.record_around(&all, &batches).await?,
+            Err(e) => return Err(e),
+        };
         let report = BatchReport { entries, ..report };
         self.inject(Fault::AfterCommit)?;
         self.settle(&events).await?;
@@ -334,6 +345,60 @@ impl WriteBehind {
         self.stats.batches.fetch_add(1, Ordering::Relaxed);
         self.stats.sales.fetch_add(report.sales, Ordering::Relaxed);
         Ok(report)
+    }
+
+    /// Records `events` one by one after their batch was refused as data:
+    /// those PostgreSQL refuses again are parked (see [`PARKED_KEY`]); returns
+    /// the report of the rest and the events recorded (only those are settled:
+    /// a parked sale stays `sold_pending`, visible to `holdfast verify`).
+    async fn record_around<'e>(
+        &mut self,
+        events: &[&'e Event],
+        batches: &[ShardBatch],
+    ) -> Result<(BatchReport, Vec<&'e Event>), EngineError> {
+        let mut total = BatchReport::default();
+        let mut recorded = Vec::with_capacity(events.len());
+        for event in events {
+            match record_events(&self.pg, &[*event], &[]).await {
+                Ok(r) => {
+                    total.sales += r.sales;
+                    total.movements += r.movements;
+                    recorded.push(*event);
+                }
+                Err(e) if e.refused_input() => self.park(event, &e).await?,
+                Err(e) => return Err(e),
+            }
+        }
+        record_events(&self.pg, &[], batches).await?;
+        Ok((total, recorded))
+    }
+
+    /// Sets `event` aside with why PostgreSQL refused it: counted, logged as
+    /// an error, kept in [`PARKED_KEY`] for an operator, and a reconciliation
+    /// is asked for (PostgreSQL misses what the event recorded).
+    async fn park(&mut self, event: &Event, why: &EngineError) -> Result<(), EngineError> {
+        self.stats.parked.fetch_add(1, Ordering::Relaxed);
+        self.stats
+            .reconcile_requested
+            .store(true, Ordering::Relaxed);
+        tracing::error!(
+            shard = event.shard, entry = %event.id, sku = %event.sku, error = %why,
+            "PostgreSQL refused an event as data; it was set aside so recording goes on"
+        );
+        redis::cmd("XADD")
+            .arg(PARKED_KEY)
+            .arg("*")
+            .arg("shard")
+            .arg(event.shard)
+            .arg("entry")
+            .arg(&event.id)
+            .arg("event")
+            .arg(serde_json::to_string(event).unwrap_or_default())
+            .arg("reason")
+            .arg(why.to_string())
+            .query_async::<()>(&mut self.conn)
+            .await?;
+        Ok(())
     }
 
     /// Takes committed sales out of `sold_pending`, once per reservation line.
@@ -674,6 +739,9 @@ async fn record_progress(
     .await?;
     Ok(())
 }
+
+/// Where events PostgreSQL refused as data are kept, with the reason.
+pub const PARKED_KEY: &str = "hf:record:{parked}";
 
 /// Applies `events` to PostgreSQL in one transaction; returns the rows it added.
 async fn record_events(

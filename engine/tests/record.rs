@@ -510,3 +510,74 @@ async fn reconciliation_corrects_down_at_once_and_up_only_when_asked(pg: PgPool)
         "each run fences with a newer token"
     );
 }
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn an_event_postgresql_refuses_is_set_aside_and_recording_goes_on(pool: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pool, "OK-1", 20).await;
+    warm_all(&engine, &pool, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let stats = Arc::new(WriteBehindStats::default());
+    let mut w = WriteBehind::new(
+        engine.clone(),
+        pool.clone(),
+        redis.connection().await,
+        config("poison"),
+        stats.clone(),
+    );
+    w.ensure_groups().await.unwrap();
+    sell(&engine, "before", "OK-1", 2).await;
+    // An entry whose event id PostgreSQL cannot store (a NUL byte is not valid
+    // text there), among good ones in the same shard.
+    let shard = engine.keyspace().shard_of("OK-1");
+    let _: String = redis::cmd("XADD")
+        .arg(engine.keyspace().events(shard))
+        .arg("*")
+        .arg("kind")
+        .arg("delta")
+        .arg("sku")
+        .arg("OK-1")
+        .arg("qty")
+        .arg("1")
+        .arg("source")
+        .arg("erp")
+        .arg("event_id")
+        .arg("poison\u{0}id")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    sell(&engine, "after", "OK-1", 3).await;
+    for _ in 0..20 {
+        w.run_once()
+            .await
+            .expect("one bad event does not stop recording");
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            break;
+        }
+    }
+    assert_eq!(engine.write_behind_lag().await.unwrap().entries, 0);
+    let (orders, sales, _, sold) = counts(&pool, "OK-1").await;
+    assert_eq!(
+        (orders, sales, sold),
+        (5, 5, 5),
+        "every good event is recorded"
+    );
+    assert_eq!(stats.parked.load(std::sync::atomic::Ordering::Relaxed), 1);
+    assert!(
+        stats
+            .reconcile_requested
+            .load(std::sync::atomic::Ordering::Relaxed)
+    );
+    let parked: Vec<(String, std::collections::HashMap<String, String>)> = redis::cmd("XRANGE")
+        .arg(holdfast_engine::record::PARKED_KEY)
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    assert_eq!(parked.len(), 1);
+    assert!(parked[0].1["event"].contains("OK-1"));
+    assert!(!parked[0].1["reason"].is_empty());
+}

@@ -1,9 +1,12 @@
 //! Background workers that run beside the HTTP server: the reaper, the
-//! write-behind to PostgreSQL, scheduled reconciliation and the ingestion lanes'
-//! consumers. Each is the engine's; this module starts, counts and stops them.
+//! write-behind to PostgreSQL, scheduled reconciliation and verification, and
+//! the ingestion lanes' consumers. Each is the engine's; this module starts,
+//! supervises (a worker that panics or stops is started again, with backoff),
+//! counts and stops them.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use holdfast_domain::Lane;
@@ -44,6 +47,8 @@ pub struct WorkerStats {
     pub lanes: HashMap<Lane, Arc<LaneStats>>,
     /// The last verification's report.
     pub verify: Arc<LastVerify>,
+    /// Times a worker panicked or stopped and was started again.
+    pub restarts: Arc<AtomicU64>,
 }
 
 impl WorkerStats {
@@ -71,50 +76,141 @@ impl Workers {
         config: WorkerConfig,
         stats: &WorkerStats,
     ) -> Result<Self, EngineError> {
+        // Fail at start-up, in one readable line, if Redis cannot be reached;
+        // the supervised workers connect (and reconnect) on their own.
+        redis_conn::connect(redis_url).await?;
         let (stop, rx) = watch::channel(false);
-        let mut tasks = vec![tokio::spawn(run_reaper(
-            backends.engine.clone(),
-            config.reaper,
-            stats.reaper.clone(),
-            stopped(rx.clone()),
-        ))];
-        let writer = WriteBehind::new(
-            backends.engine.clone(),
-            backends.pg.clone(),
-            redis_conn::connect(redis_url).await?,
-            config.write_behind,
-            stats.write_behind.clone(),
-        );
-        tasks.push(tokio::spawn(run_write_behind(writer, stopped(rx.clone()))));
+        let restarts = stats.restarts.clone();
+        let mut tasks = Vec::new();
+        {
+            let (engine, reaper, reaper_stats) =
+                (backends.engine.clone(), config.reaper, stats.reaper.clone());
+            tasks.push(supervise(
+                "reaper",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let (engine, stats) = (engine.clone(), reaper_stats.clone());
+                    async move {
+                        run_reaper(engine, reaper, stats, stopped(rx)).await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let (backends, url, wb, wb_stats) = (
+                backends.clone(),
+                redis_url.to_owned(),
+                config.write_behind.clone(),
+                stats.write_behind.clone(),
+            );
+            tasks.push(supervise(
+                "write-behind",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let (backends, url, wb, stats) =
+                        (backends.clone(), url.clone(), wb.clone(), wb_stats.clone());
+                    async move {
+                        // Its reads block: a Redis connection of its own.
+                        let conn = redis_conn::connect(&url).await?;
+                        let writer = WriteBehind::new(
+                            backends.engine.clone(),
+                            backends.pg.clone(),
+                            conn,
+                            wb,
+                            stats,
+                        );
+                        run_write_behind(writer, stopped(rx)).await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
         for lane in &config.lanes {
-            let stats = stats.lanes.get(&lane.name).cloned().unwrap_or_default();
+            let lane_stats = stats.lanes.get(&lane.name).cloned().unwrap_or_default();
             for n in 0..lane.concurrency.max(1) {
-                let consumer = LaneConsumer::new(
-                    backends.engine.clone(),
-                    redis_conn::connect(redis_url).await?,
+                let (backends, url, lane, lane_stats) = (
+                    backends.clone(),
+                    redis_url.to_owned(),
                     lane.clone(),
-                    format!("{}-{}-{n}", lane.name, std::process::id()),
-                    stats.clone(),
-                )
-                .with_ledger(backends.pg.clone());
-                tasks.push(tokio::spawn(run_consumer(consumer, stopped(rx.clone()))));
+                    lane_stats.clone(),
+                );
+                let name = format!("{}-{}-{n}", lane.name, std::process::id());
+                tasks.push(supervise(
+                    "lane consumer",
+                    rx.clone(),
+                    restarts.clone(),
+                    move |rx| {
+                        let (backends, url, lane, stats, name) = (
+                            backends.clone(),
+                            url.clone(),
+                            lane.clone(),
+                            lane_stats.clone(),
+                            name.clone(),
+                        );
+                        async move {
+                            let consumer = LaneConsumer::new(
+                                backends.engine.clone(),
+                                redis_conn::connect(&url).await?,
+                                lane,
+                                name,
+                                stats,
+                            )
+                            .with_ledger(backends.pg.clone());
+                            run_consumer(consumer, stopped(rx)).await;
+                            Ok(())
+                        }
+                    },
+                ));
             }
         }
         if let Some(every) = config.verify_every {
-            tasks.push(tokio::spawn(verify_loop(
-                backends.clone(),
-                every,
-                stats.verify.clone(),
-                stopped(rx.clone()),
-            )));
+            let (backends, last) = (backends.clone(), stats.verify.clone());
+            tasks.push(supervise(
+                "verify",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = verify_loop(backends.clone(), every, last.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
         }
-        tasks.push(tokio::spawn(reconcile_loop(
-            backends.clone(),
-            config.reconcile_every,
-            config.reconcile_correct_up,
-            stats.write_behind.clone(),
-            stopped(rx),
-        )));
+        {
+            let (backends, every, up, wb) = (
+                backends.clone(),
+                config.reconcile_every,
+                config.reconcile_correct_up,
+                stats.write_behind.clone(),
+            );
+            tasks.push(supervise(
+                "reconcile",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = reconcile_loop(backends.clone(), every, up, wb.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let backends = backends.clone();
+            tasks.push(supervise("housekeeping", rx, restarts, move |rx| {
+                let fut = housekeeping_loop(backends.clone(), stopped(rx));
+                async move {
+                    fut.await;
+                    Ok(())
+                }
+            }));
+        }
         Ok(Self { stop, tasks })
     }
 
@@ -145,7 +241,7 @@ async fn reconcile_loop(
         }
         let requested = write_behind
             .reconcile_requested
-            .swap(false, std::sync::atomic::Ordering::Relaxed);
+            .swap(false, Ordering::Relaxed);
         let due = every.is_some_and(|e| last.elapsed() >= e);
         if !requested && !due {
             continue;
@@ -207,7 +303,115 @@ async fn verify_loop(
     }
 }
 
+/// Longest pause before a failed worker is started again.
+const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
+
+/// Runs the worker `make` builds until `stop` turns `true`; if it panics,
+/// fails or returns earlier, it is logged, counted in `restarts` and started
+/// again after a pause that doubles from one second up to
+/// [`MAX_RESTART_BACKOFF`] (back to one second after a minute of good running).
+pub fn supervise<F, Fut>(
+    name: &'static str,
+    stop: watch::Receiver<bool>,
+    restarts: Arc<AtomicU64>,
+    make: F,
+) -> JoinHandle<()>
+where
+    F: Fn(watch::Receiver<bool>) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(), EngineError>> + Send + 'static,
+{
+    tokio::spawn(async move {
+        let mut backoff = Duration::from_secs(1);
+        loop {
+            let started = tokio::time::Instant::now();
+            let outcome = tokio::spawn(make(stop.clone())).await;
+            if *stop.borrow() {
+                return;
+            }
+            match outcome {
+                Ok(Ok(())) => tracing::error!(
+                    worker = name,
+                    "a worker stopped on its own; starting it again"
+                ),
+                Ok(Err(e)) => {
+                    tracing::error!(worker = name, error = %e, "a worker failed; starting it again")
+                }
+                Err(e) => {
+                    tracing::error!(worker = name, error = %e, "a worker panicked; starting it again")
+                }
+            }
+            restarts.fetch_add(1, Ordering::Relaxed);
+            if started.elapsed() > Duration::from_secs(60) {
+                backoff = Duration::from_secs(1);
+            }
+            let mut stop_rx = stop.clone();
+            tokio::select! {
+                _ = stop_rx.wait_for(|s| *s) => return,
+                () = tokio::time::sleep(backoff) => {}
+            }
+            backoff = (backoff * 2).min(MAX_RESTART_BACKOFF);
+        }
+    })
+}
+
+/// How often expired sessions are deleted.
+const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(600);
+
+/// Deletes expired sessions every [`HOUSEKEEPING_EVERY`], so the table holds
+/// only live ones even when nobody signs in or out.
+async fn housekeeping_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    tokio::pin!(shutdown);
+    loop {
+        match holdfast_engine::users::purge_expired_sessions(&backends.pg).await {
+            Ok(0) => {}
+            Ok(n) => tracing::debug!(sessions = n, "expired sessions deleted"),
+            Err(e) => tracing::warn!(error = %e, "deleting expired sessions failed"),
+        }
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(HOUSEKEEPING_EVERY) => {}
+        }
+    }
+}
+
 /// Completes once `true` is sent (or the sender is dropped).
 async fn stopped(mut rx: watch::Receiver<bool>) {
     let _ = rx.wait_for(|stop| *stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_worker_that_panics_is_started_again_until_stopped() {
+        let (stop, rx) = watch::channel(false);
+        let restarts = Arc::new(AtomicU64::new(0));
+        let runs = Arc::new(AtomicU64::new(0));
+        let counted = runs.clone();
+        let task = supervise("test", rx, restarts.clone(), move |rx| {
+            let run = counted.fetch_add(1, Ordering::Relaxed);
+            async move {
+                match run {
+                    0 => panic!("first run panics"),
+                    1 => Err(EngineError::Busy("second run fails".into())),
+                    _ => {
+                        stopped(rx).await;
+                        Ok(())
+                    }
+                }
+            }
+        });
+        // Backoff 1 s, then 2 s: the third run is up after 3 s.
+        tokio::time::sleep(Duration::from_millis(3_600)).await;
+        assert_eq!(runs.load(Ordering::Relaxed), 3);
+        assert_eq!(restarts.load(Ordering::Relaxed), 2);
+        stop.send(true).unwrap();
+        task.await.unwrap();
+        assert_eq!(
+            restarts.load(Ordering::Relaxed),
+            2,
+            "a requested stop is not a failure"
+        );
+    }
 }

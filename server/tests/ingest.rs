@@ -433,3 +433,53 @@ fn source_settings_refuse_reserved_names_and_never_echo_secrets() {
             .contains("reserved")
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_payload_that_keeps_failing_is_dead_lettered_and_the_lane_goes_on(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 100).await;
+    stock(&engine, "OK-2", 5).await;
+    // A counter Redis cannot read as one (a key of the wrong type): every
+    // attempt to apply a delta to it fails in the script.
+    let _: () = redis::cmd("SET")
+        .arg(engine.keyspace().sku("BROKEN-1"))
+        .arg("not a hash")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let (s, _) = hook
+        .signed(&json!({"event_id": "p-1", "type": "delta", "sku": "BROKEN-1", "delta": 1}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (s, _) = hook
+        .signed(&json!({"event_id": "g-1", "type": "delta", "sku": "OK-2", "delta": 3}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (mut c, stats) = consumer(&engine, &redis).await;
+    let mut failures = 0;
+    for _ in 0..10 {
+        if c.process_once(Duration::from_millis(20)).await.is_err() {
+            failures += 1;
+        }
+        if backlog(&redis).await == 0 {
+            break;
+        }
+    }
+    assert_eq!(
+        failures,
+        ingest::MAX_ATTEMPTS - 1,
+        "retried, then set aside"
+    );
+    assert_eq!(backlog(&redis).await, 0, "the lane is not blocked");
+    let f = engine.figures("OK-2").await.unwrap().unwrap();
+    assert_eq!(f.available, 8, "the payload behind it was applied");
+    assert_eq!(stats.dead.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let letters = ingest::dead_letters(&mut redis.connection().await, 10)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    assert!(
+        letters[0].reason.contains("failed 3 times"),
+        "{:?}",
+        letters[0].reason
+    );
+}

@@ -131,6 +131,18 @@ async fn metrics(
         wb.lost_entries.load(Ordering::Relaxed) as f64,
     );
     out.one(
+        "holdfast_worker_restarts_total",
+        "counter",
+        "Times a background worker panicked or stopped and was started again.",
+        workers.restarts.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
+        "holdfast_write_behind_parked_total",
+        "counter",
+        "Events PostgreSQL refused as data, set aside so recording goes on (each asks for a reconciliation).",
+        wb.parked.load(Ordering::Relaxed) as f64,
+    );
+    out.one(
         "holdfast_event_stream_trimmed_total",
         "counter",
         "Stream entries trimmed after every consumer group acknowledged them.",
