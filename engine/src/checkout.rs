@@ -112,9 +112,15 @@ pub async fn find_reservation(b: &Backends, id: &str) -> Result<Option<Hold>, En
     }))
 }
 
-/// Reservation `query` if it exists, otherwise the open holds of buyer `query` on
-/// the catalogue's drops (buyers are not indexed across SKUs; the drops' SKUs are
-/// few, so their open holds are searched directly), each once.
+/// Most holds a buyer search returns (newest first).
+pub const MAX_FOUND_HOLDS: i64 = 200;
+
+/// The live holds `query` names: the reservation with that id, or the holds of
+/// the buyer with that name (from PostgreSQL's index of recorded holds, newest
+/// first, at most [`MAX_FOUND_HOLDS`], each read back from Redis so only live
+/// ones, held or being confirmed, are shown). A search costs one index lookup and a bounded number of
+/// reads however often it runs; a hold appears once the write-behind has
+/// recorded it (within about a second).
 pub async fn find_holds(b: &Backends, query: &str) -> Result<Vec<Hold>, EngineError> {
     let query = query.trim();
     if query.is_empty() {
@@ -123,13 +129,20 @@ pub async fn find_holds(b: &Backends, query: &str) -> Result<Vec<Hold>, EngineEr
     if let Some(hold) = b.engine.hold(query).await? {
         return Ok(vec![hold]);
     }
-    let mut seen = std::collections::HashSet::new();
-    let mut holds = Vec::new();
-    for sku in catalog::all_drop_skus(&b.pg).await? {
-        for hold in b.engine.holds_of(&sku, 5_000).await? {
-            if hold.buyer.as_deref() == Some(query) && seen.insert(hold.reservation_id.clone()) {
-                holds.push(hold);
-            }
+    let ids: Vec<String> = sqlx::query_scalar(
+        "SELECT reservation_id FROM holds WHERE buyer = $1
+          GROUP BY reservation_id ORDER BY max(created_at) DESC LIMIT $2",
+    )
+    .bind(query)
+    .bind(MAX_FOUND_HOLDS)
+    .fetch_all(&b.pg)
+    .await?;
+    let mut holds = Vec::with_capacity(ids.len());
+    for id in ids {
+        if let Some(hold) = b.engine.hold(&id).await?
+            && matches!(hold.state, HoldState::Held | HoldState::Confirming)
+        {
+            holds.push(hold);
         }
     }
     Ok(holds)

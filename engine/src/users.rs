@@ -438,55 +438,62 @@ pub async fn list(pg: &PgPool) -> Result<Vec<User>, EngineError> {
     .collect()
 }
 
-async fn admins_other_than(pg: &PgPool, username: &str) -> Result<i64, EngineError> {
-    Ok(
-        sqlx::query_scalar("SELECT count(*) FROM users WHERE role = 'admin' AND username <> $1")
-            .bind(username)
-            .fetch_one(pg)
-            .await?,
-    )
+/// Locks every admin row for the rest of `tx` and returns how many admins
+/// other than `username` there are. Two changes racing to remove the last two
+/// admins queue on these locks; the second then sees the first's change and
+/// is refused, so the check and the change are one atomic step.
+async fn lock_other_admins(
+    tx: &mut sqlx::PgConnection,
+    username: &str,
+) -> Result<usize, EngineError> {
+    let admins: Vec<String> =
+        sqlx::query_scalar("SELECT username FROM users WHERE role = 'admin' FOR UPDATE")
+            .fetch_all(&mut *tx)
+            .await?;
+    Ok(admins.iter().filter(|a| a.as_str() != username).count())
 }
 
 /// Changes a user's role; refuses to demote the last admin.
 pub async fn set_role(pg: &PgPool, username: &str, role: Role) -> Result<(), UserError> {
-    if role != Role::Admin && admins_other_than(pg, username).await? == 0 {
+    let mut tx = pg.begin().await?;
+    if role != Role::Admin && lock_other_admins(&mut tx, username).await? == 0 {
         return Err(UserError::LastAdmin);
     }
     let done = sqlx::query("UPDATE users SET role = $2 WHERE username = $1")
         .bind(username)
         .bind(role.as_str())
-        .execute(pg)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
-    if done == 1 {
-        Ok(())
-    } else {
-        Err(UserError::Unknown(username.to_owned()))
+    if done != 1 {
+        return Err(UserError::Unknown(username.to_owned()));
     }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Deletes a user and their sessions; refuses to delete the last admin.
 pub async fn delete(pg: &PgPool, username: &str) -> Result<(), UserError> {
-    if admins_other_than(pg, username).await? == 0 {
-        let is_admin: Option<String> =
-            sqlx::query_scalar("SELECT role FROM users WHERE username = $1")
-                .bind(username)
-                .fetch_optional(pg)
-                .await?;
-        if is_admin.as_deref() == Some("admin") {
+    let mut tx = pg.begin().await?;
+    if lock_other_admins(&mut tx, username).await? == 0 {
+        let role: Option<String> = sqlx::query_scalar("SELECT role FROM users WHERE username = $1")
+            .bind(username)
+            .fetch_optional(&mut *tx)
+            .await?;
+        if role.as_deref() == Some("admin") {
             return Err(UserError::LastAdmin);
         }
     }
     let done = sqlx::query("DELETE FROM users WHERE username = $1")
         .bind(username)
-        .execute(pg)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
-    if done == 1 {
-        Ok(())
-    } else {
-        Err(UserError::Unknown(username.to_owned()))
+    if done != 1 {
+        return Err(UserError::Unknown(username.to_owned()));
     }
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Replaces a user's password and ends their other sessions. `one_time` marks a

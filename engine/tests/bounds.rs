@@ -28,3 +28,42 @@ async fn invented_tokens_cannot_grow_the_token_cache(pool: PgPool) {
         "the oldest refusal went first"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn two_admins_removed_at_once_leave_one(pool: PgPool) {
+    use holdfast_engine::users::{self, Role, UserError};
+    for round in 0..10 {
+        let (a, b) = (format!("a{round}"), format!("b{round}"));
+        sqlx::query("DELETE FROM users")
+            .execute(&pool)
+            .await
+            .unwrap();
+        for name in [&a, &b] {
+            users::create(&pool, name, Role::Admin, "long enough password", false)
+                .await
+                .unwrap();
+        }
+        // Both demoted at once (or one demoted, one deleted): one must be refused.
+        let (x, y) = if round % 2 == 0 {
+            tokio::join!(
+                users::set_role(&pool, &a, Role::Viewer),
+                users::set_role(&pool, &b, Role::Viewer)
+            )
+        } else {
+            tokio::join!(
+                users::set_role(&pool, &a, Role::Viewer),
+                users::delete(&pool, &b)
+            )
+        };
+        let refused = [&x, &y]
+            .iter()
+            .filter(|r| matches!(r, Err(UserError::LastAdmin)))
+            .count();
+        assert_eq!(refused, 1, "round {round}: {x:?} {y:?}");
+        let admins: i64 = sqlx::query_scalar("SELECT count(*) FROM users WHERE role = 'admin'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(admins, 1, "round {round}");
+    }
+}

@@ -581,3 +581,64 @@ async fn an_event_postgresql_refuses_is_set_aside_and_recording_goes_on(pool: Pg
     assert!(parked[0].1["event"].contains("OK-1"));
     assert!(!parked[0].1["reason"].is_empty());
 }
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_buyer_search_reads_the_index_and_is_bounded(pool: PgPool) {
+    use holdfast_engine::checkout::{MAX_FOUND_HOLDS, find_holds};
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pool, "BS-1", 1_000).await;
+    add_sku(&pool, "BS-2", 1_000).await;
+    warm_all(&engine, &pool, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let hold = |rid: String, sku: &'static str, buyer: &'static str| {
+        let engine = engine.clone();
+        async move {
+            let r = engine
+                .reserve(&ReserveRequest::single(&rid, sku, 1).for_buyer(buyer))
+                .await
+                .unwrap();
+            assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+        }
+    };
+    for i in 0..(MAX_FOUND_HOLDS + 50) {
+        hold(format!("many-{i}"), "BS-1", "busy-buyer").await;
+    }
+    hold("one-1".into(), "BS-1", "ann").await;
+    hold("one-2".into(), "BS-2", "ann").await;
+    hold("gone-1".into(), "BS-2", "ann").await;
+    engine.release("gone-1").await.unwrap();
+    let backends = holdfast_engine::Backends::new(
+        pool.clone(),
+        redis.connection().await,
+        engine.config().clone(),
+    );
+    let mut w = worker(&engine, &pool, redis.connection().await, config("search"));
+    drain(&engine, &mut w).await;
+    let mut found: Vec<String> = find_holds(&backends, "ann")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.reservation_id)
+        .collect();
+    found.sort();
+    assert_eq!(
+        found,
+        vec!["one-1", "one-2"],
+        "live holds only, in every SKU"
+    );
+    let many = find_holds(&backends, "busy-buyer").await.unwrap();
+    assert_eq!(many.len() as i64, MAX_FOUND_HOLDS, "bounded");
+    assert!(
+        many.iter()
+            .any(|h| h.reservation_id == format!("many-{}", MAX_FOUND_HOLDS + 49)),
+        "newest first"
+    );
+    assert_eq!(
+        find_holds(&backends, "one-1").await.unwrap().len(),
+        1,
+        "by id"
+    );
+    assert!(find_holds(&backends, "nobody").await.unwrap().is_empty());
+}

@@ -130,10 +130,9 @@ where
 
     let caller = guard::authorize(Role::Admin).await?;
     let board = job_board()?;
-    if board.running(kind) {
+    let Some(job) = board.try_start(kind, &caller.user.username) else {
         return Err(guard::refuse(http::StatusCode::CONFLICT, busy.to_owned()));
-    }
-    let job = board.start(kind, &caller.user.username);
+    };
     let id = job.id();
     let mut detail = detail;
     detail["job"] = serde_json::json!(id);

@@ -52,8 +52,14 @@ impl JobBoard {
             .any(|j| j.kind == kind && j.state == JobState::Running)
     }
 
-    /// Registers a new running job and returns its handle.
-    pub fn start(self: &std::sync::Arc<Self>, kind: JobKind, started_by: &str) -> JobHandle {
+    /// Registers a new running job of `kind` and returns its handle, or `None`
+    /// when one of that kind is already running. The check and the
+    /// registration happen under one lock, so two clicks at once start one job.
+    pub fn try_start(
+        self: &std::sync::Arc<Self>,
+        kind: JobKind,
+        started_by: &str,
+    ) -> Option<JobHandle> {
         let view = JobView {
             id: self.next.fetch_add(1, Ordering::Relaxed),
             kind,
@@ -62,12 +68,22 @@ impl JobBoard {
             total: 0,
             state: JobState::Running,
         };
+        {
+            let mut jobs = self.lock();
+            if jobs
+                .iter()
+                .any(|j| j.kind == kind && j.state == JobState::Running)
+            {
+                return None;
+            }
+            jobs.push_back(view.clone());
+        }
         self.publish(view.clone());
-        JobHandle {
+        Some(JobHandle {
             board: self.clone(),
             view,
             last: Instant::now(),
-        }
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<JobView>> {
@@ -133,5 +149,27 @@ impl JobHandle {
     pub fn fail(mut self, error: String) {
         self.view.state = JobState::Failed { error };
         self.board.publish(self.view.clone());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_job_of_a_kind_runs_at_once() {
+        let board = std::sync::Arc::new(JobBoard::default());
+        let first = board.try_start(JobKind::Warmup, "ann");
+        assert!(first.is_some());
+        assert!(board.try_start(JobKind::Warmup, "bo").is_none());
+        assert!(
+            board.try_start(JobKind::Reconcile, "bo").is_some(),
+            "another kind may run"
+        );
+        first.unwrap().finish("done".into());
+        assert!(
+            board.try_start(JobKind::Warmup, "bo").is_some(),
+            "after it ended"
+        );
     }
 }

@@ -1,4 +1,6 @@
-//! Liveness and readiness probes.
+//! Liveness and readiness probes. Both are public: `/readyz` says which
+//! dependency failed in fixed words, and the failure's own text (addresses,
+//! driver messages) goes to the log only.
 
 use std::time::Duration;
 
@@ -43,17 +45,23 @@ pub struct Check {
     pub error: Option<String>,
 }
 
-impl From<Result<(), String>> for Check {
-    fn from(r: Result<(), String>) -> Self {
+impl Check {
+    /// The public check for `what`'s probe result; a failure's detail is logged.
+    fn of(what: &'static str, r: Result<(), String>) -> Self {
         match r {
             Ok(()) => Self {
                 ok: true,
                 error: None,
             },
-            Err(e) => Self {
-                ok: false,
-                error: Some(e),
-            },
+            Err(detail) => {
+                tracing::warn!(dependency = what, error = %detail, "readiness probe failed");
+                Self {
+                    ok: false,
+                    error: Some(format!(
+                        "{what} is not answering (details in the server log)"
+                    )),
+                }
+            }
         }
     }
 }
@@ -94,8 +102,12 @@ async fn readyz(
         redis_conn::ping(&backends.redis, PROBE_TIMEOUT),
         postgres::ping(&backends.pg, PROBE_TIMEOUT),
     );
-    let (redis, postgres) = (Check::from(redis), Check::from(postgres));
-    let error = workers.write_behind.last_error();
+    let (redis, postgres) = (Check::of("Redis", redis), Check::of("PostgreSQL", postgres));
+    // The write-behind logs its own failures; the probe only says that it fails.
+    let error = workers.write_behind.last_error().map(|_| {
+        "recording to PostgreSQL is failing; events wait in Redis (details in the server log)"
+            .to_owned()
+    });
     let lag = if redis.ok {
         let lag = backends.engine.write_behind_lag();
         tokio::time::timeout(PROBE_TIMEOUT, lag)
