@@ -365,4 +365,32 @@ mod tests {
         h.insert("x-forwarded-for", "203.0.113.7, garbage".parse().unwrap());
         assert_eq!(trusted.client_ip(peer, &h), peer);
     }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig { cases: 2_000, ..Default::default() })]
+
+        #[test]
+        fn hostile_headers_never_panic_and_never_invent_a_client(
+            host in "\\PC{0,60}",
+            xff in "[ -~]{0,120}",
+            forwarded in "[ -~]{0,120}",
+            cidr in "[ -~]{0,45}",
+        ) {
+            let e = edge(&["shop.example"], &["127.0.0.0/8"]);
+            let _ = e.host_allowed(&host);
+            let _ = Cidr::parse(&cidr);
+            let mut h = HeaderMap::new();
+            if let Ok(v) = xff.parse() {
+                h.insert("x-forwarded-for", v);
+            }
+            if let Ok(v) = forwarded.parse() {
+                h.insert("forwarded", v);
+            }
+            let peer: IpAddr = "127.0.0.1".parse().unwrap();
+            let client = e.client_ip(peer, &h);
+            proptest::prop_assert!(client == peer || forwarded_chain(&h).contains(&client));
+            let stranger: IpAddr = "198.51.100.1".parse().unwrap();
+            proptest::prop_assert_eq!(e.client_ip(stranger, &h), stranger);
+        }
+    }
 }
