@@ -150,7 +150,8 @@ static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CONCU
 /// hashed just the same).
 pub const MAX_PASSWORD_LEN: usize = 1_024;
 
-/// Failed sign-ins for one username before it is refused for the window.
+/// Default failed sign-ins for one username before it is refused for the window
+/// (`EngineConfig::login_failures_per_user`).
 pub const LOGIN_FAILURES: i64 = 5;
 /// The window over which failed sign-ins count, and the wait once over.
 pub const LOGIN_WINDOW: Duration = Duration::from_secs(15 * 60);
@@ -547,16 +548,19 @@ pub struct Attempt<'a> {
     pub replaces: Option<&'a str>,
 }
 
-/// Failed sign-ins from one client address (any usernames) before it is
-/// refused for the window: enough for an office behind one NAT to mistype,
-/// far too few to guess passwords across many accounts.
+/// Default failed sign-ins from one client address (any usernames) before it
+/// is refused for the window (`EngineConfig::login_failures_per_address`):
+/// enough for an office behind one NAT to mistype, far too few to guess
+/// passwords across many accounts.
 pub const LOGIN_FAILURES_PER_ADDRESS: i64 = 20;
 
 /// Checks `password` for `username` under the guessing limits; `Ok(false)` for
 /// a wrong password (counted) or a name that cannot exist.
 ///
-/// After [`LOGIN_FAILURES`] failures for one username, or
-/// [`LOGIN_FAILURES_PER_ADDRESS`] from one address, within [`LOGIN_WINDOW`] it
+/// After `login_failures_per_user` failures for one username, or
+/// `login_failures_per_address` from one address (the engine's configuration,
+/// by default [`LOGIN_FAILURES`] and [`LOGIN_FAILURES_PER_ADDRESS`]), within
+/// [`LOGIN_WINDOW`] it
 /// is refused ([`EngineError::Throttled`], even with the right password) until
 /// the window ends; at most [`CONCURRENT_HASHES`] passwords are hashed at once
 /// (others are refused at once); passwords longer than [`MAX_PASSWORD_LEN`]
@@ -571,15 +575,16 @@ async fn check_password(
         // No such user can exist; nothing is stored or hashed for it.
         return Ok(false);
     }
+    let limits = &b.engine.config;
     let mut keys = vec![(
         crate::keys::Keyspace::login_failures(name),
-        LOGIN_FAILURES,
+        limits.login_failures_per_user,
         "too many failed sign-ins for this user",
     )];
     if let Some(ip) = from {
         keys.push((
             crate::keys::Keyspace::login_failures_from(ip),
-            LOGIN_FAILURES_PER_ADDRESS,
+            limits.login_failures_per_address,
             "too many failed sign-ins from this address",
         ));
     }

@@ -74,6 +74,16 @@ pub struct EngineArgs {
         global = true
     )]
     pub max_qty_per_line: i64,
+    /// Failed dashboard sign-ins for one username per 15 minutes before even
+    /// the right password waits (429).
+    #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_USER", default_value_t = holdfast_engine::users::LOGIN_FAILURES,
+          global = true, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub login_failures_per_user: i64,
+    /// Failed dashboard sign-ins from one client address (any usernames) per
+    /// 15 minutes before it waits (429).
+    #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_ADDRESS", default_value_t = holdfast_engine::users::LOGIN_FAILURES_PER_ADDRESS,
+          global = true, value_parser = clap::value_parser!(i64).range(1..=100_000))]
+    pub login_failures_per_address: i64,
 }
 
 impl EngineArgs {
@@ -84,6 +94,8 @@ impl EngineArgs {
             default_hold_ttl: std::time::Duration::from_secs(self.hold_ttl_secs),
             max_hold_ttl: std::time::Duration::from_secs(self.max_hold_ttl_secs),
             max_qty_per_line: self.max_qty_per_line,
+            login_failures_per_user: self.login_failures_per_user,
+            login_failures_per_address: self.login_failures_per_address,
             ..holdfast_engine::EngineConfig::default()
         }
     }
@@ -172,6 +184,30 @@ pub struct ServeArgs {
         default_value_t = 50
     )]
     pub badge_max_connections_per_client: usize,
+    /// Most SKUs one badge connection (or one poll) may follow.
+    #[arg(long, env = "HOLDFAST_BADGE_MAX_SUBSCRIPTIONS", default_value_t = 20,
+          value_parser = clap::value_parser!(u64).range(1..=1_000))]
+    pub badge_max_subscriptions: u64,
+    /// Badge polls per second per client address (bursts of twice that).
+    #[arg(long, env = "HOLDFAST_BADGE_POLLS_PER_SECOND", default_value_t = 10)]
+    pub badge_polls_per_second: u32,
+    /// Seconds a badge socket may stay silent (not even answering pings)
+    /// before it is closed.
+    #[arg(long, env = "HOLDFAST_BADGE_IDLE_TIMEOUT_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    pub badge_idle_timeout_secs: u64,
+    /// Most payloads waiting per lane, `lane:count`, comma-separated in the
+    /// environment (default orders:100000, feeds:20000).
+    #[arg(long = "lane-cap", env = "HOLDFAST_LANE_CAPS", value_delimiter = ',')]
+    pub lane_caps: Vec<String>,
+    /// Most payload bytes waiting per lane, `lane:bytes`, comma-separated in
+    /// the environment (default orders:67108864, feeds:268435456).
+    #[arg(
+        long = "lane-bytes-cap",
+        env = "HOLDFAST_LANE_BYTE_CAPS",
+        value_delimiter = ','
+    )]
+    pub lane_byte_caps: Vec<String>,
     /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
     /// out checkout); 0 for no limit.
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]

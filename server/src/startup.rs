@@ -297,7 +297,9 @@ impl Application {
             ingest_rate: args.ingest_rate,
             sold_out_ttl: Duration::from_millis(args.sold_out_cache_ms),
             ingest: IngestConfig::parse(&args.ingest_sources)
-                .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?,
+                .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?
+                .with_caps(&args.lane_caps, &args.lane_byte_caps)
+                .map_err(anyhow::Error::msg)?,
             badge: BadgeConfig {
                 origins: args
                     .badge_origins
@@ -305,6 +307,9 @@ impl Application {
                     .map(|o| o.trim().trim_end_matches('/').to_owned())
                     .collect(),
                 max_connections_per_client: args.badge_max_connections_per_client,
+                max_subscriptions: usize::try_from(args.badge_max_subscriptions).unwrap_or(20),
+                polls_per_second: args.badge_polls_per_second,
+                idle_timeout: Duration::from_secs(args.badge_idle_timeout_secs),
                 ..BadgeConfig::default()
             },
             edge,

@@ -100,6 +100,31 @@ impl IngestConfig {
     }
 }
 
+impl IngestConfig {
+    /// Overrides lane caps with `lane:value` entries (payloads in `caps`,
+    /// bytes in `byte_caps`); other lanes keep their defaults.
+    pub fn with_caps(mut self, caps: &[String], byte_caps: &[String]) -> Result<Self, String> {
+        for (entries, into, flag) in [
+            (caps, &mut self.caps, "--lane-cap"),
+            (byte_caps, &mut self.byte_caps, "--lane-bytes-cap"),
+        ] {
+            for entry in entries.iter().filter(|e| !e.trim().is_empty()) {
+                let (lane, value) = entry
+                    .trim()
+                    .split_once(':')
+                    .ok_or_else(|| format!("{flag} '{entry}': expected lane:number"))?;
+                let lane = Lane::parse(lane).map_err(|e| format!("{flag} '{entry}': {e}"))?;
+                let value: u64 =
+                    value.parse().ok().filter(|v| *v > 0).ok_or_else(|| {
+                        format!("{flag} '{entry}': expected a whole number above 0")
+                    })?;
+                into.insert(lane, value);
+            }
+        }
+        Ok(self)
+    }
+}
+
 /// What the webhook route works with.
 #[derive(Clone)]
 pub struct IngestState {
@@ -275,5 +300,30 @@ async fn receive(
         )
         .into_response(),
         Err(e) => ApiError::internal(&e).into_response(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lane_caps_are_overridden_by_name_and_checked() {
+        let c = IngestConfig::parse(&[])
+            .unwrap()
+            .with_caps(&["feeds:5".into()], &["orders:1024".into()])
+            .unwrap();
+        assert_eq!(c.caps[&Lane::Feeds], 5);
+        assert_eq!(c.caps[&Lane::Orders], 100_000, "others keep their default");
+        assert_eq!(c.byte_caps[&Lane::Orders], 1024);
+        for bad in ["feeds", "nowhere:5", "feeds:0", "feeds:-1", "feeds:many"] {
+            assert!(
+                IngestConfig::parse(&[])
+                    .unwrap()
+                    .with_caps(&[bad.into()], &[])
+                    .is_err(),
+                "{bad}"
+            );
+        }
     }
 }
