@@ -42,9 +42,11 @@ pub struct EngineConfig {
     pub buyer_ttl: Duration,
     /// How long an applied feed event id is remembered.
     pub guard_ttl: Duration,
-    /// Failed sign-ins for one username within [`crate::users::LOGIN_WINDOW`]
-    /// before it is refused for the rest of the window.
+    /// Failed sign-ins for one username from all addresses within
+    /// [`crate::users::LOGIN_WINDOW`] before it is refused for the rest of it.
     pub login_failures_per_user: i64,
+    /// Failed sign-ins for one username from one address within the window.
+    pub login_failures_per_user_and_address: i64,
     /// Failed sign-ins from one client address (any usernames) within the window.
     pub login_failures_per_address: i64,
 }
@@ -60,7 +62,8 @@ impl Default for EngineConfig {
             tombstone_ttl: Duration::from_secs(24 * 3_600),
             buyer_ttl: Duration::from_secs(7 * 24 * 3_600),
             guard_ttl: Duration::from_secs(24 * 3_600),
-            login_failures_per_user: crate::users::LOGIN_FAILURES,
+            login_failures_per_user: crate::users::LOGIN_FAILURES_PER_USER,
+            login_failures_per_user_and_address: crate::users::LOGIN_FAILURES,
             login_failures_per_address: crate::users::LOGIN_FAILURES_PER_ADDRESS,
         }
     }

@@ -46,8 +46,8 @@ fn bytes_key(lane: Lane) -> String {
 static ENQUEUE: std::sync::LazyLock<redis::Script> =
     std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/enqueue.lua")));
 
-/// Attempts a payload that fails on its own data gets before it is
-/// dead-lettered (an outage is retried without counting).
+/// Attempts a payload that fails on its own data (or crashes its consumer)
+/// gets before it is dead-lettered; an outage is retried without counting.
 pub const MAX_ATTEMPTS: u32 = 3;
 
 /// Source names that are not webhook sources: the ledger records sales,
@@ -426,8 +426,6 @@ pub struct LaneConsumer {
     stats: Arc<LaneStats>,
     group_ready: bool,
     last_claim: Instant,
-    /// Failed attempts of payloads that failed on their own data, by entry id.
-    failures: HashMap<String, u32>,
     ledger: Option<sqlx::PgPool>,
 }
 
@@ -456,7 +454,6 @@ impl LaneConsumer {
             stats,
             group_ready: false,
             last_claim,
-            failures: HashMap::new(),
             ledger: None,
         }
     }
@@ -535,33 +532,65 @@ impl LaneConsumer {
         let mut done = Processed::default();
         for (id, source, body) in entries {
             done.payloads += 1;
-            match self.apply(&source, &body).await {
-                Ok(n) => done.applied += n,
-                Err(e) if e.refused_input() => {
-                    // A payload that keeps failing on its own data must not
-                    // block the lane: after a few tries it is dead-lettered.
-                    let tries = self.failures.entry(id.clone()).or_insert(0);
-                    *tries += 1;
-                    if *tries < MAX_ATTEMPTS {
+            // Attempts are counted in Redis before each try, so a payload that
+            // crashes its consumer (the count survives the restart, and a
+            // takeover by another consumer) is set aside like one that fails.
+            let tries_key = format!("{}:tries:{id}", lane_key(self.lane.name));
+            let (tries,): (u32,) = redis::pipe()
+                .cmd("INCR")
+                .arg(&tries_key)
+                .cmd("PEXPIRE")
+                .arg(&tries_key)
+                .arg(24 * 3_600 * 1_000)
+                .ignore()
+                .query_async(&mut self.conn)
+                .await?;
+            let failed = if tries > MAX_ATTEMPTS {
+                Some(format!(
+                    "failed or stopped its consumer {} times",
+                    tries - 1
+                ))
+            } else {
+                match self.apply(&source, &body).await {
+                    Ok(n) => {
+                        done.applied += n;
+                        None
+                    }
+                    Err(e) if e.refused_input() => {
+                        if tries < MAX_ATTEMPTS {
+                            return Err(e);
+                        }
+                        Some(format!("failed {MAX_ATTEMPTS} times: {e}"))
+                    }
+                    Err(e) => {
+                        // An outage is not the payload's fault: not counted.
+                        let _ = redis::cmd("DECR")
+                            .arg(&tries_key)
+                            .query_async::<()>(&mut self.conn)
+                            .await;
                         return Err(e);
                     }
-                    self.failures.remove(&id);
-                    self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                    tracing::error!(lane = %self.lane.name, entry = %id, %source, error = %e,
-                        "a payload failed {MAX_ATTEMPTS} times; dead-lettered so the lane goes on");
-                    let reason = format!("failed {MAX_ATTEMPTS} times: {e}");
-                    bury(
-                        &mut self.conn,
-                        self.lane.name,
-                        &source,
-                        &String::from_utf8_lossy(&body),
-                        &reason,
-                    )
-                    .await?;
                 }
-                Err(e) => return Err(e),
+            };
+            if let Some(reason) = failed {
+                // A payload that keeps failing on its own data must not block
+                // the lane: it is dead-lettered with the reason.
+                self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                tracing::error!(lane = %self.lane.name, entry = %id, %source, %reason,
+                    "a payload was dead-lettered so the lane goes on");
+                bury(
+                    &mut self.conn,
+                    self.lane.name,
+                    &source,
+                    &String::from_utf8_lossy(&body),
+                    &reason,
+                )
+                .await?;
             }
-            self.failures.remove(&id);
+            redis::cmd("DEL")
+                .arg(&tries_key)
+                .query_async::<()>(&mut self.conn)
+                .await?;
             self.finish(&id, body.len()).await?;
         }
         Ok(done)

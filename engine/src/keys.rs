@@ -127,6 +127,15 @@ impl Keyspace {
         format!("hf:login:{{{username}}}:failures")
     }
 
+    /// Failed sign-ins for one username from one client address (`None`: the
+    /// address is not known), in the username's slot.
+    pub fn login_failures_from_for(username: &str, ip: Option<std::net::IpAddr>) -> String {
+        match ip {
+            Some(ip) => format!("hf:login:{{{username}}}:from:{ip}"),
+            None => format!("hf:login:{{{username}}}:from:unknown"),
+        }
+    }
+
     /// Failed sign-ins from one client address (any usernames).
     pub fn login_failures_from(ip: std::net::IpAddr) -> String {
         format!("hf:login:addr:{{{ip}}}:failures")

@@ -150,9 +150,14 @@ static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CONCU
 /// hashed just the same).
 pub const MAX_PASSWORD_LEN: usize = 1_024;
 
-/// Default failed sign-ins for one username before it is refused for the window
-/// (`EngineConfig::login_failures_per_user`).
+/// Default failed sign-ins for one username from one client address before
+/// that pair is refused for the window
+/// (`EngineConfig::login_failures_per_user_and_address`).
 pub const LOGIN_FAILURES: i64 = 5;
+/// Default failed sign-ins for one username from all addresses together
+/// (`EngineConfig::login_failures_per_user`): stops guessing spread over many
+/// addresses, while a single address cannot lock an account out for others.
+pub const LOGIN_FAILURES_PER_USER: i64 = 100;
 /// The window over which failed sign-ins count, and the wait once over.
 pub const LOGIN_WINDOW: Duration = Duration::from_secs(15 * 60);
 
@@ -554,92 +559,127 @@ pub struct Attempt<'a> {
 /// passwords across many accounts.
 pub const LOGIN_FAILURES_PER_ADDRESS: i64 = 20;
 
+/// `lua/login_attempt.lua`: counts one attempt against one limit, atomically.
+static LOGIN_ATTEMPT: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/login_attempt.lua")));
+
 /// Checks `password` for `username` under the guessing limits; `Ok(false)` for
 /// a wrong password (counted) or a name that cannot exist.
 ///
-/// After `login_failures_per_user` failures for one username, or
-/// `login_failures_per_address` from one address (the engine's configuration,
-/// by default [`LOGIN_FAILURES`] and [`LOGIN_FAILURES_PER_ADDRESS`]), within
-/// [`LOGIN_WINDOW`] it
-/// is refused ([`EngineError::Throttled`], even with the right password) until
-/// the window ends; at most [`CONCURRENT_HASHES`] passwords are hashed at once
-/// (others are refused at once); passwords longer than [`MAX_PASSWORD_LEN`]
-/// never match. The counts live in Redis, shared by every server.
+/// Three counts per [`LOGIN_WINDOW`], from the engine's configuration: failures
+/// for the username from this address (default [`LOGIN_FAILURES`]), for the
+/// username from everywhere ([`LOGIN_FAILURES_PER_USER`]) and from this address
+/// for any username ([`LOGIN_FAILURES_PER_ADDRESS`]). Past any of them the
+/// attempt is refused ([`EngineError::Throttled`], even with the right
+/// password) until the window ends. Each attempt is counted before the hash
+/// in one atomic step, so a burst cannot exceed a limit, and taken back when
+/// the password was right. At most [`CONCURRENT_HASHES`] passwords are hashed
+/// at once (others are refused at once); passwords longer than
+/// [`MAX_PASSWORD_LEN`] never match. The counts live in Redis, shared by every
+/// server.
 async fn check_password(
     b: &crate::Backends,
     name: &str,
     password: &str,
     from: Option<std::net::IpAddr>,
 ) -> Result<bool, EngineError> {
+    use crate::keys::Keyspace;
     if !valid_username(name) {
         // No such user can exist; nothing is stored or hashed for it.
         return Ok(false);
     }
     let limits = &b.engine.config;
-    let mut keys = vec![(
-        crate::keys::Keyspace::login_failures(name),
-        limits.login_failures_per_user,
-        "too many failed sign-ins for this user",
-    )];
+    let mut counts = vec![
+        (
+            Keyspace::login_failures_from_for(name, from),
+            limits.login_failures_per_user_and_address,
+            "too many failed sign-ins for this user from this address",
+        ),
+        (
+            Keyspace::login_failures(name),
+            limits.login_failures_per_user,
+            "too many failed sign-ins for this user",
+        ),
+    ];
     if let Some(ip) = from {
-        keys.push((
-            crate::keys::Keyspace::login_failures_from(ip),
+        counts.push((
+            Keyspace::login_failures_from(ip),
             limits.login_failures_per_address,
             "too many failed sign-ins from this address",
         ));
     }
+    let window = LOGIN_WINDOW.as_millis() as u64;
     let mut conn = b.engine.connection();
-    let mut read = redis::pipe();
-    for (key, _, _) in &keys {
-        read.cmd("GET").arg(key).cmd("PTTL").arg(key);
-    }
-    let counts: Vec<(Option<i64>, i64)> = read.query_async(&mut conn).await?;
-    for ((_, limit, reason), (failures, ttl_ms)) in keys.iter().zip(&counts) {
-        if failures.unwrap_or(0) >= *limit {
+    let mut counted: Vec<&str> = Vec::new();
+    for (key, limit, reason) in &counts {
+        let (verdict, n): (String, i64) = LOGIN_ATTEMPT
+            .key(key)
+            .arg(*limit)
+            .arg(window)
+            .invoke_async(&mut conn)
+            .await?;
+        if verdict != "ok" {
+            take_back(&mut conn, &counted).await?;
             return Err(EngineError::Throttled {
                 reason: (*reason).into(),
-                retry_after: ((*ttl_ms).max(1_000) as u64).div_ceil(1_000),
+                retry_after: (n.max(1_000) as u64).div_ceil(1_000),
             });
         }
+        counted.push(key);
     }
-    let matched = if password.len() > MAX_PASSWORD_LEN {
-        false
-    } else {
+    let checked = async {
+        if password.len() > MAX_PASSWORD_LEN {
+            return Ok(false);
+        }
         let row: Option<(String,)> =
             sqlx::query_as("SELECT password_hash FROM users WHERE username = $1")
                 .bind(name)
                 .fetch_optional(&b.pg)
                 .await?;
         match row {
-            Some((hash,)) => verify_password(password.to_owned(), hash).await?,
+            Some((hash,)) => verify_password(password.to_owned(), hash).await,
             None => {
                 // Unknown names cost a hash too, so timing does not reveal which
                 // names exist.
                 hash_password_as(password.to_owned(), false).await?;
-                false
+                Ok(false)
             }
         }
     };
-    let mut write = redis::pipe();
-    if matched {
-        // Only the user's own count is forgiven: a right password for one
-        // account must not reset an address guessing at others.
-        write.cmd("DEL").arg(&keys[0].0).ignore();
-    } else {
-        for (key, _, _) in &keys {
-            write
-                .cmd("INCR")
-                .arg(key)
-                .ignore()
-                .cmd("PEXPIRE")
-                .arg(key)
-                .arg(LOGIN_WINDOW.as_millis() as u64)
-                .arg("NX")
-                .ignore();
+    match checked.await {
+        Ok(true) => {
+            // Not a failure: take the counts back, and forgive this address
+            // its earlier mistakes for this user.
+            take_back(&mut conn, &counted[1..]).await?;
+            redis::cmd("DEL")
+                .arg(counted[0])
+                .query_async::<()>(&mut conn)
+                .await?;
+            Ok(true)
+        }
+        Ok(false) => Ok(false),
+        Err(e) => {
+            // Not checked (hashing busy, PostgreSQL down): not a failure either.
+            take_back(&mut conn, &counted).await?;
+            Err(e)
         }
     }
-    write.query_async::<()>(&mut conn).await?;
-    Ok(matched)
+}
+
+/// Takes back one counted attempt from each of `keys`.
+async fn take_back(
+    conn: &mut redis::aio::ConnectionManager,
+    keys: &[&str],
+) -> Result<(), EngineError> {
+    if keys.is_empty() {
+        return Ok(());
+    }
+    let mut pipe = redis::pipe();
+    for key in keys {
+        pipe.cmd("DECR").arg(*key).ignore();
+    }
+    pipe.query_async::<()>(conn).await?;
+    Ok(())
 }
 
 /// Checks a username and password (under [`check_password`]'s limits); on

@@ -74,10 +74,16 @@ pub struct EngineArgs {
         global = true
     )]
     pub max_qty_per_line: i64,
-    /// Failed dashboard sign-ins for one username per 15 minutes before even
-    /// the right password waits (429).
-    #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_USER", default_value_t = holdfast_engine::users::LOGIN_FAILURES,
+    /// Failed dashboard sign-ins for one username from one client address per
+    /// 15 minutes before even the right password waits (429) from there.
+    #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_USER_AND_ADDRESS", default_value_t = holdfast_engine::users::LOGIN_FAILURES,
           global = true, value_parser = clap::value_parser!(i64).range(1..=10_000))]
+    pub login_failures_per_user_and_address: i64,
+    /// Failed dashboard sign-ins for one username from all addresses per 15
+    /// minutes before it waits (429) everywhere: stops guessing spread over
+    /// many addresses.
+    #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_USER", default_value_t = holdfast_engine::users::LOGIN_FAILURES_PER_USER,
+          global = true, value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub login_failures_per_user: i64,
     /// Failed dashboard sign-ins from one client address (any usernames) per
     /// 15 minutes before it waits (429).
@@ -95,6 +101,7 @@ impl EngineArgs {
             max_hold_ttl: std::time::Duration::from_secs(self.max_hold_ttl_secs),
             max_qty_per_line: self.max_qty_per_line,
             login_failures_per_user: self.login_failures_per_user,
+            login_failures_per_user_and_address: self.login_failures_per_user_and_address,
             login_failures_per_address: self.login_failures_per_address,
             ..holdfast_engine::EngineConfig::default()
         }
@@ -241,15 +248,21 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_HEADER_READ_TIMEOUT_SECS", default_value_t = 10,
           value_parser = clap::value_parser!(u64).range(1..=3_600))]
     pub header_read_timeout_secs: u64,
-    /// Seconds a client has to send a request's body.
-    #[arg(long, env = "HOLDFAST_BODY_TIMEOUT_SECS", default_value_t = 10,
+    /// Seconds from a request's headers to its answer: the body must arrive
+    /// and the answer start within it (408 otherwise).
+    #[arg(long, env = "HOLDFAST_REQUEST_TIMEOUT_SECS", default_value_t = 15,
           value_parser = clap::value_parser!(u64).range(1..=3_600))]
-    pub body_timeout_secs: u64,
-    /// Most client connections open at once (HTTP and WebSocket); more wait to
-    /// be accepted.
-    #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS", default_value_t = 20_000,
+    pub request_timeout_secs: u64,
+    /// Most client connections open at once, WebSockets included; more wait to
+    /// be accepted. Lowered at start-up to what the open-file limit allows.
+    #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Most connections open at once from one client address (an IPv6 client
+    /// counts as its /64; trusted proxies are exempt); more are closed at once.
+    #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 256,
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_connections_per_address: u64,
 }
 
 /// The published demo password: refused on a listen address other people can
@@ -290,8 +303,10 @@ impl ServeArgs {
                 secure: self.secure_cookies,
             },
             header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
-            body_timeout: std::time::Duration::from_secs(self.body_timeout_secs),
+            request_timeout: std::time::Duration::from_secs(self.request_timeout_secs),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            max_connections_per_address: usize::try_from(self.max_connections_per_address)
+                .unwrap_or(usize::MAX),
         })
     }
 

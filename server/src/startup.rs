@@ -26,7 +26,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
-use crate::http::edge::EdgeConfig;
+use crate::http::edge::{ConnectionSlot, EdgeConfig};
 use crate::routes::ingest::IngestConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
@@ -84,7 +84,6 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     let cookies = state.edge.cookies;
     let edge = state.edge.clone();
-    let body_timeout = state.edge.body_timeout;
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
@@ -105,8 +104,8 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
-        .layer(tower_http::timeout::RequestBodyTimeoutLayer::new(
-            body_timeout,
+        .layer(axum::middleware::from_fn(
+            crate::http::server_fns::caller_errors,
         ))
         .layer(axum::middleware::from_fn_with_state(
             edge,
@@ -119,10 +118,13 @@ pub fn router(state: AppState) -> Router {
 /// Serves `router` on `listener` until `shutdown` completes, then drains
 /// in-flight requests (for at most [`DRAIN`]).
 ///
-/// The listener applies `edge`'s connection limits: a client must send its
-/// request headers within the header-read timeout (which also closes a
-/// keep-alive connection idle that long), and at most `max_connections` are
-/// open at once; past that, new clients wait in the accept queue.
+/// The listener applies `edge`'s connection limits: HTTP/1.1 only (TLS ends at
+/// a proxy, and cleartext HTTP/2 would escape the header-read timeout); a
+/// client must send its request headers within the header-read timeout (which
+/// also closes a keep-alive connection idle that long); at most
+/// `max_connections` are open at once, WebSockets included (past that, new
+/// clients wait in the accept queue), and at most `max_connections_per_address`
+/// from one address other than a trusted proxy (more are closed at once).
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -135,18 +137,15 @@ pub async fn serve(
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
 
-    let mut builder = Builder::new(TokioExecutor::new());
+    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
     builder
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(edge.header_read_timeout);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .keep_alive_interval(Some(Duration::from_secs(20)))
-        .max_concurrent_streams(256);
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(tokio::sync::Semaphore::new(edge.max_connections.max(1)));
+    let max = usable_connections(edge.max_connections);
+    let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    let per_address = Arc::new(PerAddress::default());
     tokio::pin!(shutdown);
     loop {
         let permit = tokio::select! {
@@ -168,12 +167,27 @@ pub async fn serve(
                 }
             },
         };
+        let address = crate::http::edge::limit_key(peer.ip());
+        let counted = if edge.trusts(peer.ip()) {
+            None
+        } else {
+            match per_address.take(address, edge.max_connections_per_address) {
+                Some(place) => Some(place),
+                // Over its share: closed at once, so one client cannot hold
+                // every place.
+                None => continue,
+            }
+        };
         let _ = stream.set_nodelay(true);
+        // Held by this connection and by any WebSocket it becomes.
+        let slot = ConnectionSlot(Arc::new((permit, counted)));
+        let held = slot.clone();
         // Handlers see the peer as `ConnectInfo`, as with axum's own server.
         let service = router.clone().map_request(
             move |mut req: axum::http::Request<hyper::body::Incoming>| {
                 req.extensions_mut()
                     .insert(axum::extract::ConnectInfo(peer));
+                req.extensions_mut().insert(slot.clone());
                 req
             },
         );
@@ -184,7 +198,7 @@ pub async fn serve(
         tokio::spawn(async move {
             // Errors here are clients going away or timing out: nothing to report.
             let _ = connection.await;
-            drop(permit);
+            drop(held);
         });
     }
     drop(listener);
@@ -195,6 +209,81 @@ pub async fn serve(
         tracing::warn!("some connections were still open after the drain period");
     }
     Ok(())
+}
+
+/// Open connections per client address.
+#[derive(Default)]
+struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
+
+/// One connection's count for its address, given back when dropped.
+struct AddressPlace {
+    table: Arc<PerAddress>,
+    address: std::net::IpAddr,
+}
+
+impl PerAddress {
+    /// Counts a connection from `address`; `None` when it already has `max`.
+    fn take(self: &Arc<Self>, address: std::net::IpAddr, max: usize) -> Option<AddressPlace> {
+        let mut table = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let n = table.entry(address).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(AddressPlace {
+            table: self.clone(),
+            address,
+        })
+    }
+}
+
+impl Drop for AddressPlace {
+    fn drop(&mut self) {
+        let mut table = self
+            .table
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(n) = table.get_mut(&self.address) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                table.remove(&self.address);
+            }
+        }
+    }
+}
+
+/// `wanted`, lowered (with a warning) to what the process's open-file limit
+/// leaves after a reserve for Redis, PostgreSQL and files: past it, accepting
+/// fails before the cap ever applies.
+fn usable_connections(wanted: usize) -> usize {
+    const RESERVE: usize = 256;
+    let soft = std::fs::read_to_string("/proc/self/limits")
+        .ok()
+        .and_then(|limits| {
+            limits
+                .lines()
+                .find(|l| l.starts_with("Max open files"))
+                .and_then(|l| l.split_whitespace().nth(3).map(str::to_owned))
+        })
+        .and_then(|v| v.parse::<usize>().ok());
+    match soft {
+        Some(soft) if soft.saturating_sub(RESERVE) < wanted => {
+            let usable = soft.saturating_sub(RESERVE).max(1);
+            tracing::warn!(
+                wanted,
+                usable,
+                open_file_limit = soft,
+                "the connection cap is above what the open-file limit allows; using the lower figure \
+                 (raise the limit with `ulimit -n` to allow more)"
+            );
+            usable
+        }
+        _ => wanted.max(1),
+    }
 }
 
 /// Longest wait for open requests to finish at shutdown.

@@ -385,3 +385,183 @@ async fn secure_cookies_are_host_prefixed_and_secure(pool: PgPool) {
     let res = reqwest::get(server.url("/healthz")).await.unwrap();
     assert!(res.headers().get("strict-transport-security").is_some());
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn one_address_cannot_lock_an_account_out_for_others_nor_burst_past_a_limit(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        trusted_proxies: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let wrong = "username=admin&password=wrong-password";
+    // A burst of wrong passwords from one address, all at once: the attempts
+    // are counted before hashing, so no more than the limit get a 401.
+    let burst = (0..12).map(|_| login(&server, wrong, &[("x-forwarded-for", "203.0.113.50")]));
+    let statuses: Vec<u16> = futures_util::future::join_all(burst)
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    let wrong_answers = statuses.iter().filter(|s| **s == 401).count();
+    assert!(
+        wrong_answers <= users::LOGIN_FAILURES as usize,
+        "{wrong_answers} guesses were checked: {statuses:?}"
+    );
+    assert!(statuses.contains(&429), "{statuses:?}");
+    // (Attempts refused because four hashes were already running are not
+    // failures.) Guess on until the pair is held off.
+    let mut held_off = false;
+    for _ in 0..=users::LOGIN_FAILURES {
+        let (status, _) = login(&server, wrong, &[("x-forwarded-for", "203.0.113.50")]).await;
+        if status == 429 {
+            held_off = true;
+            break;
+        }
+    }
+    assert!(held_off);
+    // The attacker's address is held off, even with the right password…
+    let right = format!("username=admin&password={PASSWORD}");
+    let (status, _) = login(&server, &right, &[("x-forwarded-for", "203.0.113.50")]).await;
+    assert_eq!(status, 429);
+    // …but the admin, from elsewhere, signs in.
+    let (status, _) = login(&server, &right, &[("x-forwarded-for", "198.51.100.20")]).await;
+    assert_eq!(status, 200);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_body_dripped_slowly_is_cut_off_at_the_request_timeout(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        request_timeout: Duration::from_secs(2),
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let mut slow = TcpStream::connect(addr(&server)).await.unwrap();
+    let head = format!(
+        "POST /api/login HTTP/1.1\r\nHost: {}\r\nOrigin: {}\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 1000\r\n\r\n",
+        addr(&server),
+        server.base
+    );
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let started = Instant::now();
+    let answer = tokio::time::timeout(Duration::from_secs(8), async {
+        let mut buf = vec![0u8; 4096];
+        loop {
+            // One byte every half second, each well within any gap limit.
+            let _ = slow.write_all(b"x").await;
+            match tokio::time::timeout(Duration::from_millis(500), slow.read(&mut buf)).await {
+                Ok(Ok(0)) | Ok(Err(_)) => return String::new(),
+                Ok(Ok(n)) => return String::from_utf8_lossy(&buf[..n]).into_owned(),
+                Err(_) => {}
+            }
+        }
+    })
+    .await
+    .expect("the server answers or closes within the request timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        answer.is_empty() || answer.starts_with("HTTP/1.1 408"),
+        "{answer}"
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn one_address_gets_its_share_of_connections_and_sockets_count(pool: PgPool) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        max_connections_per_address: 3,
+        header_read_timeout: Duration::from_secs(30),
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool, &redis, edge).await;
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(TcpStream::connect(addr(&server)).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The fourth from the same address is closed at once.
+    let mut extra = TcpStream::connect(addr(&server)).await.unwrap();
+    let mut buf = [0u8; 64];
+    let closed = tokio::time::timeout(Duration::from_secs(2), extra.read(&mut buf)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "the connection over the share stays open: {closed:?}"
+    );
+    drop(held);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        reqwest::get(server.url("/healthz")).await.unwrap().status(),
+        200
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn websockets_hold_their_place_under_the_connection_cap(pool: PgPool) {
+    let redis = TestRedis::start();
+    users::create(&pool, "admin", Role::Admin, PASSWORD, false)
+        .await
+        .unwrap();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        edge: EdgeConfig {
+            max_connections: 2,
+            ..EdgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let socket = || {
+        let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        tokio_tungstenite::connect_async(req)
+    };
+    let first = socket().await.unwrap().0;
+    let _second = socket().await.unwrap().0;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    assert!(
+        client.get(server.url("/healthz")).send().await.is_err(),
+        "two open sockets fill a cap of two"
+    );
+    drop(first);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        client
+            .get(server.url("/healthz"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        200
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn two_host_headers_or_a_foreign_absolute_target_are_refused(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    for request in [
+        "GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nHost: evil.example\r\n\r\n".to_owned(),
+        "GET http://evil.example/healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n".to_owned(),
+    ] {
+        let mut tcp = TcpStream::connect(addr(&server)).await.unwrap();
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        let n = tcp.read(&mut buf).await.unwrap();
+        let answer = String::from_utf8_lossy(&buf[..n]);
+        assert!(
+            answer.starts_with("HTTP/1.1 421") || answer.starts_with("HTTP/1.1 400"),
+            "{request:?}: {answer}"
+        );
+    }
+}

@@ -276,3 +276,61 @@ async fn badge_messages_hosts_and_cookies_are_refused_cleanly(pool: PgPool) {
         200
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn server_function_arguments_are_refused_as_the_callers_fault(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let http = reqwest::Client::new();
+    let bodies = draw("[ -~]{0,80}", cases());
+    let endpoints = [
+        "/api/login",
+        "/api/change_password",
+        "/api/create_user",
+        "/api/set_user_role",
+        "/api/manual_reserve",
+        "/api/search_holds",
+        "/api/set_lane_paused",
+    ];
+    for (i, body) in bodies.iter().enumerate() {
+        let endpoint = endpoints[i % endpoints.len()];
+        for content_type in ["application/x-www-form-urlencoded", "application/json"] {
+            let res = http
+                .post(server.url(endpoint))
+                .header("origin", server.base.as_str())
+                .header("content-type", content_type)
+                .body(body.clone())
+                .send()
+                .await
+                .unwrap();
+            let status = res.status().as_u16();
+            assert!(
+                refusal(status),
+                "case {i}: {endpoint} {status} for {body:?}"
+            );
+        }
+    }
+    // Missing arguments and an oversized body, exactly.
+    let res = http
+        .post(server.url("/api/change_password"))
+        .header("origin", server.base.as_str())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body("new_password=x&repeat=x")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 400);
+    let res = http
+        .post(server.url("/api/login"))
+        .header("origin", server.base.as_str())
+        .header("content-type", "application/x-www-form-urlencoded")
+        .body(format!(
+            "username=a&password={}",
+            "x".repeat(3 * 1024 * 1024)
+        ))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+}

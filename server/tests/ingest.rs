@@ -162,6 +162,17 @@ async fn bad_signatures_stale_timestamps_and_tampered_bodies_are_refused(pool: P
         .await;
     assert_eq!(s, StatusCode::UNAUTHORIZED);
     assert_eq!(unknown, wrong);
+    // Every earlier refusal is the same for both too: missing headers, a stale
+    // timestamp, an oversized body.
+    for (ts, sig, body) in [
+        (now, "", body.clone()),
+        (1, "sha256=00", body.clone()),
+        (now, "sha256=00", vec![b'x'; 3 * 1024 * 1024]),
+    ] {
+        let (a_status, a) = hook.send("erp", &body, ts, sig).await;
+        let (b_status, b) = hook.send("nobody", &body, ts, sig).await;
+        assert_eq!((a_status, a), (b_status, b));
+    }
     assert_eq!(backlog(&redis).await, 0, "nothing was enqueued");
 
     let (s, ok) = hook
@@ -480,6 +491,50 @@ async fn a_payload_that_keeps_failing_is_dead_lettered_and_the_lane_goes_on(pool
     assert!(
         letters[0].reason.contains("failed 3 times"),
         "{:?}",
+        letters[0].reason
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_payload_that_keeps_crashing_its_consumers_is_set_aside(pool: PgPool) {
+    let (_hook, redis, engine) = setup(pool, 100).await;
+    stock(&engine, "CR-1", 5).await;
+    let mut conn = redis.connection().await;
+    let body = br#"{"event_id":"c-1","type":"delta","sku":"CR-1","delta":1}"#;
+    let ingest::Intake::Accepted(id) = ingest::enqueue(
+        &mut conn,
+        Lane::Feeds,
+        "erp",
+        body,
+        ingest::Caps {
+            payloads: 100,
+            bytes: u64::MAX,
+        },
+    )
+    .await
+    .unwrap() else {
+        panic!("not queued")
+    };
+    // Three consumers took it and died before finishing (a panic, a kill):
+    // each counted its attempt in Redis, where the count outlives them.
+    let _: () = redis::cmd("SET")
+        .arg(format!("{}:tries:{id}", ingest::lane_key(Lane::Feeds)))
+        .arg(ingest::MAX_ATTEMPTS)
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    let (mut c, stats) = consumer(&engine, &redis).await;
+    drain(&mut c, &redis).await;
+    assert_eq!(stats.dead.load(std::sync::atomic::Ordering::Relaxed), 1);
+    let f = engine.figures("CR-1").await.unwrap().unwrap();
+    assert_eq!(
+        f.available, 5,
+        "the payload that crashed consumers is not run again"
+    );
+    let letters = ingest::dead_letters(&mut conn, 10).await.unwrap();
+    assert!(
+        letters[0].reason.contains("stopped its consumer"),
+        "{}",
         letters[0].reason
     );
 }

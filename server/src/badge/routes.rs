@@ -13,6 +13,9 @@ use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use holdfast_app::server::guard::ClientIp;
+
+use crate::http::edge::Connection;
+use crate::http::socket::send_within;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
 use tokio_stream::StreamExt;
@@ -137,7 +140,7 @@ async fn poll(
 /// allow-list and (429) past the connections allowed per client address.
 async fn live(
     State(hub): State<Arc<BadgeHub>>,
-    Extension(ClientIp(client)): Extension<ClientIp>,
+    connection: Connection,
     headers: HeaderMap,
     ws: WebSocketUpgrade,
 ) -> Response {
@@ -148,6 +151,9 @@ async fn live(
         )
             .into_response();
     }
+    let client = connection
+        .client
+        .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
     let Some(slot) = Slot::take(hub.clone(), client) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
@@ -166,6 +172,8 @@ async fn live(
         .on_upgrade(move |socket| async move {
             serve_socket(&slot.hub, socket).await;
             drop(slot);
+            // The connection's place under the server's caps, held until now.
+            drop(connection.slot);
         })
 }
 
@@ -214,18 +222,18 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                 heard = tokio::time::Instant::now();
                 let Message::Text(text) = message else { continue };
                 if !pace.admit() {
-                    let _ = socket.send(Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await;
+                    if !send_within(&mut socket, Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await { return; }
                     continue;
                 }
                 let Ok(request) = serde_json::from_str::<Subscribe>(&text) else {
-                    let _ = socket.send(Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await;
+                    if !send_within(&mut socket, Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await { return; }
                     continue;
                 };
                 let max = config.max_subscriptions;
                 if request.subscribe.len() > max
                     || !request.subscribe.iter().all(|s| holdfast_engine::engine::valid_sku(s))
                 {
-                    let _ = socket.send(Message::Text(format!(r#"{{"error":"subscribe to at most {max} valid SKU codes"}}"#).into())).await;
+                    if !send_within(&mut socket, Message::Text(format!(r#"{{"error":"subscribe to at most {max} valid SKU codes"}}"#).into())).await { return; }
                     continue;
                 }
                 streams = tokio_stream::StreamMap::new();
@@ -237,16 +245,16 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
             }
             Some((_, badge)) = streams.next(), if !streams.is_empty() => {
                 let text = serde_json::to_string(&badge).unwrap_or_default();
-                if socket.send(Message::Text(text.into())).await.is_err() {
+                if !send_within(&mut socket, Message::Text(text.into())).await {
                     return;
                 }
             }
             _ = ping.tick() => {
                 if heard.elapsed() >= config.idle_timeout {
-                    let _ = socket.send(Message::Close(None)).await;
+                    let _ = send_within(&mut socket, Message::Close(None)).await;
                     return;
                 }
-                if socket.send(Message::Ping(Default::default())).await.is_err() {
+                if !send_within(&mut socket, Message::Ping(Default::default())).await {
                     return;
                 }
             }

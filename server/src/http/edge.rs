@@ -34,19 +34,27 @@ pub struct EdgeConfig {
     /// open or idle between requests (slow-header clients and idle keep-alive
     /// connections are closed after it).
     pub header_read_timeout: Duration,
-    /// Longest time to receive a request's body.
-    pub body_timeout: Duration,
-    /// Most connections open at once; further clients wait in the kernel's
-    /// accept queue until one closes.
+    /// Longest time from a request's headers to its answer's headers: the
+    /// body must arrive, and the handler answer, within it (a body dripped a
+    /// byte at a time cannot hold a connection longer).
+    pub request_timeout: Duration,
+    /// Most connections open at once, WebSockets included; further clients
+    /// wait in the kernel's accept queue until one closes.
     pub max_connections: usize,
+    /// Most connections open at once from one client address (trusted
+    /// proxies exempt); more are closed at once.
+    pub max_connections_per_address: usize,
 }
 
 /// Default for [`EdgeConfig::header_read_timeout`].
 pub const DEFAULT_HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default for [`EdgeConfig::body_timeout`].
-pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(10);
-/// Default for [`EdgeConfig::max_connections`].
-pub const DEFAULT_MAX_CONNECTIONS: usize = 20_000;
+/// Default for [`EdgeConfig::request_timeout`].
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
+/// Default for [`EdgeConfig::max_connections`] (lowered at start-up to what
+/// the process's open-file limit allows).
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default for [`EdgeConfig::max_connections_per_address`].
+pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
 impl Default for EdgeConfig {
     fn default() -> Self {
@@ -55,20 +63,22 @@ impl Default for EdgeConfig {
             trusted_proxies: Vec::new(),
             cookies: CookiePolicy::default(),
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
-            body_timeout: DEFAULT_BODY_TIMEOUT,
+            request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
         }
     }
 }
 
 impl EdgeConfig {
     /// Whether `host` (a `Host` header: name or address, maybe with a port)
-    /// names this server.
+    /// names this server. Anything that is not a well-formed `name[:port]`,
+    /// `a.b.c.d[:port]` or `[v6][:port]` is refused.
     pub fn host_allowed(&self, host: &str) -> bool {
-        let name = strip_port(host).to_ascii_lowercase();
-        if name.is_empty() {
+        let Some(name) = host_name(host) else {
             return false;
-        }
+        };
+        let name = name.to_ascii_lowercase();
         let bare = name.trim_start_matches('[').trim_end_matches(']');
         bare.parse::<IpAddr>().is_ok() || name == "localhost" || self.public_hosts.contains(&name)
     }
@@ -76,6 +86,10 @@ impl EdgeConfig {
     /// The client behind a request from `peer`: `peer` itself unless it is a
     /// trusted proxy, in which case the forwarded chain is walked from the
     /// nearest hop back to the first address no trusted proxy vouches for.
+    ///
+    /// Only `X-Forwarded-For` is read, the header proxies append to: a
+    /// `Forwarded` header would pass through such a proxy untouched, so a
+    /// client could name any address in it.
     pub fn client_ip(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         if !self.trusts(peer) {
             return peer;
@@ -91,65 +105,105 @@ impl EdgeConfig {
         client
     }
 
-    fn trusts(&self, ip: IpAddr) -> bool {
+    /// Whether `ip` is a trusted proxy.
+    pub fn trusts(&self, ip: IpAddr) -> bool {
         self.trusted_proxies.iter().any(|c| c.contains(ip))
     }
 }
 
-/// `host` without a trailing `:port` (IPv6 literals keep their brackets).
-fn strip_port(host: &str) -> &str {
-    if host.starts_with('[') {
-        return host
-            .split_once(']')
-            .map_or(host, |(h, _)| &host[..=h.len()]);
-    }
-    match host.rsplit_once(':') {
-        Some((name, port)) if !name.contains(':') && port.bytes().all(|b| b.is_ascii_digit()) => {
-            name
+/// The name or address of a `Host` value without its port, if the value is
+/// well formed: `name[:port]` (letters, digits, `-` and `.`), or `[v6][:port]`.
+fn host_name(host: &str) -> Option<&str> {
+    let port_ok = |p: &str| !p.is_empty() && p.len() <= 5 && p.bytes().all(|b| b.is_ascii_digit());
+    if let Some(rest) = host.strip_prefix('[') {
+        let (inside, after) = rest.split_once(']')?;
+        inside.parse::<std::net::Ipv6Addr>().ok()?;
+        if !(after.is_empty() || after.strip_prefix(':').is_some_and(port_ok)) {
+            return None;
         }
-        _ => host,
+        return Some(&host[..inside.len() + 2]);
+    }
+    let name = match host.split_once(':') {
+        Some((name, port)) if port_ok(port) => name,
+        Some(_) => return None,
+        None => host,
+    };
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.');
+    ok.then_some(name)
+}
+
+/// The key every per-client limit uses for `ip`: the address itself, except
+/// that an IPv6 client counts as its /64 (one subscriber holds a whole /64,
+/// so per-address limits would otherwise not limit it).
+pub fn limit_key(ip: IpAddr) -> IpAddr {
+    match ip {
+        IpAddr::V6(v6) if v6.to_ipv4_mapped().is_none() => {
+            let s = v6.segments();
+            IpAddr::V6(std::net::Ipv6Addr::new(s[0], s[1], s[2], s[3], 0, 0, 0, 0))
+        }
+        other => other,
     }
 }
 
-/// The client addresses a request says it passed through, first (the
-/// original client) to last: `Forwarded: for=…` if present, else
-/// `X-Forwarded-For`. Entries that are not addresses (`unknown`, obfuscated
-/// names) end the chain there, as an untrusted hop would.
+/// The client addresses `X-Forwarded-For` says a request passed through,
+/// first (the original client) to last. Entries that are not addresses
+/// (`unknown`, obfuscated names) end the chain there, as an untrusted hop would.
 fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
-    let values = |name: header::HeaderName| -> Vec<String> {
-        headers
-            .get_all(name)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(|s| s.trim().to_owned())
-            .collect()
-    };
-    let forwarded = values(header::FORWARDED);
-    let raw: Vec<String> = if forwarded.is_empty() {
-        values(header::HeaderName::from_static("x-forwarded-for"))
-    } else {
-        forwarded
-            .iter()
-            .filter_map(|element| {
-                element.split(';').find_map(|pair| {
-                    let (k, v) = pair.trim().split_once('=')?;
-                    k.eq_ignore_ascii_case("for")
-                        .then(|| v.trim_matches('"').to_owned())
-                })
-            })
-            .collect()
-    };
     let mut chain = Vec::new();
-    for entry in raw {
-        let bare = strip_port(&entry);
-        match bare.trim_start_matches('[').trim_end_matches(']').parse() {
+    let entries = headers
+        .get_all(header::HeaderName::from_static("x-forwarded-for"))
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .map(str::trim);
+    for entry in entries {
+        match entry.parse::<IpAddr>() {
             Ok(ip) => chain.push(ip),
             // An unreadable hop: nothing before it can be believed.
             Err(_) => chain.clear(),
         }
     }
     chain
+}
+
+/// A connection's place under the connection caps, held by the connection and
+/// by a WebSocket it is upgraded to: the place is free once both are done.
+#[derive(Clone)]
+pub struct ConnectionSlot(pub Arc<dyn Send + Sync>);
+
+/// What the edge recorded about a request's connection: the client's address
+/// (for per-client limits) and its place under the caps (for a WebSocket to
+/// keep).
+pub struct Connection {
+    /// The client's address, as every per-client limit keys it.
+    pub client: Option<IpAddr>,
+    /// The connection's place under the caps.
+    pub slot: Option<ConnectionSlot>,
+}
+
+impl Connection {
+    /// The client address as a limiter key (empty when unknown).
+    pub fn key(&self) -> String {
+        self.client.map(|c| c.to_string()).unwrap_or_default()
+    }
+}
+
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Connection {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut axum::http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        Ok(Self {
+            client: parts.extensions.get::<ClientIp>().map(|c| c.0),
+            slot: parts.extensions.get::<ConnectionSlot>().cloned(),
+        })
+    }
 }
 
 /// An address range, `10.0.0.0/8` or `::1/128` (a bare address is a /32 or /128).
@@ -226,23 +280,37 @@ pub async fn edge(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let host = request
+    let hosts: Vec<&str> = request
         .headers()
-        .get(header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .or_else(|| request.uri().authority().map(|a| a.as_str()))
-        .unwrap_or_default()
-        .to_owned();
-    let mut response = if edge.host_allowed(&host) {
+        .get_all(header::HOST)
+        .iter()
+        .map(|h| h.to_str().unwrap_or(""))
+        .collect();
+    let authority = request.uri().authority().map(|a| a.as_str());
+    // One Host, and an absolute-form target's authority too, must name us.
+    let addressed_here = match (hosts.as_slice(), authority) {
+        ([host], Some(a)) => edge.host_allowed(host) && edge.host_allowed(a),
+        ([host], None) => edge.host_allowed(host),
+        ([], Some(a)) => edge.host_allowed(a),
+        _ => false,
+    };
+    let mut response = if addressed_here {
         let peer = request
             .extensions()
             .get::<ConnectInfo<SocketAddr>>()
             .map(|c| c.0.ip());
         if let Some(peer) = peer {
             let client = edge.client_ip(peer, request.headers());
-            request.extensions_mut().insert(ClientIp(client));
+            request.extensions_mut().insert(ClientIp(limit_key(client)));
         }
-        next.run(request).await
+        match tokio::time::timeout(edge.request_timeout, next.run(request)).await {
+            Ok(response) => response,
+            Err(_) => (
+                StatusCode::REQUEST_TIMEOUT,
+                "the request took too long to arrive or to answer",
+            )
+                .into_response(),
+        }
     } else {
         (
             StatusCode::MISDIRECTED_REQUEST,
@@ -303,9 +371,25 @@ mod tests {
             "localhost.attacker.example",
             "",
             ":3000",
+            "[::1]evil.example",
+            "[127.0.0.1]x",
+            "127.0.0.1]",
+            "localhost.:3000:1",
+            "local host",
+            "shop.example:99999999",
         ] {
             assert!(!e.host_allowed(refused), "{refused}");
         }
+    }
+
+    #[test]
+    fn ipv6_clients_are_limited_per_64() {
+        let a: IpAddr = "2001:db8:1:2:aaaa::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:bbbb::9".parse().unwrap();
+        assert_eq!(limit_key(a), limit_key(b));
+        assert_ne!(limit_key(a), limit_key("2001:db8:1:3::1".parse().unwrap()));
+        let v4: IpAddr = "203.0.113.9".parse().unwrap();
+        assert_eq!(limit_key(v4), v4);
     }
 
     #[test]
@@ -350,16 +434,14 @@ mod tests {
             trusted.client_ip(peer, &h),
             "198.51.100.2".parse::<IpAddr>().unwrap()
         );
+        // `Forwarded` is not believed: a proxy that appends X-Forwarded-For
+        // passes a client's own `Forwarded` through untouched.
         let mut f = HeaderMap::new();
-        f.insert(
-            "forwarded",
-            r#"for="[2001:db8::1]:4711";proto=https, for=10.0.0.4"#
-                .parse()
-                .unwrap(),
-        );
+        f.insert("forwarded", "for=198.51.100.77".parse().unwrap());
+        f.insert("x-forwarded-for", "203.0.113.8".parse().unwrap());
         assert_eq!(
             trusted.client_ip(peer, &f),
-            "2001:db8::1".parse::<IpAddr>().unwrap()
+            "203.0.113.8".parse::<IpAddr>().unwrap()
         );
         // Garbage in the chain ends belief at the last readable hop.
         h.insert("x-forwarded-for", "203.0.113.7, garbage".parse().unwrap());
@@ -384,7 +466,7 @@ mod tests {
                 h.insert("x-forwarded-for", v);
             }
             if let Ok(v) = forwarded.parse() {
-                h.insert("forwarded", v);
+                h.append("x-forwarded-for", v);
             }
             let peer: IpAddr = "127.0.0.1".parse().unwrap();
             let client = e.client_ip(peer, &h);

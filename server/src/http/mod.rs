@@ -8,3 +8,5 @@ pub mod deadline;
 pub mod edge;
 pub mod error;
 pub mod ratelimit;
+pub mod server_fns;
+pub mod socket;

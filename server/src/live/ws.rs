@@ -8,16 +8,17 @@
 
 use std::time::Duration;
 
-use axum::Extension;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::live::{ClientMsg, ServerMsg};
-use holdfast_app::server::guard::{ClientIp, CookiePolicy, same_origin};
+use holdfast_app::server::guard::{CookiePolicy, same_origin};
 use serde::Deserialize;
 use tokio::sync::broadcast::error::RecvError;
 
+use crate::http::edge::Connection;
+use crate::http::socket::send_within;
 use crate::live::hub::HubMsg;
 use std::sync::Arc;
 
@@ -40,7 +41,7 @@ pub async fn live(
     State(backends): State<Backends>,
     State(hub): State<Arc<LiveHub>>,
     State(cookies): State<CookiePolicy>,
-    client: Option<Extension<ClientIp>>,
+    connection: Connection,
     Query(query): Query<LiveQuery>,
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
@@ -54,8 +55,7 @@ pub async fn live(
     else {
         return (StatusCode::UNAUTHORIZED, "sign in first").into_response();
     };
-    let address = client.map_or_else(String::new, |Extension(ClientIp(ip))| ip.to_string());
-    if let Err(secs) = hub.handshakes.check(&address) {
+    if let Err(secs) = hub.handshakes.check(&connection.key()) {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(axum::http::header::RETRY_AFTER, secs.to_string())],
@@ -87,7 +87,9 @@ pub async fn live(
                 secret,
                 user,
             };
-            serve(socket, hub, query.cursor, session).await
+            serve(socket, hub, query.cursor, session).await;
+            // The connection's place under the server's caps, held until now.
+            drop(connection.slot);
         })
 }
 
@@ -143,11 +145,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
         watched = sku;
     }
     let mut sub = hub.subscribe(resume.as_deref(), watched.as_deref());
-    if socket
-        .send(Message::Text(sub.snapshot.clone().into()))
-        .await
-        .is_err()
-    {
+    if !send_within(&mut socket, Message::Text(sub.snapshot.clone().into())).await {
         return;
     }
     let mut ping = tokio::time::interval(PING_EVERY);
@@ -160,7 +158,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
             msg = sub.deltas.recv() => {
                 let out = match msg {
                     Ok(HubMsg::Figures(json, events)) => {
-                        if socket.send(Message::Text(json.as_str().into())).await.is_err() {
+                        if !send_within(&mut socket, Message::Text(json.as_str().into())).await {
                             return;
                         }
                         let mine: Vec<_> = events
@@ -182,7 +180,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                     }
                     Err(RecvError::Closed) => return,
                 };
-                if socket.send(Message::Text(out.into())).await.is_err() {
+                if !send_within(&mut socket, Message::Text(out.into())).await {
                     return;
                 }
             }
@@ -192,7 +190,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                 }
                 let json = sub.ops.borrow_and_update().clone();
                 if let Some(json) = json
-                    && socket.send(Message::Text(json.as_str().into())).await.is_err()
+                    && !send_within(&mut socket, Message::Text(json.as_str().into())).await
                 {
                     return;
                 }
@@ -213,18 +211,17 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                 if heard.elapsed() >= IDLE_TIMEOUT {
                     return;
                 }
-                if socket.send(Message::Ping(Vec::new().into())).await.is_err() {
+                if !send_within(&mut socket, Message::Ping(Vec::new().into())).await {
                     return;
                 }
             }
             _ = recheck.tick() => {
                 if !session.still_valid().await {
-                    let _ = socket
-                        .send(Message::Close(Some(axum::extract::ws::CloseFrame {
-                            code: 4001,
-                            reason: "session ended".into(),
-                        })))
-                        .await;
+                    let close = Message::Close(Some(axum::extract::ws::CloseFrame {
+                        code: 4001,
+                        reason: "session ended".into(),
+                    }));
+                    let _ = send_within(&mut socket, close).await;
                     return;
                 }
             }

@@ -186,7 +186,9 @@ fn refuse(code: ErrorCode, message: &str) -> ApiError {
     ApiError::new(code, message)
 }
 
-fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError> {
+/// The signature headers: the timestamp (checked against the clock) and the
+/// MAC bytes. The same checks for every source name, known or not.
+fn signed_headers(headers: &HeaderMap) -> Result<(i64, Vec<u8>), ApiError> {
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     let timestamp: i64 = header("x-holdfast-timestamp")
         .and_then(|v| v.parse().ok())
@@ -212,15 +214,7 @@ fn verify(secret: &str, headers: &HeaderMap, body: &[u8]) -> Result<(), ApiError
             "X-Holdfast-Timestamp is more than 5 minutes from now",
         ));
     }
-    // verify_slice compares in constant time.
-    mac(secret, timestamp, body)
-        .verify_slice(&signature)
-        .map_err(|_| {
-            refuse(
-                ErrorCode::BadSignature,
-                "the signature does not match the body",
-            )
-        })
+    Ok((timestamp, signature))
 }
 
 /// The one answer for an unknown source and a wrong signature.
@@ -238,16 +232,15 @@ async fn receive(
     headers: HeaderMap,
     body: Body,
 ) -> Response {
-    let Some(src) = state.config.sources.get(&source) else {
-        return not_verified().into_response();
-    };
+    // Every step up to the MAC is the same for a source that does not exist,
+    // so no answer (status, code, limit) tells which sources exist.
+    let src = state.config.sources.get(&source);
     // Limits before work: a flood of 2 MiB bodies with bad signatures from one
     // address is refused before it is read or hashed, and does not use up the
     // real sender's budget (a different address).
-    let caller = match client {
-        Some(Extension(ClientIp(ip))) => format!("{source}@{ip}"),
-        None => source.clone(),
-    };
+    let who = client.map_or_else(String::new, |Extension(ClientIp(ip))| ip.to_string());
+    // Keyed by the name as given, known or not (the limiter prunes idle keys).
+    let caller = format!("{source}@{who}");
     if let Err(secs) = state.per_caller.check(&caller) {
         return ApiError::too_many(secs).into_response();
     }
@@ -261,12 +254,19 @@ async fn receive(
             .into_response();
         }
     };
-    if let Err(e) = verify(&src.secret, &headers, &body) {
-        return if e.code == ErrorCode::BadSignature {
-            not_verified().into_response()
-        } else {
-            e.into_response()
-        };
+    let (timestamp, signature) = match signed_headers(&headers) {
+        Ok(signed) => signed,
+        Err(e) => return e.into_response(),
+    };
+    let Some(src) = src else {
+        return not_verified().into_response();
+    };
+    // verify_slice compares in constant time.
+    if mac(&src.secret, timestamp, &body)
+        .verify_slice(&signature)
+        .is_err()
+    {
+        return not_verified().into_response();
     }
     if let Err(secs) = state.per_source.check(&source) {
         return ApiError::too_many(secs).into_response();

@@ -1,0 +1,18 @@
+//! Sending on a WebSocket with a deadline: a client that stops reading must not
+//! hold a server task (and its idle and session checks) on a blocked send.
+
+use std::time::Duration;
+
+use axum::extract::ws::{Message, WebSocket};
+
+/// Longest wait for a client to take one message.
+pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Sends `message`; `false` when the socket failed or the client did not take
+/// it within [`SEND_TIMEOUT`] (the caller then closes the socket).
+pub async fn send_within(socket: &mut WebSocket, message: Message) -> bool {
+    matches!(
+        tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
+        Ok(Ok(()))
+    )
+}
