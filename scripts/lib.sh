@@ -15,6 +15,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-${HOLDFAST_TARGET_DIR:-$HOME/.cache/holdfast/target}}"
 DATA_DIR="$HOLDFAST_ROOT/.data"
 CARGO_LEPTOS_VERSION="0.3.10"
+CARGO_DENY_VERSION="0.20.2"
 PRIVATE_REDIS_PORT="${HOLDFAST_PRIVATE_REDIS_PORT:-6390}"
 PRIVATE_PG_PORT="${HOLDFAST_PRIVATE_PG_PORT:-5440}"
 
@@ -55,6 +56,14 @@ ensure_rust_tools() {
         say "installing wasm-bindgen-cli $want (must match Cargo.lock)"
         # Not --locked: the CLI's own lockfile pins a crate the registry no longer has.
         cargo install wasm-bindgen-cli --version "$want" --force
+    fi
+}
+
+# cargo-deny for the supply-chain checks (scripts/test.sh only).
+ensure_cargo_deny() {
+    if ! cargo deny --version 2>/dev/null | grep -q "$CARGO_DENY_VERSION"; then
+        say "installing cargo-deny $CARGO_DENY_VERSION (a few minutes, once)"
+        cargo install cargo-deny --locked --version "$CARGO_DENY_VERSION"
     fi
 }
 

@@ -72,6 +72,18 @@ say "checking formatting"
 cargo fmt --all --check
 say "checking that only the engine talks to Redis and PostgreSQL"
 "$HOLDFAST_ROOT/scripts/check-boundaries.sh"
+say "supply chain: licences, crate sources, bans (cargo deny)"
+ensure_cargo_deny
+cargo deny --log-level error check licenses bans sources
+# The RustSec database is a git repository on GitHub: checked whenever it can
+# be fetched; said loudly when it cannot (never silently passed).
+if timeout 120 cargo deny --log-level error fetch db >/dev/null 2>&1; then
+    say "supply chain: RustSec advisories (cargo deny)"
+    cargo deny --log-level error check advisories
+else
+    say "NOTICE: the RustSec advisory database could not be fetched from this machine; advisories were NOT checked in this run"
+fi
+
 say "lints (clippy, warnings are errors)"
 cargo clippy --workspace --exclude holdfast-frontend --all-targets -- -D warnings
 cargo clippy -p holdfast-frontend --target wasm32-unknown-unknown -- -D warnings
