@@ -136,6 +136,12 @@ impl Keyspace {
         }
     }
 
+    /// A device token (by its hex digest) that exempts its browser from the
+    /// per-user sign-in limit for `username`.
+    pub fn login_device(username: &str, digest_hex: &str) -> String {
+        format!("hf:login:{{{username}}}:device:{digest_hex}")
+    }
+
     /// Failed sign-ins from one client address (any usernames).
     pub fn login_failures_from(ip: std::net::IpAddr) -> String {
         format!("hf:login:addr:{{{ip}}}:failures")

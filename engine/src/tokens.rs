@@ -214,13 +214,15 @@ impl TokenCache {
         }
     }
 
-    /// Whether an answer for `secret` is remembered (checking it costs no
-    /// PostgreSQL query now).
+    /// Whether `secret` is remembered as a live token. A refused one is not
+    /// "known": each use of it counts against the pre-authentication limit,
+    /// even while its refusal is cached, so cycling refused tokens cannot
+    /// reach PostgreSQL faster than that limit.
     pub fn knows(&self, secret: &str) -> bool {
         let key = digest(secret);
         self.entries
             .lock()
-            .is_ok_and(|entries| entries.contains_key(&key))
+            .is_ok_and(|entries| matches!(entries.get(&key), Some((Some(_), _, _))))
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most
@@ -266,10 +268,6 @@ struct Entries {
 impl Entries {
     fn get(&self, key: &[u8]) -> Option<&Verified> {
         self.map.get(key)
-    }
-
-    fn contains_key(&self, key: &[u8]) -> bool {
-        self.map.contains_key(key)
     }
 
     fn insert(&mut self, key: Vec<u8>, value: Verified) {

@@ -551,7 +551,25 @@ pub struct Attempt<'a> {
     /// The session secret the browser already holds: ended by a successful
     /// sign-in, so a session id planted before sign-in is never promoted.
     pub replaces: Option<&'a str>,
+    /// The device token this browser got at an earlier successful sign-in as
+    /// this user: such a browser is exempt from the per-user limit, so failures
+    /// spread over many addresses cannot lock the user out of their own browser.
+    pub device: Option<&'a str>,
 }
+
+/// A successful sign-in.
+#[derive(Debug, Clone)]
+pub struct LoggedIn {
+    /// The user.
+    pub user: User,
+    /// The new session's secret (for the session cookie).
+    pub session: String,
+    /// This browser's device token for the user (for the device cookie).
+    pub device: String,
+}
+
+/// How long a device token lets its browser past the per-user limit.
+pub const DEVICE_TTL: Duration = Duration::from_secs(90 * 24 * 3600);
 
 /// Default failed sign-ins from one client address (any usernames) before it
 /// is refused for the window (`EngineConfig::login_failures_per_address`):
@@ -582,6 +600,7 @@ async fn check_password(
     name: &str,
     password: &str,
     from: Option<std::net::IpAddr>,
+    device: Option<&str>,
 ) -> Result<bool, EngineError> {
     use crate::keys::Keyspace;
     if !valid_username(name) {
@@ -589,18 +608,35 @@ async fn check_password(
         return Ok(false);
     }
     let limits = &b.engine.config;
-    let mut counts = vec![
-        (
+    let mut conn = b.engine.connection();
+    let over_long = password.len() > MAX_PASSWORD_LEN;
+    let mut counts = Vec::new();
+    if !over_long {
+        // A password that cannot match is not a guess at this user: it
+        // counts against the address only (and is never hashed), so it cannot
+        // be used to lock the user out cheaply.
+        counts.push((
             Keyspace::login_failures_from_for(name, from),
             limits.login_failures_per_user_and_address,
             "too many failed sign-ins for this user from this address",
-        ),
-        (
-            Keyspace::login_failures(name),
-            limits.login_failures_per_user,
-            "too many failed sign-ins for this user",
-        ),
-    ];
+        ));
+        let trusted_device = match device {
+            Some(token) => {
+                redis::cmd("EXISTS")
+                    .arg(Keyspace::login_device(name, &digest_hex(token)))
+                    .query_async::<bool>(&mut conn)
+                    .await?
+            }
+            None => false,
+        };
+        if !trusted_device {
+            counts.push((
+                Keyspace::login_failures(name),
+                limits.login_failures_per_user,
+                "too many failed sign-ins for this user",
+            ));
+        }
+    }
     if let Some(ip) = from {
         counts.push((
             Keyspace::login_failures_from(ip),
@@ -609,7 +645,6 @@ async fn check_password(
         ));
     }
     let window = LOGIN_WINDOW.as_millis() as u64;
-    let mut conn = b.engine.connection();
     let mut counted: Vec<&str> = Vec::new();
     for (key, limit, reason) in &counts {
         let (verdict, n): (String, i64) = LOGIN_ATTEMPT
@@ -628,7 +663,7 @@ async fn check_password(
         counted.push(key);
     }
     let checked = async {
-        if password.len() > MAX_PASSWORD_LEN {
+        if over_long {
             return Ok(false);
         }
         let row: Option<(String,)> =
@@ -649,12 +684,14 @@ async fn check_password(
     match checked.await {
         Ok(true) => {
             // Not a failure: take the counts back, and forgive this address
-            // its earlier mistakes for this user.
+            // its earlier mistakes for this user (the first count).
             take_back(&mut conn, &counted[1..]).await?;
-            redis::cmd("DEL")
-                .arg(counted[0])
-                .query_async::<()>(&mut conn)
-                .await?;
+            if let Some(first) = counted.first() {
+                redis::cmd("DEL")
+                    .arg(*first)
+                    .query_async::<()>(&mut conn)
+                    .await?;
+            }
             Ok(true)
         }
         Ok(false) => Ok(false),
@@ -666,19 +703,19 @@ async fn check_password(
     }
 }
 
-/// Takes back one counted attempt from each of `keys`.
+/// `lua/login_take_back.lua`.
+static LOGIN_TAKE_BACK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/login_take_back.lua")));
+
+/// Takes back one counted attempt from each of `keys` (each still counting).
+/// One call per key: the keys live in different slots.
 async fn take_back(
     conn: &mut redis::aio::ConnectionManager,
     keys: &[&str],
 ) -> Result<(), EngineError> {
-    if keys.is_empty() {
-        return Ok(());
-    }
-    let mut pipe = redis::pipe();
     for key in keys {
-        pipe.cmd("DECR").arg(*key).ignore();
+        LOGIN_TAKE_BACK.key(*key).invoke_async::<()>(conn).await?;
     }
-    pipe.query_async::<()>(conn).await?;
     Ok(())
 }
 
@@ -689,9 +726,9 @@ async fn take_back(
 pub async fn login(
     b: &crate::Backends,
     attempt: Attempt<'_>,
-) -> Result<Option<(User, String)>, EngineError> {
+) -> Result<Option<LoggedIn>, EngineError> {
     let name = attempt.username.trim().to_lowercase();
-    if !check_password(b, &name, attempt.password, attempt.from).await? {
+    if !check_password(b, &name, attempt.password, attempt.from, attempt.device).await? {
         return Ok(None);
     }
     let secret = random_secret();
@@ -708,10 +745,32 @@ pub async fn login(
     .bind(attempt.replaces.map(digest).unwrap_or_default())
     .fetch_optional(&b.pg)
     .await?;
-    match user {
-        Some(u) => Ok(Some((u.into_user()?, secret))),
-        None => Ok(None),
-    }
+    let Some(user) = user else {
+        return Ok(None);
+    };
+    // This browser is now a known device for the user: failures elsewhere
+    // cannot lock it out.
+    let device = random_secret();
+    redis::cmd("SET")
+        .arg(crate::keys::Keyspace::login_device(
+            &name,
+            &digest_hex(&device),
+        ))
+        .arg(1)
+        .arg("PX")
+        .arg(DEVICE_TTL.as_millis() as u64)
+        .query_async::<()>(&mut b.engine.connection())
+        .await?;
+    Ok(Some(LoggedIn {
+        user: user.into_user()?,
+        session: secret,
+        device,
+    }))
+}
+
+/// The hex SHA-256 of a secret, as keys store it.
+fn digest_hex(secret: &str) -> String {
+    hex::encode(digest(secret))
 }
 
 /// Why a user's own password change was refused.
@@ -739,7 +798,7 @@ pub async fn change_own_password(
     if new.chars().count() < MIN_PASSWORD_LEN {
         return Err(UserError::WeakPassword.into());
     }
-    if !check_password(b, username, current, from)
+    if !check_password(b, username, current, from, None)
         .await
         .map_err(UserError::from)?
     {

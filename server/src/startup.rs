@@ -131,18 +131,21 @@ pub async fn serve(
     edge: &EdgeConfig,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<()> {
-    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-    use hyper_util::server::conn::auto::Builder;
-    use hyper_util::server::graceful::GracefulShutdown;
+    use hyper::server::conn::http1;
+    use hyper_util::rt::{TokioIo, TokioTimer};
     use hyper_util::service::TowerToHyperService;
     use tower::ServiceExt;
 
-    let mut builder = Builder::new(TokioExecutor::new()).http1_only();
+    // hyper's HTTP/1 server itself (not the version-sniffing one, which waits
+    // for a first byte with no timeout): the header-read timeout runs from the
+    // moment a connection opens, so a connection that never sends is closed.
+    let mut builder = http1::Builder::new();
     builder
-        .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(edge.header_read_timeout);
-    let graceful = GracefulShutdown::new();
+    // Told when to stop; each connection holds a clone of `open` while it runs.
+    let (stopping, stop_rx) = tokio::sync::watch::channel(false);
+    let open = Arc::new(());
     let max = usable_connections(edge.max_connections);
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
     let per_address = Arc::new(PerAddress::default());
@@ -192,20 +195,36 @@ pub async fn serve(
             },
         );
         let connection = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), TowerToHyperService::new(service))
-            .into_owned();
-        let connection = graceful.watch(connection);
+            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
+            .with_upgrades();
+        let (mut stop_rx, running) = (stop_rx.clone(), open.clone());
         tokio::spawn(async move {
+            tokio::pin!(connection);
+            let stop = async move {
+                let _ = stop_rx.wait_for(|s| *s).await;
+            };
             // Errors here are clients going away or timing out: nothing to report.
-            let _ = connection.await;
+            tokio::select! {
+                _ = connection.as_mut() => {}
+                () = stop => {
+                    // Finish the request in flight, then close.
+                    connection.as_mut().graceful_shutdown();
+                    let _ = connection.await;
+                }
+            }
             drop(held);
+            drop(running);
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    let _ = stopping.send(true);
+    let drained = tokio::time::timeout(DRAIN, async {
+        while Arc::strong_count(&open) > 1 {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    if drained.is_err() {
         tracing::warn!("some connections were still open after the drain period");
     }
     Ok(())

@@ -45,8 +45,11 @@ async fn login(
     let mut req = reqwest::Client::new()
         .post(server.url("/api/login"))
         .header("content-type", "application/x-www-form-urlencoded")
-        .header("origin", &server.base)
         .body(form.to_owned());
+    // The page's origin unless the caller names another.
+    if !extra.iter().any(|(k, _)| *k == "origin") {
+        req = req.header("origin", &server.base);
+    }
     for (k, v) in extra {
         req = req.header(*k, *v);
     }
@@ -66,9 +69,13 @@ fn pair(set_cookie: &str) -> String {
 }
 
 async fn list_users(server: &common::TestServer, cookie: &str) -> u16 {
+    list_users_from(server, cookie, &server.base).await
+}
+
+async fn list_users_from(server: &common::TestServer, cookie: &str, origin: &str) -> u16 {
     reqwest::Client::new()
         .post(server.url("/api/list_users"))
-        .header("origin", &server.base)
+        .header("origin", origin)
         .header("cookie", cookie)
         .send()
         .await
@@ -204,6 +211,15 @@ async fn a_client_that_sends_headers_slowly_is_cut_off(pool: PgPool) {
     }
     let closed_after = closed_after.expect("the slow client is still connected after 10 s");
     assert!(closed_after < Duration::from_secs(5), "{closed_after:?}");
+
+    // A connection that never sends a byte is closed after the same time.
+    let mut silent = TcpStream::connect(addr(&server)).await.unwrap();
+    let mut nothing = [0u8; 16];
+    let closed = tokio::time::timeout(Duration::from_secs(5), silent.read(&mut nothing)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "a silent connection stayed open: {closed:?}"
+    );
 
     // An idle keep-alive connection is closed after the same time.
     let mut idle = TcpStream::connect(addr(&server)).await.unwrap();
@@ -364,8 +380,12 @@ async fn secure_cookies_are_host_prefixed_and_secure(pool: PgPool) {
         ..EdgeConfig::default()
     };
     let server = server_with(pool, &redis, edge).await;
-    let (status, cookie) =
-        login(&server, &format!("username=admin&password={PASSWORD}"), &[]).await;
+    // Served over HTTPS (by a proxy): the pages' origin is https.
+    let https = server.base.replace("http://", "https://");
+    let form = format!("username=admin&password={PASSWORD}");
+    let (status, _) = login(&server, &form, &[]).await;
+    assert_eq!(status, 403, "an http:// origin is another site here");
+    let (status, cookie) = login(&server, &form, &[("origin", https.as_str())]).await;
     assert_eq!(status, 200);
     let cookie = cookie.unwrap();
     assert!(
@@ -378,10 +398,10 @@ async fn secure_cookies_are_host_prefixed_and_secure(pool: PgPool) {
     );
     assert!(!cookie.contains("Domain"), "{cookie}");
     let secure = pair(&cookie);
-    assert_eq!(list_users(&server, &secure).await, 200);
+    assert_eq!(list_users_from(&server, &secure, &https).await, 200);
     // The same secret under the plain name is not a session here.
     let plain = secure.replace(SECURE_SESSION_COOKIE, SESSION_COOKIE);
-    assert_eq!(list_users(&server, &plain).await, 401);
+    assert_eq!(list_users_from(&server, &plain, &https).await, 401);
     let res = reqwest::get(server.url("/healthz")).await.unwrap();
     assert!(res.headers().get("strict-transport-security").is_some());
 }
@@ -564,4 +584,78 @@ async fn two_host_headers_or_a_foreign_absolute_target_are_refused(pool: PgPool)
             "{request:?}: {answer}"
         );
     }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn failures_spread_over_addresses_cannot_lock_a_known_browser_out(pool: PgPool) {
+    let redis = TestRedis::start();
+    users::create(&pool, "admin", Role::Admin, PASSWORD, false)
+        .await
+        .unwrap();
+    let config = holdfast_engine::EngineConfig {
+        login_failures_per_user: 3,
+        ..holdfast_engine::EngineConfig::default()
+    };
+    let backends = holdfast_engine::Backends::new(pool, redis_conn(&redis).await, config);
+    let options = StateOptions {
+        edge: EdgeConfig {
+            trusted_proxies: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+            ..EdgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let right = format!("username=admin&password={PASSWORD}");
+    let from = |ip: &'static str| ("x-forwarded-for", ip);
+    // The admin's own browser signs in once and is given a device cookie.
+    let res = reqwest::Client::new()
+        .post(server.url("/api/login"))
+        .header("content-type", "application/x-www-form-urlencoded")
+        .header("origin", &server.base)
+        .header("x-forwarded-for", "192.0.2.1")
+        .body(right.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let device = res
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with("holdfast_device="))
+        .expect("a device cookie");
+    let device = pair(&device);
+    // Passwords too long to match cost nothing and do not count for the user.
+    let long = format!("username=admin&password={}", "x".repeat(2_000));
+    for ip in [
+        "198.51.100.1",
+        "198.51.100.2",
+        "198.51.100.3",
+        "198.51.100.4",
+    ] {
+        assert_eq!(login(&server, &long, &[from(ip)]).await.0, 401);
+    }
+    assert_eq!(login(&server, &right, &[from("198.51.100.9")]).await.0, 200);
+    // Real guesses from three addresses reach the per-user limit (3 here)…
+    for ip in ["203.0.113.1", "203.0.113.2", "203.0.113.3"] {
+        let wrong = "username=admin&password=wrong-password";
+        assert_eq!(login(&server, wrong, &[from(ip)]).await.0, 401);
+    }
+    // …so a browser the user never signed in with waits…
+    assert_eq!(login(&server, &right, &[from("203.0.113.4")]).await.0, 429);
+    // …but the admin's own browser, from anywhere, gets in.
+    let (status, _) = login(
+        &server,
+        &right,
+        &[from("203.0.113.5"), ("cookie", device.as_str())],
+    )
+    .await;
+    assert_eq!(status, 200);
+}
+
+async fn redis_conn(redis: &TestRedis) -> redis::aio::ConnectionManager {
+    holdfast_engine::redis_conn::connect(&redis.url())
+        .await
+        .unwrap()
 }

@@ -372,3 +372,27 @@ async fn invented_session_cookies_cannot_flood_the_live_handshake(pool: PgPool) 
     let spent = transactions(&pool).await - before;
     assert!(spent < 30, "100 invented cookies cost {spent} transactions");
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_refused_token_used_again_still_counts_against_the_limit(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let http = reqwest::Client::new();
+    let invented = format!("hf_{:064x}", 7);
+    let mut statuses = Vec::new();
+    for _ in 0..60 {
+        let res = http
+            .get(server.url("/api/v1/stock/X-1"))
+            .bearer_auth(&invented)
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+    }
+    // Its refusal is remembered, but each use is charged: past the burst, 429.
+    assert!(
+        statuses.iter().filter(|s| **s == 429).count() >= 30,
+        "{statuses:?}"
+    );
+}

@@ -538,3 +538,31 @@ async fn a_payload_that_keeps_crashing_its_consumers_is_set_aside(pool: PgPool) 
         letters[0].reason
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn invented_source_names_share_their_senders_limit(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
+        ingest_rate: 5,
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let hook = Hook {
+        base: server.base,
+        http: reqwest::Client::new(),
+    };
+    let now = chrono::Utc::now().timestamp();
+    let mut statuses = Vec::new();
+    for i in 0..40 {
+        // A new long name each time: one limit for the address all the same.
+        let name = format!("{i:04}{}", "a".repeat(2_000));
+        let (s, _) = hook.send(&name, b"{}", now, "sha256=00").await;
+        statuses.push(s.as_u16());
+    }
+    assert!(
+        statuses.iter().filter(|s| **s == 429).count() >= 20,
+        "{statuses:?}"
+    );
+}

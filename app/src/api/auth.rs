@@ -11,19 +11,22 @@ pub async fn login(username: String, password: String) -> Result<Me, ServerFnErr
     guard::check_origin()?;
     let backends = guard::backends()?;
     let replaces = guard::incoming_session();
+    let device = guard::incoming_device();
     let attempt = holdfast_engine::users::Attempt {
         username: &username,
         password: &password,
         from: guard::client_ip(),
         replaces: replaces.as_deref(),
+        device: device.as_deref(),
     };
     match holdfast_engine::users::login(&backends, attempt)
         .await
         .map_err(guard::internal("Signing in"))?
     {
-        Some((user, secret)) => {
-            guard::set_cookie(guard::session_cookie(Some(&secret)));
-            Ok(convert::me(&user))
+        Some(signed_in) => {
+            guard::set_cookie(guard::session_cookie(Some(&signed_in.session)));
+            guard::set_device_cookie(&signed_in.device);
+            Ok(convert::me(&signed_in.user))
         }
         None => Err(guard::refuse(
             http::StatusCode::UNAUTHORIZED,

@@ -45,6 +45,26 @@ impl CookiePolicy {
         }
     }
 
+    /// The device cookie's name under this policy.
+    pub fn device_name(self) -> &'static str {
+        if self.secure {
+            "__Host-holdfast_device"
+        } else {
+            "holdfast_device"
+        }
+    }
+
+    /// The `Set-Cookie` value for a device token (kept across sign-outs: it
+    /// only exempts this browser from the per-user sign-in limit).
+    pub fn set_device(self, token: &str) -> String {
+        let secure = if self.secure { "; Secure" } else { "" };
+        format!(
+            "{}={token}; Path=/; HttpOnly; SameSite=Lax; Max-Age={}{secure}",
+            self.device_name(),
+            users::DEVICE_TTL.as_secs()
+        )
+    }
+
     /// The session secret a request carries, under this policy's name only.
     pub fn read(self, headers: &HeaderMap) -> Option<String> {
         cookie(headers, self.name())
@@ -79,6 +99,19 @@ pub fn client_ip() -> Option<std::net::IpAddr> {
 /// The session secret the calling browser sent, if any.
 pub fn incoming_session() -> Option<String> {
     request().and_then(|(_, headers)| cookie_policy().read(&headers))
+}
+
+/// The device token the calling browser sent, if any.
+pub fn incoming_device() -> Option<String> {
+    let policy = cookie_policy();
+    request()
+        .and_then(|(_, headers)| cookie(&headers, policy.device_name()))
+        .filter(|t| users::well_formed_secret(t))
+}
+
+/// Adds a `Set-Cookie` for a device token.
+pub fn set_device_cookie(token: &str) {
+    set_cookie(cookie_policy().set_device(token));
 }
 
 /// A signed-in caller allowed to proceed.
@@ -162,17 +195,20 @@ pub fn cookie(headers: &HeaderMap, name: &str) -> Option<String> {
         .map(|(_, v)| v.to_owned())
 }
 
-/// Whether a request's `Origin` names the host it was sent to. Cross-site forms
-/// and scripts cannot forge either header.
-pub fn same_origin(headers: &HeaderMap) -> bool {
+/// Whether a request's `Origin` is this site: the host it was sent to, under
+/// the scheme the site is served with (`https` when cookies are secure, so a
+/// page injected into plain `http://` on the same host does not pass).
+/// Cross-site forms and scripts cannot forge either header.
+pub fn same_origin(headers: &HeaderMap, secure: bool) -> bool {
     let Some(host) = headers.get(header::HOST).and_then(|h| h.to_str().ok()) else {
         return false;
     };
+    let scheme = if secure { "https" } else { "http" };
     headers
         .get(header::ORIGIN)
         .and_then(|o| o.to_str().ok())
         .and_then(|o| o.split_once("://"))
-        .is_some_and(|(_, rest)| rest.eq_ignore_ascii_case(host))
+        .is_some_and(|(s, rest)| s.eq_ignore_ascii_case(scheme) && rest.eq_ignore_ascii_case(host))
 }
 
 /// The signed-in user, if any, without any role check (the page shell uses it).
@@ -201,10 +237,14 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
 /// Refuses a state-changing call that did not come from this site's own pages.
 pub fn check_origin() -> Result<(), ServerFnError> {
     match request() {
-        Some((method, headers)) if method != Method::GET && !same_origin(&headers) => Err(refuse(
-            StatusCode::FORBIDDEN,
-            "Refused: this request did not come from a Holdfast page (cross-site requests are not allowed).",
-        )),
+        Some((method, headers))
+            if method != Method::GET && !same_origin(&headers, cookie_policy().secure) =>
+        {
+            Err(refuse(
+                StatusCode::FORBIDDEN,
+                "Refused: this request did not come from a Holdfast page (cross-site requests are not allowed).",
+            ))
+        }
         _ => Ok(()),
     }
 }
@@ -282,28 +322,38 @@ mod tests {
     #[test]
     fn only_this_host_is_the_same_origin() {
         let host = ("host", "shop.example:3000");
-        assert!(same_origin(&headers(&[
-            host,
-            ("origin", "https://shop.example:3000")
-        ])));
-        assert!(same_origin(&headers(&[
-            host,
-            ("origin", "http://SHOP.example:3000")
-        ])));
-        assert!(!same_origin(&headers(&[host])), "no Origin is not trusted");
-        assert!(!same_origin(&headers(&[
-            host,
-            ("origin", "https://shop.example")
-        ])));
-        assert!(!same_origin(&headers(&[
-            host,
-            ("origin", "https://shop.example:3000.evil.test")
-        ])));
-        assert!(!same_origin(&headers(&[host, ("origin", "null")])));
-        assert!(!same_origin(&headers(&[(
-            "origin",
-            "https://shop.example:3000"
-        )])));
+        assert!(same_origin(
+            &headers(&[host, ("origin", "https://shop.example:3000")]),
+            true
+        ));
+        assert!(same_origin(
+            &headers(&[host, ("origin", "http://SHOP.example:3000")]),
+            false
+        ));
+        assert!(
+            !same_origin(
+                &headers(&[host, ("origin", "http://shop.example:3000")]),
+                true
+            ),
+            "plain http is another origin when the site is served over https"
+        );
+        assert!(
+            !same_origin(&headers(&[host]), false),
+            "no Origin is not trusted"
+        );
+        assert!(!same_origin(
+            &headers(&[host, ("origin", "https://shop.example")]),
+            false
+        ));
+        assert!(!same_origin(
+            &headers(&[host, ("origin", "https://shop.example:3000.evil.test")]),
+            false
+        ));
+        assert!(!same_origin(&headers(&[host, ("origin", "null")]), false));
+        assert!(!same_origin(
+            &headers(&[("origin", "https://shop.example:3000")]),
+            false
+        ));
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub async fn live(
     headers: HeaderMap,
     upgrade: WebSocketUpgrade,
 ) -> Response {
-    if !same_origin(&headers) {
+    if !same_origin(&headers, cookies.secure) {
         return (StatusCode::FORBIDDEN, "cross-site WebSocket refused").into_response();
     }
     let Some(secret) = cookies
