@@ -9,6 +9,44 @@ use holdfast_engine::testkit::{TestRedis, closed_port};
 use holdfast_engine::{Engine, EngineConfig, catalog, redis_conn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
+/// Starts `holdfast serve` on a free port with `env`; the child, its URL, what
+/// it printed up to then, and its output (kept open: the server prints on).
+fn serve(
+    redis: &TestRedis,
+    pg_url: &str,
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    String,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", pg_url)
+        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
+        .env("HOLDFAST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start holdfast serve");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "exited early: {printed}"
+        );
+        printed.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
+            return (child, url.to_owned(), printed, out);
+        }
+    }
+}
+
 fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
         .args(args)
@@ -142,33 +180,9 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: PgConnectOptions) {
-    use std::io::{BufRead, BufReader};
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .arg("serve")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", &pg_url)
-        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
-        .env("HOLDFAST_DEMO", "1")
-        .env("HOLDFAST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start holdfast serve");
-    // Kept open for the whole test: the server prints on start-up.
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut printed = String::new();
-    let url = loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "exited early: {printed}"
-        );
-        printed.push_str(&line);
-        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
-            break url.to_owned();
-        }
-    };
+    let (mut child, url, printed, _out) = serve(&redis, &pg_url, &[("HOLDFAST_DEMO", "1")]);
     assert!(url.starts_with("http://127.0.0.1:"), "{printed}");
     assert!(
         printed.contains("Demo sign-in: users admin, support and viewer, password 'holdfast-demo'"),
@@ -276,26 +290,9 @@ async fn a_burst_of_sign_ins_keeps_the_servers_memory_bounded(
     _pool: PgPoolOptions,
     opts: PgConnectOptions,
 ) {
-    use std::io::{BufRead, BufReader};
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .arg("serve")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", &pg_url)
-        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
-        .env("HOLDFAST_LOG", "warn")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start holdfast serve");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let url = loop {
-        let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "exited early");
-        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
-            break url.to_owned();
-        }
-    };
+    let (mut child, url, _, _out) = serve(&redis, &pg_url, &[]);
     let http = reqwest::Client::new();
     let attempt = |i: usize| {
         let (http, url) = (http.clone(), url.clone());

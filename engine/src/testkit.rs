@@ -456,3 +456,21 @@ pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i
         .await
         .expect("nudge a test counter");
 }
+
+/// Queues a raw webhook payload from `source` on `lane` with no caps, as the
+/// webhook route would after checking its signature; returns its entry id.
+pub async fn queue_payload(
+    conn: &mut redis::aio::ConnectionManager,
+    lane: holdfast_domain::Lane,
+    source: &str,
+    body: &[u8],
+) -> String {
+    let unlimited = crate::ingest::Caps {
+        payloads: u64::MAX,
+        bytes: u64::MAX,
+    };
+    match crate::ingest::enqueue(conn, lane, source, body, unlimited).await {
+        Ok(crate::ingest::Intake::Accepted(id)) => id,
+        other => panic!("queueing a payload failed: {other:?}"),
+    }
+}

@@ -473,18 +473,8 @@ async fn one_event_id_is_one_event_per_source(pg: PgPool) {
         r#"{"event_id":"e-1","type":"delta","sku":"DUP-2","delta":5}"#,
         r#"{"event_id":"e-1","type":"delta","sku":"DUP-1","delta":5}"#,
     ] {
-        ingest::enqueue(
-            &mut conn,
-            Lane::Feeds,
-            "erp",
-            body.as_bytes(),
-            ingest::Caps {
-                payloads: 100,
-                bytes: u64::MAX,
-            },
-        )
-        .await
-        .unwrap();
+        holdfast_engine::testkit::queue_payload(&mut conn, Lane::Feeds, "erp", body.as_bytes())
+            .await;
     }
     for _ in 0..5 {
         consumer
@@ -526,18 +516,13 @@ async fn payloads_a_dead_consumer_left_are_taken_over(pg: PgPool) {
     .await;
     // Make the group, then let the "dying" consumer take a payload and never finish.
     dying.process_once(Duration::from_millis(10)).await.unwrap();
-    ingest::enqueue(
+    holdfast_engine::testkit::queue_payload(
         &mut conn,
         Lane::Feeds,
         "erp",
         br#"{"event_id":"x-1","type":"delta","sku":"DEAD-1","delta":3}"#,
-        ingest::Caps {
-            payloads: 100,
-            bytes: u64::MAX,
-        },
     )
-    .await
-    .unwrap();
+    .await;
     let _: redis::Value = redis::cmd("XREADGROUP")
         .arg("GROUP")
         .arg(ingest::GROUP)
@@ -654,18 +639,7 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
     .await
     .with_ledger(pg.clone());
     let body = br#"{"event_id":"old-1","type":"delta","sku":"LATE-1","delta":5}"#;
-    ingest::enqueue(
-        &mut conn,
-        Lane::Feeds,
-        "erp",
-        body,
-        ingest::Caps {
-            payloads: 100,
-            bytes: u64::MAX,
-        },
-    )
-    .await
-    .unwrap();
+    holdfast_engine::testkit::queue_payload(&mut conn, Lane::Feeds, "erp", body).await;
     consumer
         .process_once(Duration::from_millis(20))
         .await
@@ -681,18 +655,7 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
         .query_async::<()>(&mut conn)
         .await
         .unwrap();
-    ingest::enqueue(
-        &mut conn,
-        Lane::Feeds,
-        "erp",
-        body,
-        ingest::Caps {
-            payloads: 100,
-            bytes: u64::MAX,
-        },
-    )
-    .await
-    .unwrap();
+    holdfast_engine::testkit::queue_payload(&mut conn, Lane::Feeds, "erp", body).await;
     consumer
         .process_once(Duration::from_millis(20))
         .await
@@ -704,18 +667,7 @@ async fn a_feed_event_redelivered_after_its_guard_lapsed_applies_once(pg: PgPool
     );
     // A version in epoch microseconds is a valid snapshot version.
     let snap = br#"{"event_id":"us-1","type":"snapshot","sku":"LATE-1","on_hand":20,"version":1700000000000000}"#;
-    ingest::enqueue(
-        &mut conn,
-        Lane::Feeds,
-        "erp",
-        snap,
-        ingest::Caps {
-            payloads: 100,
-            bytes: u64::MAX,
-        },
-    )
-    .await
-    .unwrap();
+    holdfast_engine::testkit::queue_payload(&mut conn, Lane::Feeds, "erp", snap).await;
     consumer
         .process_once(Duration::from_millis(20))
         .await

@@ -52,13 +52,27 @@ impl Hook {
 }
 
 async fn setup(pool: PgPool, cap: u64) -> (Hook, TestRedis, Engine) {
+    setup_with(pool, StateOptions::default().ingest_rate, |ingest| {
+        ingest.caps.insert(Lane::Feeds, cap);
+    })
+    .await
+}
+
+/// A server with the `erp` source, `rate` webhooks per second, and the
+/// ingestion settings `configure` leaves.
+async fn setup_with(
+    pool: PgPool,
+    rate: u32,
+    configure: impl FnOnce(&mut IngestConfig),
+) -> (Hook, TestRedis, Engine) {
     let redis = TestRedis::start();
     let backends = common::backends(pool, &redis.url()).await;
     let engine = backends.engine.clone();
     let mut ingest = IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap();
-    ingest.caps.insert(Lane::Feeds, cap);
+    configure(&mut ingest);
     let options = StateOptions {
         ingest,
+        ingest_rate: rate,
         ..StateOptions::default()
     };
     let server = common::spawn_with(backends, options, None).await;
@@ -353,20 +367,10 @@ async fn a_paused_lane_queues_and_a_full_lane_answers_429(pool: PgPool) {
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_lane_is_capped_in_bytes_and_counts_them_out_again(pool: PgPool) {
-    let redis = TestRedis::start();
-    let backends = common::backends(pool, &redis.url()).await;
-    let engine = backends.engine.clone();
-    let mut config = IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap();
-    config.byte_caps.insert(Lane::Feeds, 3 * 1024 * 1024);
-    let options = StateOptions {
-        ingest: config,
-        ..StateOptions::default()
-    };
-    let server = common::spawn_with(backends, options, None).await;
-    let hook = Hook {
-        base: server.base,
-        http: reqwest::Client::new(),
-    };
+    let (hook, redis, engine) = setup_with(pool, StateOptions::default().ingest_rate, |ingest| {
+        ingest.byte_caps.insert(Lane::Feeds, 3 * 1024 * 1024);
+    })
+    .await;
     stock(&engine, "BIG-1", 10).await;
     // A valid payload padded to about 1.5 MiB: two fit under 3 MiB, a third not.
     let padded = |id: &str| {
@@ -394,18 +398,7 @@ async fn a_lane_is_capped_in_bytes_and_counts_them_out_again(pool: PgPool) {
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn bad_signatures_are_limited_before_the_body_is_hashed(pool: PgPool) {
-    let redis = TestRedis::start();
-    let backends = common::backends(pool, &redis.url()).await;
-    let options = StateOptions {
-        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
-        ingest_rate: 5,
-        ..StateOptions::default()
-    };
-    let server = common::spawn_with(backends, options, None).await;
-    let hook = Hook {
-        base: server.base,
-        http: reqwest::Client::new(),
-    };
+    let (hook, _redis, _engine) = setup_with(pool, 5, |_| {}).await;
     let body = vec![b'{'; 1024 * 1024];
     let now = chrono::Utc::now().timestamp();
     let mut statuses = Vec::new();
@@ -501,20 +494,7 @@ async fn a_payload_that_keeps_crashing_its_consumers_is_set_aside(pool: PgPool) 
     stock(&engine, "CR-1", 5).await;
     let mut conn = redis.connection().await;
     let body = br#"{"event_id":"c-1","type":"delta","sku":"CR-1","delta":1}"#;
-    let ingest::Intake::Accepted(id) = ingest::enqueue(
-        &mut conn,
-        Lane::Feeds,
-        "erp",
-        body,
-        ingest::Caps {
-            payloads: 100,
-            bytes: u64::MAX,
-        },
-    )
-    .await
-    .unwrap() else {
-        panic!("not queued")
-    };
+    let id = holdfast_engine::testkit::queue_payload(&mut conn, Lane::Feeds, "erp", body).await;
     // Three consumers took it and died before finishing (a panic, a kill):
     // each counted its attempt in Redis, where the count outlives them.
     let _: () = redis::cmd("SET")
@@ -541,18 +521,7 @@ async fn a_payload_that_keeps_crashing_its_consumers_is_set_aside(pool: PgPool) 
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn invented_source_names_share_their_senders_limit(pool: PgPool) {
-    let redis = TestRedis::start();
-    let backends = common::backends(pool, &redis.url()).await;
-    let options = StateOptions {
-        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
-        ingest_rate: 5,
-        ..StateOptions::default()
-    };
-    let server = common::spawn_with(backends, options, None).await;
-    let hook = Hook {
-        base: server.base,
-        http: reqwest::Client::new(),
-    };
+    let (hook, _redis, _engine) = setup_with(pool, 5, |_| {}).await;
     let now = chrono::Utc::now().timestamp();
     let mut statuses = Vec::new();
     for i in 0..40 {

@@ -14,18 +14,8 @@ async fn metrics_expose_health_lag_and_lanes(pool: PgPool) {
     ingest::pause(&mut conn, holdfast_domain::Lane::Feeds)
         .await
         .unwrap();
-    ingest::enqueue(
-        &mut conn,
-        holdfast_domain::Lane::Feeds,
-        "erp",
-        b"{}",
-        ingest::Caps {
-            payloads: 10,
-            bytes: u64::MAX,
-        },
-    )
-    .await
-    .unwrap();
+    holdfast_engine::testkit::queue_payload(&mut conn, holdfast_domain::Lane::Feeds, "erp", b"{}")
+        .await;
 
     let res = reqwest::get(server.url("/metrics")).await.unwrap();
     assert_eq!(res.status(), 200);
