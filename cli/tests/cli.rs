@@ -36,10 +36,11 @@ fn serve(
     let mut printed = String::new();
     loop {
         let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "exited early: {printed}"
-        );
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("holdfast serve exited early: {printed}");
+        }
         printed.push_str(&line);
         if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
             return (child, url.to_owned(), printed, out);
