@@ -11,6 +11,9 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 /// Starts `holdfast serve` on a free port with `env`; the child, its URL, what
 /// it printed up to then, and its output (kept open: the server prints on).
+/// The caller kills and reaps the child; the lint cannot see that across the
+/// return.
+#[allow(clippy::zombie_processes)]
 fn serve(
     redis: &TestRedis,
     pg_url: &str,
