@@ -27,6 +27,9 @@ use holdfast_domain::Role;
 
 /// The HTML document around the app, rendered once per request on the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
+    // Before anything renders: the hydration scripts carry this page's nonce.
+    #[cfg(feature = "ssr")]
+    server::csp::for_this_page();
     view! {
         <!DOCTYPE html>
         <html lang="en">

@@ -163,7 +163,8 @@ async fn every_answer_carries_the_security_headers(pool: PgPool) {
             .get("content-security-policy")
             .unwrap_or_else(|| panic!("{path}: no CSP"))
             .to_str()
-            .unwrap();
+            .unwrap()
+            .to_owned();
         assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
         assert!(csp.contains("default-src 'self'"), "{path}: {csp}");
         assert_eq!(h.get("x-frame-options").unwrap(), "DENY", "{path}");
@@ -177,6 +178,29 @@ async fn every_answer_carries_the_security_headers(pool: PgPool) {
             h.get("strict-transport-security").is_none(),
             "{path}: no HSTS over plain HTTP"
         );
+        let script_src = csp
+            .split(';')
+            .find(|d| d.trim().starts_with("script-src"))
+            .unwrap_or_default()
+            .to_owned();
+        assert!(!script_src.contains("unsafe-inline"), "{path}: {csp}");
+        if ["/", "/login"].contains(&path) {
+            // A page's inline scripts run by its own nonce, fresh per answer.
+            let nonce = script_src
+                .split("'nonce-")
+                .nth(1)
+                .and_then(|rest| rest.split('\'').next())
+                .unwrap_or_else(|| panic!("{path}: no nonce in {csp}"))
+                .to_owned();
+            let html = res.text().await.unwrap();
+            assert!(
+                html.contains(&format!("nonce=\"{nonce}\"")),
+                "{path}: {html}"
+            );
+            let again = reqwest::get(server.url(path)).await.unwrap();
+            let other = again.headers()["content-security-policy"].to_str().unwrap();
+            assert!(!other.contains(&nonce), "a nonce is used once");
+        }
     }
 }
 

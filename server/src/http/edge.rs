@@ -17,6 +17,7 @@ use axum::extract::{ConnectInfo, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use holdfast_app::server::csp::content_security_policy;
 use holdfast_app::server::guard::{ClientIp, CookiePolicy};
 
 /// The edge's settings: public names, trusted proxies, cookies and the
@@ -262,16 +263,6 @@ impl Cidr {
     }
 }
 
-/// The Content-Security-Policy of every answer: only this origin's scripts,
-/// styles, sockets and images, WebAssembly allowed, no framing (the badge is
-/// embedded as a script, never a frame). Leptos' hydration bootstrap is an
-/// inline module script, hence `'unsafe-inline'` for scripts; no page renders
-/// user input as HTML.
-pub const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; \
-     script-src 'self' 'unsafe-inline' 'wasm-unsafe-eval'; \
-     style-src 'self' 'unsafe-inline'; img-src 'self' data:; connect-src 'self'; \
-     frame-ancestors 'none'; base-uri 'self'; form-action 'self'; object-src 'none'";
-
 /// Middleware: refuses a request for a host this server does not answer for
 /// (421), records the client's address ([`ClientIp`]) for every per-client
 /// limit, and adds the security headers to the answer.
@@ -319,8 +310,13 @@ pub async fn edge(
             .into_response()
     };
     let h = response.headers_mut();
-    h.entry(header::CONTENT_SECURITY_POLICY)
-        .or_insert(HeaderValue::from_static(CONTENT_SECURITY_POLICY));
+    // A page set its own, with its nonce; every other answer gets the policy
+    // without one.
+    if !h.contains_key(header::CONTENT_SECURITY_POLICY)
+        && let Ok(policy) = HeaderValue::from_str(&content_security_policy(None))
+    {
+        h.insert(header::CONTENT_SECURITY_POLICY, policy);
+    }
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
