@@ -267,14 +267,7 @@ async fn badge_messages_hosts_and_cookies_are_refused_cleanly(pool: PgPool) {
             "case {i}: {status} for Host {host:?}"
         );
     }
-    assert_eq!(
-        http.get(server.url("/healthz"))
-            .send()
-            .await
-            .unwrap()
-            .status(),
-        200
-    );
+    assert!(common::healthy(&server).await);
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

@@ -26,6 +26,19 @@ impl TestServer {
     }
 }
 
+/// Whether `server` answers `/healthz` with 200 within a second.
+pub async fn healthy(server: &TestServer) -> bool {
+    let client = reqwest::Client::builder()
+        .timeout(std::time::Duration::from_secs(1))
+        .build()
+        .expect("an HTTP client");
+    client
+        .get(server.url("/healthz"))
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+}
+
 /// Serves the full router over `backends` with `options` on port 0, the live side
 /// reading the Redis at `live_from` when given.
 pub async fn spawn_with(
