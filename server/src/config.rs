@@ -191,6 +191,11 @@ pub struct ServeArgs {
         default_value_t = 50
     )]
     pub badge_max_connections_per_client: usize,
+    /// A token `/metrics` requires (`Authorization: Bearer <token>`, as
+    /// Prometheus' `authorization` setting sends it); unset: `/metrics` is
+    /// open, so keep it on the monitoring network.
+    #[arg(long, env = "HOLDFAST_METRICS_TOKEN", hide_env_values = true)]
+    pub metrics_token: Option<String>,
     /// Most SKUs one badge connection (or one poll) may follow.
     #[arg(long, env = "HOLDFAST_BADGE_MAX_SUBSCRIPTIONS", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=1_000))]

@@ -421,6 +421,12 @@ impl Application {
                 ..BadgeConfig::default()
             },
             edge,
+            metrics: routes::metrics::MetricsAccess(
+                args.metrics_token
+                    .as_deref()
+                    .filter(|t| !t.is_empty())
+                    .map(Arc::from),
+            ),
         };
         let stats = Arc::new(WorkerStats::new());
         let workers =

@@ -20,6 +20,7 @@ use crate::http::edge::EdgeConfig;
 use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
 use crate::routes::ingest::{IngestConfig, IngestState};
+use crate::routes::metrics::MetricsAccess;
 use crate::workers::WorkerStats;
 
 /// The knobs of the state that differ between deployments (and tests).
@@ -37,6 +38,8 @@ pub struct StateOptions {
     pub badge: BadgeConfig,
     /// Public hosts, trusted proxies, cookies and connection limits.
     pub edge: EdgeConfig,
+    /// Who may read `/metrics`.
+    pub metrics: MetricsAccess,
 }
 
 impl Default for StateOptions {
@@ -48,6 +51,7 @@ impl Default for StateOptions {
             ingest: IngestConfig::parse(&[]).unwrap_or_default(),
             badge: BadgeConfig::default(),
             edge: EdgeConfig::default(),
+            metrics: MetricsAccess::default(),
         }
     }
 }
@@ -77,6 +81,8 @@ pub struct AppState {
     pub live: Arc<LiveHub>,
     /// The edge's settings (hosts, proxies, cookies, connection limits).
     pub edge: Arc<EdgeConfig>,
+    /// Who may read `/metrics`.
+    pub metrics: MetricsAccess,
 }
 
 impl AppState {
@@ -103,6 +109,7 @@ impl AppState {
             ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
             feed: Feed::new(4_096),
             edge: Arc::new(options.edge),
+            metrics: options.metrics,
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),
@@ -165,6 +172,12 @@ impl FromRef<AppState> for IngestState {
 impl FromRef<AppState> for Arc<BadgeHub> {
     fn from_ref(state: &AppState) -> Self {
         state.badges.clone()
+    }
+}
+
+impl FromRef<AppState> for MetricsAccess {
+    fn from_ref(state: &AppState) -> Self {
+        state.metrics.clone()
     }
 }
 

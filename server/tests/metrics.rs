@@ -43,3 +43,37 @@ async fn metrics_expose_health_lag_and_lanes(pool: PgPool) {
         );
     }
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn with_a_scrape_token_only_the_scraper_reads_metrics(pool: PgPool) {
+    use holdfast_server::routes::metrics::MetricsAccess;
+    use holdfast_server::state::StateOptions;
+    let redis = TestRedis::start();
+    let options = StateOptions {
+        metrics: MetricsAccess(Some("scrape-token-0123456789".into())),
+        ..StateOptions::default()
+    };
+    let server =
+        common::spawn_with(common::backends(pool, &redis.url()).await, options, None).await;
+    let http = reqwest::Client::new();
+    for wrong in [None, Some("nope"), Some("scrape-token-012345678")] {
+        let mut req = http.get(server.url("/metrics"));
+        if let Some(t) = wrong {
+            req = req.bearer_auth(t);
+        }
+        let res = req.send().await.unwrap();
+        assert_eq!(res.status(), 401, "{wrong:?}");
+        assert!(
+            !res.text().await.unwrap().contains("holdfast_"),
+            "{wrong:?}"
+        );
+    }
+    let res = http
+        .get(server.url("/metrics"))
+        .bearer_auth("scrape-token-0123456789")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.text().await.unwrap().contains("holdfast_redis_up 1"));
+}

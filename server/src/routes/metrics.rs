@@ -1,6 +1,7 @@
 //! `GET /metrics`: Prometheus text exposition of the workers' counters, the
 //! write-behind's lag, the ingestion lanes and the backends' health. It holds no
-//! secrets; expose it to the monitoring network only.
+//! secrets but does show business figures: expose it to the monitoring network
+//! only, and set a scrape token ([`MetricsAccess`]) so nobody else can read it.
 
 use std::fmt::Write;
 use std::sync::atomic::Ordering;
@@ -20,12 +21,34 @@ use holdfast_engine::Backends;
 
 use crate::workers::WorkerStats;
 
+/// Who may read `/metrics`: anyone, or (with a token) only a scraper sending
+/// `Authorization: Bearer <token>`.
+#[derive(Debug, Clone, Default)]
+pub struct MetricsAccess(pub Option<Arc<str>>);
+
+impl MetricsAccess {
+    /// Whether `headers` carry what this access needs (compared in constant time).
+    fn allows(&self, headers: &axum::http::HeaderMap) -> bool {
+        let Some(token) = &self.0 else {
+            return true;
+        };
+        let given = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or_default();
+        let (a, b) = (given.as_bytes(), token.as_bytes());
+        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+    }
+}
+
 /// The metrics route.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
     Backends: FromRef<S>,
     Arc<WorkerStats>: FromRef<S>,
+    MetricsAccess: FromRef<S>,
 {
     Router::new().route("/metrics", get(metrics))
 }
@@ -48,7 +71,17 @@ impl Out {
 async fn metrics(
     State(backends): State<Backends>,
     State(workers): State<Arc<WorkerStats>>,
-) -> impl IntoResponse {
+    State(access): State<MetricsAccess>,
+    headers: axum::http::HeaderMap,
+) -> axum::response::Response {
+    if !access.allows(&headers) {
+        return (
+            axum::http::StatusCode::UNAUTHORIZED,
+            [(header::WWW_AUTHENTICATE, "Bearer")],
+            "send the scrape token: Authorization: Bearer <HOLDFAST_METRICS_TOKEN>",
+        )
+            .into_response();
+    }
     let mut out = Out(String::new());
     let timeout = Duration::from_millis(1_000);
     let redis_up = redis_conn::ping(&backends.redis, timeout).await.is_ok();
@@ -249,5 +282,5 @@ async fn metrics(
             &paused,
         );
     }
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0)
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], out.0).into_response()
 }
