@@ -208,6 +208,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_BADGE_IDLE_TIMEOUT_SECS", default_value_t = 60,
           value_parser = clap::value_parser!(u64).range(5..=86_400))]
     pub badge_idle_timeout_secs: u64,
+    /// Largest webhook body accepted, in bytes (413 above); every lane's byte
+    /// cap must be at least this.
+    #[arg(long, env = "HOLDFAST_WEBHOOK_MAX_BYTES", default_value_t = 2 * 1024 * 1024,
+          value_parser = clap::value_parser!(u64).range(1_024..=64 * 1024 * 1024))]
+    pub webhook_max_bytes: u64,
     /// Most payloads waiting per lane, `lane:count`, comma-separated in the
     /// environment (default orders:100000, feeds:20000).
     #[arg(long = "lane-cap", env = "HOLDFAST_LANE_CAPS", value_delimiter = ',')]

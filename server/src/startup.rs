@@ -406,7 +406,8 @@ impl Application {
             sold_out_ttl: Duration::from_millis(args.sold_out_cache_ms),
             ingest: IngestConfig::parse(&args.ingest_sources)
                 .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?
-                .with_caps(&args.lane_caps, &args.lane_byte_caps)
+                .with_max_body(usize::try_from(args.webhook_max_bytes).unwrap_or(usize::MAX))
+                .and_then(|c| c.with_caps(&args.lane_caps, &args.lane_byte_caps))
                 .map_err(anyhow::Error::msg)?,
             badge: BadgeConfig {
                 origins: args

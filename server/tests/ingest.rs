@@ -535,3 +535,18 @@ async fn invented_source_names_share_their_senders_limit(pool: PgPool) {
         "{statuses:?}"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_largest_webhook_body_is_a_setting(pool: PgPool) {
+    let (hook, _redis, _engine) = setup_with(pool, 0, |ingest| ingest.max_body = 1_024).await;
+    let now = chrono::Utc::now().timestamp();
+    let small = br#"{"event_id":"s-1","type":"delta","sku":"S-1","delta":1}"#;
+    let (s, _) = hook
+        .send("erp", small, now, &sign(SECRET, now, small))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let big = vec![b' '; 2_048];
+    let (s, body) = hook.send("erp", &big, now, &sign(SECRET, now, &big)).await;
+    assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(body["code"], "payload_too_large");
+}

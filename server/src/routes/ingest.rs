@@ -19,7 +19,7 @@ use axum::Extension;
 use axum::Json;
 use axum::Router;
 use axum::body::Body;
-use axum::extract::{DefaultBodyLimit, FromRef, Path, State};
+use axum::extract::{FromRef, Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
@@ -36,7 +36,7 @@ use crate::http::ratelimit::{Limit, RateLimiter};
 
 /// Oldest (or furthest in the future) timestamp accepted, in seconds.
 pub const MAX_SKEW_SECS: i64 = 300;
-/// Largest webhook body (a 10,000-event feed page fits).
+/// Default largest webhook body (a 10,000-event feed page fits).
 pub const BODY_LIMIT: usize = 2 * 1024 * 1024;
 
 /// One configured webhook source.
@@ -57,6 +57,8 @@ pub struct IngestConfig {
     pub caps: HashMap<Lane, u64>,
     /// Most payload bytes waiting per lane.
     pub byte_caps: HashMap<Lane, u64>,
+    /// Largest webhook body accepted (413 above).
+    pub max_body: usize,
 }
 
 impl IngestConfig {
@@ -92,6 +94,7 @@ impl IngestConfig {
                 },
             );
         }
+        config.max_body = BODY_LIMIT;
         for lane in Lane::ALL {
             let defaults = ingest::LaneConfig::default_for(lane);
             config.caps.insert(lane, defaults.cap);
@@ -122,7 +125,30 @@ impl IngestConfig {
                 into.insert(lane, value);
             }
         }
+        self.check_body_fits()?;
         Ok(self)
+    }
+
+    /// Sets the largest webhook body; every lane's byte cap must hold one.
+    pub fn with_max_body(mut self, max_body: usize) -> Result<Self, String> {
+        self.max_body = max_body;
+        self.check_body_fits()?;
+        Ok(self)
+    }
+
+    fn check_body_fits(&self) -> Result<(), String> {
+        match self
+            .byte_caps
+            .iter()
+            .find(|(_, cap)| **cap < self.max_body as u64)
+        {
+            Some((lane, cap)) => Err(format!(
+                "the {lane} lane's byte cap ({cap}) is below the largest webhook body ({}): \
+                 no payload of that size could ever be queued",
+                self.max_body
+            )),
+            None => Ok(()),
+        }
     }
 }
 
@@ -159,7 +185,6 @@ where
 {
     Router::new()
         .route("/ingest/{source}", post(receive))
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .layer(axum::middleware::from_fn(
             crate::http::deadline::within_deadline,
         ))
@@ -249,12 +274,13 @@ async fn receive(
     if let Err(secs) = state.per_caller.check(&who) {
         return ApiError::too_many(secs).into_response();
     }
-    let body = match axum::body::to_bytes(body, BODY_LIMIT).await {
+    let max_body = state.config.max_body;
+    let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
         Err(_) => {
             return ApiError::new(
                 ErrorCode::PayloadTooLarge,
-                format!("a webhook body is at most {BODY_LIMIT} bytes"),
+                format!("a webhook body is at most {max_body} bytes"),
             )
             .into_response();
         }
@@ -312,14 +338,27 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_lane_must_hold_the_largest_body() {
+        let c = IngestConfig::parse(&[]).unwrap();
+        assert!(c.clone().with_max_body(1024).is_ok());
+        let err = c.with_caps(&[], &["feeds:1000".into()]).unwrap_err();
+        assert!(err.contains("feeds"), "{err}");
+        let err = IngestConfig::parse(&[])
+            .unwrap()
+            .with_max_body(100 * 1024 * 1024)
+            .unwrap_err();
+        assert!(err.contains("byte cap"), "{err}");
+    }
+
+    #[test]
     fn lane_caps_are_overridden_by_name_and_checked() {
         let c = IngestConfig::parse(&[])
             .unwrap()
-            .with_caps(&["feeds:5".into()], &["orders:1024".into()])
+            .with_caps(&["feeds:5".into()], &["orders:4194304".into()])
             .unwrap();
         assert_eq!(c.caps[&Lane::Feeds], 5);
         assert_eq!(c.caps[&Lane::Orders], 100_000, "others keep their default");
-        assert_eq!(c.byte_caps[&Lane::Orders], 1024);
+        assert_eq!(c.byte_caps[&Lane::Orders], 4_194_304);
         for bad in ["feeds", "nowhere:5", "feeds:0", "feeds:-1", "feeds:many"] {
             assert!(
                 IngestConfig::parse(&[])
