@@ -402,8 +402,12 @@ mod tests {
                 }
             }
         });
-        // Backoff 1 s, then 2 s: the third run is up after 3 s.
-        tokio::time::sleep(Duration::from_millis(3_600)).await;
+        // Backoff 1 s, then 2 s: the third run is up after about 3 s (allow
+        // a slow machine ten).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while runs.load(Ordering::Relaxed) < 3 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
         assert_eq!(runs.load(Ordering::Relaxed), 3);
         assert_eq!(restarts.load(Ordering::Relaxed), 2);
         stop.send(true).unwrap();
