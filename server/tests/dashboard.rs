@@ -580,16 +580,7 @@ async fn an_open_live_socket_closes_when_its_session_ends(pool: PgPool) {
     next_of(&mut ws, "snapshot", Duration::from_secs(3)).await;
     let (status, _) = dash.own("/api/logout", "", Some(&cookie)).await;
     assert_eq!(status, 200);
-    let closed = tokio::time::timeout(Duration::from_secs(8), async {
-        loop {
-            match ws.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await
-    .unwrap_or(false);
+    let closed = common::closes_within(&mut ws, Duration::from_secs(8)).await;
     assert!(closed, "a logged-out tab stops receiving within seconds");
 }
 

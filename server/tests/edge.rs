@@ -277,18 +277,13 @@ async fn connections_past_the_cap_wait_until_one_closes(pool: PgPool) {
     let first = TcpStream::connect(addr(&server)).await.unwrap();
     let _second = TcpStream::connect(addr(&server)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
     assert!(
-        client.get(server.url("/healthz")).send().await.is_err(),
+        !common::healthy(&server).await,
         "a third connection is not served while two are open"
     );
     drop(first);
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let res = client.get(server.url("/healthz")).send().await.unwrap();
-    assert_eq!(res.status().as_u16(), 200);
+    assert!(common::healthy(&server).await);
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
@@ -563,12 +558,8 @@ async fn websockets_hold_their_place_under_the_connection_cap(pool: PgPool) {
     let first = socket().await.unwrap().0;
     let _second = socket().await.unwrap().0;
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let client = reqwest::Client::builder()
-        .timeout(Duration::from_secs(1))
-        .build()
-        .unwrap();
     assert!(
-        client.get(server.url("/healthz")).send().await.is_err(),
+        !common::healthy(&server).await,
         "two open sockets fill a cap of two"
     );
     drop(first);

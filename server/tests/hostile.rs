@@ -58,17 +58,7 @@ async fn a_frame_larger_than_the_limit_closes_the_badge_socket(pool: PgPool) {
     // 64 KiB in one frame: far over the 4 KiB a subscription can need.
     let big = format!(r#"{{"subscribe": ["{}"]}}"#, "A".repeat(64 * 1024));
     let _ = ws.send(Message::Text(big.into())).await;
-    let closed = tokio::time::timeout(std::time::Duration::from_secs(3), async {
-        use futures_util::StreamExt;
-        loop {
-            match ws.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await
-    .unwrap_or(false);
+    let closed = common::closes_within(&mut ws, std::time::Duration::from_secs(3)).await;
     assert!(
         closed,
         "the server closes the socket instead of buffering the frame"
@@ -318,16 +308,7 @@ async fn a_badge_socket_that_answers_nothing_is_closed(pool: PgPool) {
     // A client that never reads never answers a ping: closed after the timeout.
     let mut silent = badge_socket(&server.base).await;
     tokio::time::sleep(std::time::Duration::from_secs(2)).await;
-    let closed = tokio::time::timeout(std::time::Duration::from_secs(2), async {
-        loop {
-            match silent.next().await {
-                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
-                Some(Ok(_)) => {}
-            }
-        }
-    })
-    .await
-    .unwrap_or(false);
+    let closed = common::closes_within(&mut silent, std::time::Duration::from_secs(2)).await;
     assert!(closed, "the silent socket is still open");
 }
 

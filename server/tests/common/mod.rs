@@ -39,6 +39,23 @@ pub async fn healthy(server: &TestServer) -> bool {
         .is_ok_and(|r| r.status() == 200)
 }
 
+/// Whether the server ends `ws` (a close frame, an error or the end of the
+/// stream) within `within`, reading and discarding whatever comes before.
+pub async fn closes_within(ws: &mut Socket, within: std::time::Duration) -> bool {
+    use futures_util::StreamExt;
+    use tokio_tungstenite::tungstenite::Message;
+    tokio::time::timeout(within, async {
+        loop {
+            match ws.next().await {
+                None | Some(Err(_)) | Some(Ok(Message::Close(_))) => return true,
+                Some(Ok(_)) => {}
+            }
+        }
+    })
+    .await
+    .unwrap_or(false)
+}
+
 /// Serves the full router over `backends` with `options` on port 0, the live side
 /// reading the Redis at `live_from` when given.
 pub async fn spawn_with(
