@@ -24,7 +24,7 @@ use crate::progress::{Progress, table};
 /// Runs the command `cli` names (`serve` when none).
 pub async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
-        Some(Command::Serve(args)) => serve(&cli.global, args).await,
+        Some(Command::Serve(args)) => serve(&cli.global, *args).await,
         None => serve(&cli.global, ServeArgs::from_env()).await,
         Some(Command::Warm(args)) => warm(&cli.global, args).await,
         Some(Command::Reconcile(args)) => reconcile(&cli.global, args).await,

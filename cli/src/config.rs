@@ -22,7 +22,7 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the dashboard, the APIs and the background workers (the default).
-    Serve(ServeArgs),
+    Serve(Box<ServeArgs>),
     /// Rebuild stock counters missing in Redis from PostgreSQL (after a Redis loss).
     Warm(WarmArgs),
     /// Measure drift between Redis and PostgreSQL, record it, and correct it.

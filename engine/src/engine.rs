@@ -49,6 +49,8 @@ pub struct EngineConfig {
     pub login_failures_per_user_and_address: i64,
     /// Failed sign-ins from one client address (any usernames) within the window.
     pub login_failures_per_address: i64,
+    /// Most events one webhook payload may carry (more: dead-lettered).
+    pub max_payload_events: usize,
 }
 
 impl Default for EngineConfig {
@@ -65,6 +67,7 @@ impl Default for EngineConfig {
             login_failures_per_user: crate::users::LOGIN_FAILURES_PER_USER,
             login_failures_per_user_and_address: crate::users::LOGIN_FAILURES,
             login_failures_per_address: crate::users::LOGIN_FAILURES_PER_ADDRESS,
+            max_payload_events: crate::payload::DEFAULT_MAX_EVENTS,
         }
     }
 }

@@ -716,7 +716,7 @@ impl LaneConsumer {
     /// Applies one payload; returns how many events it applied.
     async fn apply(&mut self, source: &str, body: &[u8]) -> Result<u64, EngineError> {
         let lane = self.lane.name;
-        let events = match payload::parse(body) {
+        let events = match payload::parse(body, self.engine.config.max_payload_events) {
             Ok(events) => events,
             Err(e) => {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);

@@ -11,8 +11,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::engine::valid_sku;
 
-/// Most events in one payload.
-pub const MAX_EVENTS: usize = 10_000;
+/// Default most events in one payload (`EngineConfig::max_payload_events`).
+pub const DEFAULT_MAX_EVENTS: usize = 10_000;
 /// Largest snapshot version (2^53 - 1): the scripts compare versions as Lua
 /// numbers, exact up to there (an epoch in microseconds fits).
 pub const MAX_VERSION: i64 = (1 << 53) - 1;
@@ -59,9 +59,9 @@ pub enum PayloadError {
         /// What is wrong.
         message: String,
     },
-    /// More events than [`MAX_EVENTS`].
-    #[error("too many events: {0} (at most {MAX_EVENTS} per payload)")]
-    TooMany(usize),
+    /// More events than allowed (`EngineConfig::max_payload_events`).
+    #[error("too many events: {0} (at most {1} per payload)")]
+    TooMany(usize, usize),
 }
 
 #[derive(Deserialize)]
@@ -155,15 +155,15 @@ fn event(index: usize, raw: RawEvent) -> Result<FeedEvent, PayloadError> {
     })
 }
 
-/// Parses a webhook body into its events.
-pub fn parse(body: &[u8]) -> Result<Vec<FeedEvent>, PayloadError> {
+/// Parses a webhook body into its events, at most `max_events` of them.
+pub fn parse(body: &[u8], max_events: usize) -> Result<Vec<FeedEvent>, PayloadError> {
     let raw: Raw =
         serde_json::from_slice(body).map_err(|e| PayloadError::Malformed(e.to_string()))?;
     match raw {
         Raw::One(e) => Ok(vec![event(0, e)?]),
         Raw::Batch { events } => {
-            if events.len() > MAX_EVENTS {
-                return Err(PayloadError::TooMany(events.len()));
+            if events.len() > max_events {
+                return Err(PayloadError::TooMany(events.len(), max_events));
             }
             if events.is_empty() {
                 return Err(PayloadError::Malformed("events is empty".into()));
@@ -186,6 +186,7 @@ mod tests {
     fn parses_the_documented_shapes() {
         let one = parse(
             br#"{"event_id":"e1","type":"delta","sku":"DROP-001","delta":50,"reason":"received"}"#,
+            DEFAULT_MAX_EVENTS,
         )
         .unwrap();
         assert_eq!(
@@ -199,6 +200,7 @@ mod tests {
         let batch = parse(
             br#"{"events":[{"event_id":"e2","type":"snapshot","sku":"A","on_hand":5,"version":3},
                            {"event_id":"e3","type":"delta","sku":"B","delta":-3}]}"#,
+            DEFAULT_MAX_EVENTS,
         )
         .unwrap();
         assert_eq!(
@@ -213,7 +215,7 @@ mod tests {
 
     #[test]
     fn every_failure_says_what_is_wrong() {
-        let err = |b: &[u8]| parse(b).unwrap_err().to_string();
+        let err = |b: &[u8]| parse(b, DEFAULT_MAX_EVENTS).unwrap_err().to_string();
         assert!(err(b"not json").starts_with("not a valid payload"));
         assert!(err(br#"{"type":"delta","sku":"A","delta":1}"#).contains("event_id is missing"));
         assert!(
@@ -238,7 +240,7 @@ mod tests {
 
         #[test]
         fn arbitrary_bytes_never_panic(body in proptest::collection::vec(any::<u8>(), 0..512)) {
-            if let Err(e) = parse(&body) {
+            if let Err(e) = parse(&body, DEFAULT_MAX_EVENTS) {
                 prop_assert!(!e.to_string().is_empty());
             }
         }
@@ -250,7 +252,7 @@ mod tests {
         ) {
             let body = serde_json::json!({"event_id": id, "type": kind, "sku": sku, "delta": delta,
                                           "on_hand": on_hand, "version": version});
-            let _ = parse(body.to_string().as_bytes());
+            let _ = parse(body.to_string().as_bytes(), DEFAULT_MAX_EVENTS);
         }
     }
 }

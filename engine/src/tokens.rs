@@ -154,6 +154,19 @@ pub struct TokenCache {
 }
 
 impl TokenCache {
+    /// A cache remembering at most `refused` refused secrets (the oldest
+    /// refusal is forgotten first); [`TokenCache::default`] remembers
+    /// [`REFUSED_REMEMBERED`].
+    pub fn with_refused_cap(refused: usize) -> Self {
+        Self {
+            entries: std::sync::Mutex::new(Entries {
+                refused_cap: Some(refused.max(1)),
+                ..Entries::default()
+            }),
+            ..Self::default()
+        }
+    }
+
     /// The live token whose secret is `secret`.
     ///
     /// A token checked within [`TOKEN_CACHE_TTL`] is answered from memory; after
@@ -219,10 +232,17 @@ impl TokenCache {
     /// even while its refusal is cached, so cycling refused tokens cannot
     /// reach PostgreSQL faster than that limit.
     pub fn knows(&self, secret: &str) -> bool {
+        self.answer(secret).is_some_and(|live| live)
+    }
+
+    /// The answer remembered for `secret`: `Some(true)` live,
+    /// `Some(false)` refused, `None` not remembered (PostgreSQL would be asked).
+    pub fn answer(&self, secret: &str) -> Option<bool> {
         let key = digest(secret);
         self.entries
             .lock()
-            .is_ok_and(|entries| matches!(entries.get(&key), Some((Some(_), _, _))))
+            .ok()
+            .and_then(|entries| entries.get(&key).map(|(info, _, _)| info.is_some()))
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most
@@ -246,14 +266,14 @@ impl TokenCache {
         Ok(info)
     }
 
-    /// How many answers are remembered (live tokens plus at most
-    /// [`REFUSED_REMEMBERED`] refusals).
+    /// How many answers are remembered (live tokens plus at most the refusal
+    /// cap).
     pub fn remembered(&self) -> usize {
         self.entries.lock().map_or(0, |e| e.map.len())
     }
 }
 
-/// Refused secrets remembered at most: the oldest refusal is forgotten first,
+/// Default refused secrets remembered at most: the oldest refusal is forgotten first,
 /// in constant time, so invented tokens cannot grow the cache or stall it.
 /// Live tokens are few (an operator issues them) and always kept.
 pub const REFUSED_REMEMBERED: usize = 4_096;
@@ -263,6 +283,8 @@ pub const REFUSED_REMEMBERED: usize = 4_096;
 struct Entries {
     map: std::collections::HashMap<Vec<u8>, Verified>,
     refused: std::collections::VecDeque<Vec<u8>>,
+    /// Most refusals kept (`None`: [`REFUSED_REMEMBERED`]).
+    refused_cap: Option<usize>,
 }
 
 impl Entries {
@@ -273,7 +295,8 @@ impl Entries {
     fn insert(&mut self, key: Vec<u8>, value: Verified) {
         if value.0.is_none() && !matches!(self.map.get(&key), Some((None, _, _))) {
             self.refused.push_back(key.clone());
-            while self.refused.len() > REFUSED_REMEMBERED {
+            let cap = self.refused_cap.unwrap_or(REFUSED_REMEMBERED);
+            while self.refused.len() > cap {
                 if let Some(old) = self.refused.pop_front()
                     && matches!(self.map.get(&old), Some((None, _, _)))
                 {

@@ -141,10 +141,28 @@ pub fn generate_password() -> String {
         .join("-")
 }
 
-/// Password hashes computed at once, at most: each takes about 19 MiB and a
-/// blocking thread, so a burst of sign-ins must not take the server's memory.
-const CONCURRENT_HASHES: usize = 4;
-static HASHING: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(CONCURRENT_HASHES);
+/// Default for how many passwords are hashed at once, at most: each takes
+/// about 19 MiB and a thread, so a burst of sign-ins must not take the
+/// server's memory.
+pub const DEFAULT_HASHES_AT_ONCE: usize = 4;
+static HASHES_AT_ONCE: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+
+/// Sets how many passwords this process hashes at once (its hashing threads
+/// and permits), before the first hash; `false` when hashing already started
+/// with another number (the setting is then ignored).
+pub fn set_hashes_at_once(n: usize) -> bool {
+    *HASHES_AT_ONCE.get_or_init(|| n.clamp(1, 256)) == n.clamp(1, 256)
+}
+
+/// How many passwords are hashed at once (fixed at the first hash).
+fn hashes_at_once() -> usize {
+    *HASHES_AT_ONCE.get_or_init(|| DEFAULT_HASHES_AT_ONCE)
+}
+
+fn hashing() -> &'static tokio::sync::Semaphore {
+    static HASHING: std::sync::OnceLock<tokio::sync::Semaphore> = std::sync::OnceLock::new();
+    HASHING.get_or_init(|| tokio::sync::Semaphore::new(hashes_at_once()))
+}
 
 /// Longest password accepted (argon2 hashes any length; a megabyte would be
 /// hashed just the same).
@@ -169,9 +187,9 @@ async fn hashing_permit(wait: bool) -> Result<tokio::sync::SemaphorePermit<'stat
         retry_after: 1,
     };
     if wait {
-        HASHING.acquire().await.map_err(|_| busy())
+        hashing().acquire().await.map_err(|_| busy())
     } else {
-        HASHING.try_acquire().map_err(|_| busy())
+        hashing().try_acquire().map_err(|_| busy())
     }
 }
 
@@ -182,12 +200,13 @@ async fn hash_password(password: String) -> Result<String, EngineError> {
 /// A job for a hashing thread.
 type HashJob = Box<dyn FnOnce() + Send>;
 
-/// Runs `work` on one of [`CONCURRENT_HASHES`] long-lived hashing threads.
+/// Runs `work` on one of the long-lived hashing threads (as many as passwords
+/// hashed at once).
 ///
 /// Not on tokio's blocking pool: it grows to hundreds of threads, and the C
 /// allocator keeps a 19 MiB arena per thread that ever hashed, so memory grew
 /// with every burst and never came back. A fixed set of threads keeps it at
-/// [`CONCURRENT_HASHES`] arenas.
+/// that many arenas.
 async fn on_hashing_thread<T: Send + 'static>(
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, EngineError> {
@@ -196,7 +215,7 @@ async fn on_hashing_thread<T: Send + 'static>(
     let jobs = JOBS.get_or_init(|| {
         let (tx, rx) = mpsc::channel::<HashJob>();
         let rx = Arc::new(Mutex::new(rx));
-        for n in 0..CONCURRENT_HASHES {
+        for n in 0..hashes_at_once() {
             let rx = rx.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("holdfast-hash-{n}"))
@@ -591,7 +610,7 @@ static LOGIN_ATTEMPT: std::sync::LazyLock<redis::Script> =
 /// attempt is refused ([`EngineError::Throttled`], even with the right
 /// password) until the window ends. Each attempt is counted before the hash
 /// in one atomic step, so a burst cannot exceed a limit, and taken back when
-/// the password was right. At most [`CONCURRENT_HASHES`] passwords are hashed
+/// the password was right. At most [`set_hashes_at_once`] passwords are hashed
 /// at once (others are refused at once); passwords longer than
 /// [`MAX_PASSWORD_LEN`] never match. The counts live in Redis, shared by every
 /// server.

@@ -23,10 +23,28 @@ async fn invented_tokens_cannot_grow_the_token_cache(pool: PgPool) {
         cache.knows(&real.secret),
         "a live token is never evicted by refusals"
     );
-    assert!(
-        !cache.knows(&format!("hf_{:064x}", 0)),
+    assert_eq!(
+        cache.answer(&format!("hf_{:064x}", 0)),
+        None,
         "the oldest refusal went first"
     );
+    assert_eq!(
+        cache.answer(&format!("hf_{:064x}", REFUSED_REMEMBERED + 1_499)),
+        Some(false),
+        "the newest refusal is remembered"
+    );
+
+    // The cap is a setting (HOLDFAST_REFUSED_TOKENS_REMEMBERED).
+    let small = std::sync::Arc::new(TokenCache::with_refused_cap(10));
+    assert!(small.verify(&pool, &real.secret).await.unwrap().is_some());
+    for i in 0..50 {
+        let invented = format!("hf_{i:064x}");
+        assert!(small.verify(&pool, &invented).await.unwrap().is_none());
+    }
+    assert_eq!(small.remembered(), 11, "ten refusals and the live token");
+    assert_eq!(small.answer(&format!("hf_{:064x}", 49)), Some(false));
+    assert_eq!(small.answer(&format!("hf_{:064x}", 40)), Some(false));
+    assert_eq!(small.answer(&format!("hf_{:064x}", 39)), None);
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

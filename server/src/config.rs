@@ -90,6 +90,11 @@ pub struct EngineArgs {
     #[arg(long, env = "HOLDFAST_LOGIN_FAILURES_PER_ADDRESS", default_value_t = holdfast_engine::users::LOGIN_FAILURES_PER_ADDRESS,
           global = true, value_parser = clap::value_parser!(i64).range(1..=100_000))]
     pub login_failures_per_address: i64,
+    /// Most events one webhook payload may carry; a larger payload is
+    /// dead-lettered whole.
+    #[arg(long, env = "HOLDFAST_WEBHOOK_MAX_EVENTS", default_value_t = holdfast_engine::payload::DEFAULT_MAX_EVENTS,
+          global = true, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1_000_000))]
+    pub webhook_max_events: usize,
 }
 
 impl EngineArgs {
@@ -103,6 +108,7 @@ impl EngineArgs {
             login_failures_per_user: self.login_failures_per_user,
             login_failures_per_user_and_address: self.login_failures_per_user_and_address,
             login_failures_per_address: self.login_failures_per_address,
+            max_payload_events: self.webhook_max_events,
             ..holdfast_engine::EngineConfig::default()
         }
     }
@@ -273,6 +279,71 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 256,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections_per_address: u64,
+    /// Largest API request body, in bytes (413 above; a 20-line cart is under
+    /// 2 KiB).
+    #[arg(long, env = "HOLDFAST_API_MAX_BODY_BYTES", default_value_t = crate::api::DEFAULT_BODY_LIMIT,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1_024..=1_048_576))]
+    pub api_max_body_bytes: usize,
+    /// Milliseconds within which every API and webhook request is answered
+    /// (503 + `Retry-After` after; the work under an `Idempotency-Key` gets a
+    /// sixth less, at most 500 ms less, to record its outcome).
+    #[arg(long, env = "HOLDFAST_API_DEADLINE_MS", default_value_t = 3_000,
+          value_parser = clap::value_parser!(u64).range(100..=60_000))]
+    pub api_deadline_ms: u64,
+    /// Checks of not-yet-known API tokens per client address per second
+    /// (bursts of twice that), before any PostgreSQL lookup.
+    #[arg(long, env = "HOLDFAST_UNKNOWN_TOKENS_PER_SECOND", default_value_t = crate::http::auth::UNKNOWN_TOKENS_PER_ADDRESS,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub unknown_tokens_per_second: u32,
+    /// Refused API token secrets remembered (answered without PostgreSQL; the
+    /// oldest is forgotten first).
+    #[arg(long, env = "HOLDFAST_REFUSED_TOKENS_REMEMBERED", default_value_t = holdfast_engine::tokens::REFUSED_REMEMBERED,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=10_000_000))]
+    pub refused_tokens_remembered: usize,
+    /// Passwords hashed at once (each takes about 19 MiB and a thread); more
+    /// sign-ins at the same moment are answered 429.
+    #[arg(long, env = "HOLDFAST_PASSWORD_HASHES_AT_ONCE", default_value_t = holdfast_engine::users::DEFAULT_HASHES_AT_ONCE,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=256))]
+    pub password_hashes_at_once: usize,
+    /// Seconds a WebSocket client (badge or dashboard) has to take one message
+    /// before its socket is closed.
+    #[arg(long, env = "HOLDFAST_SOCKET_SEND_TIMEOUT_SECS", default_value_t = 10,
+          value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub socket_send_timeout_secs: u64,
+    /// Largest message (and frame) a badge page may send, in bytes.
+    #[arg(long, env = "HOLDFAST_BADGE_MAX_MESSAGE_BYTES", default_value_t = 4_096,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(256..=1_048_576))]
+    pub badge_max_message_bytes: usize,
+    /// Subscribe messages one badge socket may send at once; then
+    /// `--badge-subscribes-per-second`.
+    #[arg(long, env = "HOLDFAST_BADGE_SUBSCRIBE_BURST", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub badge_subscribe_burst: u32,
+    /// Subscribe messages per second one badge socket may send after its burst.
+    #[arg(long, env = "HOLDFAST_BADGE_SUBSCRIBES_PER_SECOND", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=1_000))]
+    pub badge_subscribes_per_second: u32,
+    /// Largest message (and frame) a dashboard tab may send on `/live`, in bytes.
+    #[arg(long, env = "HOLDFAST_LIVE_MAX_MESSAGE_BYTES", default_value_t = 16_384,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(256..=1_048_576))]
+    pub live_max_message_bytes: usize,
+    /// Seconds a dashboard socket may stay silent (not even answering pings)
+    /// before it is closed.
+    #[arg(long, env = "HOLDFAST_LIVE_IDLE_TIMEOUT_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(5..=86_400))]
+    pub live_idle_timeout_secs: u64,
+    /// Dashboard socket handshakes per client address per second (bursts of
+    /// twice that), before any session lookup.
+    #[arg(long, env = "HOLDFAST_LIVE_HANDSHAKES_PER_SECOND", default_value_t = 5,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub live_handshakes_per_second: u32,
+}
+
+/// How often a socket silent for at most `idle` is pinged: at most
+/// `default`, and at least twice within `idle`, so a client that answers
+/// pings is never taken for gone.
+pub fn ping_every(idle: std::time::Duration, default: std::time::Duration) -> std::time::Duration {
+    default.min(idle / 2)
 }
 
 /// The published demo password: refused on a listen address other people can
@@ -283,6 +354,13 @@ impl ServeArgs {
     /// Refuses settings that would be unsafe together: the demo's published
     /// password on an address reachable from other machines.
     pub fn check(&self) -> Result<(), String> {
+        if self.api_deadline_ms > self.request_timeout_secs * 1_000 {
+            return Err(format!(
+                "--api-deadline-ms {} is longer than --request-timeout-secs {}: the connection \
+                 would be cut before the API could answer",
+                self.api_deadline_ms, self.request_timeout_secs
+            ));
+        }
         if self.demo && !self.listen.ip().is_loopback() && self.demo_password == DEMO_PASSWORD {
             return Err(format!(
                 "--demo on {} would let anyone who can reach it sign in as admin with the published \
@@ -317,6 +395,10 @@ impl ServeArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             max_connections_per_address: usize::try_from(self.max_connections_per_address)
                 .unwrap_or(usize::MAX),
+            api_max_body: self.api_max_body_bytes,
+            api_deadline: crate::http::deadline::Deadline(std::time::Duration::from_millis(
+                self.api_deadline_ms,
+            )),
         })
     }
 
@@ -361,6 +443,37 @@ mod tests {
             ])
             .check()
             .is_ok()
+        );
+    }
+
+    #[test]
+    fn sockets_are_pinged_twice_within_their_allowed_silence() {
+        use std::time::Duration;
+        let default = Duration::from_secs(25);
+        assert_eq!(ping_every(Duration::from_secs(60), default), default);
+        assert_eq!(
+            ping_every(Duration::from_secs(5), default),
+            Duration::from_millis(2_500)
+        );
+    }
+
+    #[test]
+    fn an_api_deadline_past_the_request_timeout_is_refused() {
+        let args = |ms: &str| {
+            ServeArgs::parse_from([
+                "holdfast",
+                "--request-timeout-secs",
+                "5",
+                "--api-deadline-ms",
+                ms,
+            ])
+        };
+        assert!(args("5000").check().is_ok());
+        assert!(
+            args("5001")
+                .check()
+                .unwrap_err()
+                .contains("--api-deadline-ms")
         );
     }
 

@@ -27,6 +27,7 @@ use tower_http::trace::TraceLayer;
 use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
 use crate::http::edge::{ConnectionSlot, EdgeConfig};
+use crate::live::hub::LiveConfig;
 use crate::routes::ingest::IngestConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
@@ -87,8 +88,11 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
-        .merge(api::routes())
-        .merge(routes::ingest::routes())
+        .merge(api::routes(
+            state.edge.api_max_body,
+            state.edge.api_deadline,
+        ))
+        .merge(routes::ingest::routes(state.edge.api_deadline))
         .merge(routes::metrics::routes())
         .merge(badge::routes::routes())
         .merge(routes::demo::routes())
@@ -365,6 +369,11 @@ impl Application {
     pub async fn build(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<Self> {
         args.check().map_err(anyhow::Error::msg)?;
         let edge = args.edge().map_err(anyhow::Error::msg)?;
+        if !users::set_hashes_at_once(args.password_hashes_at_once) {
+            tracing::warn!(
+                "--password-hashes-at-once is ignored: this process hashed passwords already"
+            );
+        }
         let backends = connect_with(global, args.pg_max_connections).await?;
         if args.demo {
             let load = catalog::load_demo_drop(&backends.pg).await?;
@@ -419,8 +428,27 @@ impl Application {
                 max_subscriptions: usize::try_from(args.badge_max_subscriptions).unwrap_or(20),
                 polls_per_second: args.badge_polls_per_second,
                 idle_timeout: Duration::from_secs(args.badge_idle_timeout_secs),
-                ..BadgeConfig::default()
+                ping_every: crate::config::ping_every(
+                    Duration::from_secs(args.badge_idle_timeout_secs),
+                    BadgeConfig::default().ping_every,
+                ),
+                max_message: args.badge_max_message_bytes,
+                subscribe_burst: args.badge_subscribe_burst,
+                resubscribe_every: Duration::from_secs(1) / args.badge_subscribes_per_second,
+                send_timeout: Duration::from_secs(args.socket_send_timeout_secs),
             },
+            live: LiveConfig {
+                max_message: args.live_max_message_bytes,
+                idle_timeout: Duration::from_secs(args.live_idle_timeout_secs),
+                ping_every: crate::config::ping_every(
+                    Duration::from_secs(args.live_idle_timeout_secs),
+                    LiveConfig::default().ping_every,
+                ),
+                handshakes_per_second: args.live_handshakes_per_second,
+                send_timeout: Duration::from_secs(args.socket_send_timeout_secs),
+            },
+            unknown_tokens_per_second: args.unknown_tokens_per_second,
+            refused_tokens_remembered: args.refused_tokens_remembered,
             edge,
             metrics: routes::metrics::MetricsAccess(
                 args.metrics_token

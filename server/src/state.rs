@@ -15,10 +15,11 @@ use crate::api::ApiState;
 use crate::api::soldout::SoldOutCache;
 use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
-use crate::http::auth::TokenCheck;
+use crate::http::auth::{TokenCheck, TokenLimits};
 use crate::http::edge::EdgeConfig;
 use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
+use crate::live::hub::LiveConfig;
 use crate::routes::ingest::{IngestConfig, IngestState};
 use crate::routes::metrics::MetricsAccess;
 use crate::workers::WorkerStats;
@@ -40,6 +41,12 @@ pub struct StateOptions {
     pub edge: EdgeConfig,
     /// Who may read `/metrics`.
     pub metrics: MetricsAccess,
+    /// Checks of not-yet-known API tokens per client address per second.
+    pub unknown_tokens_per_second: u32,
+    /// Refused API token secrets remembered.
+    pub refused_tokens_remembered: usize,
+    /// The dashboard sockets' limits.
+    pub live: LiveConfig,
 }
 
 impl Default for StateOptions {
@@ -52,6 +59,9 @@ impl Default for StateOptions {
             badge: BadgeConfig::default(),
             edge: EdgeConfig::default(),
             metrics: MetricsAccess::default(),
+            live: LiveConfig::default(),
+            unknown_tokens_per_second: crate::http::auth::UNKNOWN_TOKENS_PER_ADDRESS,
+            refused_tokens_remembered: holdfast_engine::tokens::REFUSED_REMEMBERED,
         }
     }
 }
@@ -101,10 +111,18 @@ impl AppState {
                 backends.clone(),
                 jobs.clone(),
                 workers.clone(),
+                options.live,
             )),
             jobs,
             workers,
-            tokens: TokenCheck::new(backends.pg.clone(), options.api_rate),
+            tokens: TokenCheck::new(
+                backends.pg.clone(),
+                TokenLimits {
+                    per_token: options.api_rate,
+                    unknown_per_address: options.unknown_tokens_per_second,
+                    refused_remembered: options.refused_tokens_remembered,
+                },
+            ),
             sold_out: Arc::new(SoldOutCache::new(options.sold_out_ttl)),
             ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
             feed: Feed::new(4_096),
@@ -159,6 +177,7 @@ impl FromRef<AppState> for ApiState {
         ApiState {
             backends: state.backends.clone(),
             sold_out: state.sold_out.clone(),
+            deadline: state.edge.api_deadline,
         }
     }
 }

@@ -43,7 +43,13 @@ async fn overflowing_numbers_are_refused_not_panicked_on(pool: PgPool) {
         r#"{{"event_id":"m","type":"delta","sku":"X-1","delta":{}}}"#,
         i64::MIN
     );
-    assert!(holdfast_engine::payload::parse(bad.as_bytes()).is_err());
+    assert!(
+        holdfast_engine::payload::parse(
+            bad.as_bytes(),
+            holdfast_engine::payload::DEFAULT_MAX_EVENTS
+        )
+        .is_err()
+    );
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

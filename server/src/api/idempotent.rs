@@ -7,16 +7,10 @@ use std::future::Future;
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use holdfast_domain::ErrorCode;
-use holdfast_engine::Engine;
 use holdfast_engine::idempotency::{self, Begin};
 
+use super::ApiState;
 use crate::http::error::{ApiError, respond};
-
-/// How long a request's work may take under a key: less than the request
-/// deadline, leaving time to mark the key.
-const WORK_DEADLINE: std::time::Duration = std::time::Duration::from_millis(
-    crate::http::deadline::REQUEST_DEADLINE.as_millis() as u64 - 500,
-);
 
 /// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
 pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -34,13 +28,14 @@ pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
     Ok(Some(key.to_owned()))
 }
 
-/// Runs `work` under `key` (if any) of token `token_id`: a repeat with the same
+/// Runs `work` under `key` (if any) of token `token_id`, within the API's
+/// deadline (less the time to record the outcome): a repeat with the same
 /// request (fingerprint `fp`) is answered from the store, a different request
 /// with the key is 422, and one still running is 409. `work` is told whether an
 /// earlier attempt with the key failed (5xx, 429): its effect is then uncertain
 /// and only Redis may answer, never a shortcut from memory.
 pub async fn run<W, F>(
-    engine: &Engine,
+    api: &ApiState,
     token_id: i64,
     key: Option<String>,
     fp: String,
@@ -50,6 +45,8 @@ where
     W: FnOnce(bool) -> F,
     F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
 {
+    let engine = &api.backends.engine;
+    let deadline = api.deadline;
     let Some(key) = key else {
         return match work(false).await {
             Ok((s, b)) => respond(s, b, None),
@@ -82,7 +79,7 @@ where
     // The work gets a little less than the request's deadline, so that a slow
     // attempt is marked failed (its retry then asks Redis) rather than cut off
     // with its key still claimed.
-    let bounded = tokio::time::timeout(WORK_DEADLINE, work(after_failure)).await;
+    let bounded = tokio::time::timeout(deadline.work(), work(after_failure)).await;
     let (status, body, retry) = match bounded {
         Ok(Ok((s, b))) => (s, b, None),
         Ok(Err(e)) => (e.status(), e.body_json(), e.retry_after),

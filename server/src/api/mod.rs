@@ -14,10 +14,12 @@ use axum::routing::get;
 use holdfast_engine::Backends;
 
 use crate::http::auth::TokenCheck;
+use crate::http::deadline::Deadline;
 use soldout::SoldOutCache;
 
-/// Largest request body the API accepts (a 20-line cart is well under 2 KiB).
-pub const BODY_LIMIT: usize = 16 * 1024;
+/// Default largest request body the API accepts (a 20-line cart is well
+/// under 2 KiB); `HOLDFAST_API_MAX_BODY_BYTES` changes it.
+pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 
 /// What the API's handlers work with.
 #[derive(Clone)]
@@ -26,6 +28,9 @@ pub struct ApiState {
     pub backends: Backends,
     /// SKUs that just sold out.
     pub sold_out: Arc<SoldOutCache>,
+    /// Every request's deadline (the work under an `Idempotency-Key` gets
+    /// slightly less).
+    pub deadline: Deadline,
 }
 
 /// The OpenAPI document's frame; the paths come from the handlers' annotations.
@@ -76,8 +81,10 @@ where
         .split_for_parts()
 }
 
-/// The `/api/v1` routes, with the document served at `/api/v1/openapi.json`.
-pub fn routes<S>() -> Router<S>
+/// The `/api/v1` routes, with the document served at `/api/v1/openapi.json`;
+/// bodies over `max_body` bytes are refused (413) and every request is answered
+/// within `deadline`.
+pub fn routes<S>(max_body: usize, deadline: Deadline) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
     ApiState: FromRef<S>,
@@ -93,8 +100,9 @@ where
                 async move { axum::Json((*doc).clone()) }
             }),
         )
-        .layer(DefaultBodyLimit::max(BODY_LIMIT))
-        .layer(axum::middleware::from_fn(
+        .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::from_fn_with_state(
+            deadline,
             crate::http::deadline::within_deadline,
         ))
 }

@@ -94,7 +94,7 @@ pub async fn create(
     let fp = fingerprint("POST", "/api/v1/reservations", &body);
     let rid = checkout::reservation_id(caller.0.id, &key);
     let work = |after_failure| create_inner(&state, rid, body, after_failure);
-    idempotent::run(&state.backends.engine, caller.0.id, Some(key), fp, work).await
+    idempotent::run(&state, caller.0.id, Some(key), fp, work).await
 }
 
 /// Creates the reservation. `after_failure`: an earlier attempt with this key
@@ -295,7 +295,7 @@ pub async fn confirm(
             )),
         }
     };
-    idempotent::run(&state.backends.engine, caller.0.id, key, fp, |_| work).await
+    idempotent::run(&state, caller.0.id, key, fp, |_| work).await
 }
 
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
@@ -329,5 +329,5 @@ pub async fn release(
             ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
         }
     };
-    idempotent::run(&state.backends.engine, caller.0.id, key, fp, |_| work).await
+    idempotent::run(&state, caller.0.id, key, fp, |_| work).await
 }

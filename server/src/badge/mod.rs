@@ -71,6 +71,10 @@ pub struct BadgeConfig {
     pub ping_every: Duration,
     /// A socket from which nothing (not even a pong) arrived for this long is closed.
     pub idle_timeout: Duration,
+    /// Largest message (and frame) a page may send, in bytes.
+    pub max_message: usize,
+    /// Longest wait for a page to take one message.
+    pub send_timeout: Duration,
 }
 
 impl Default for BadgeConfig {
@@ -84,6 +88,8 @@ impl Default for BadgeConfig {
             resubscribe_every: Duration::from_secs(1),
             ping_every: Duration::from_secs(25),
             idle_timeout: Duration::from_secs(60),
+            max_message: 4 * 1024,
+            send_timeout: crate::http::socket::DEFAULT_SEND_TIMEOUT,
         }
     }
 }

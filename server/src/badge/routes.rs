@@ -163,12 +163,13 @@ async fn live(
             .into_response();
     };
     // Badge connections are mostly idle: small buffers keep thousands of them cheap.
-    ws.read_buffer_size(4 * 1024)
+    let max_message = hub.config.max_message;
+    ws.read_buffer_size(max_message.min(4 * 1024))
         .write_buffer_size(0)
         .max_write_buffer_size(64 * 1024)
-        .max_message_size(4 * 1024)
+        .max_message_size(max_message)
         // A frame is buffered whole before the message limit applies: bound it too.
-        .max_frame_size(4 * 1024)
+        .max_frame_size(max_message)
         .on_upgrade(move |socket| async move {
             serve_socket(&slot.hub, socket).await;
             drop(slot);
@@ -222,18 +223,18 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                 heard = tokio::time::Instant::now();
                 let Message::Text(text) = message else { continue };
                 if !pace.admit() {
-                    if !send_within(&mut socket, Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await { return; }
+                    if !send_within(&mut socket, config.send_timeout, Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await { return; }
                     continue;
                 }
                 let Ok(request) = serde_json::from_str::<Subscribe>(&text) else {
-                    if !send_within(&mut socket, Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await { return; }
+                    if !send_within(&mut socket, config.send_timeout, Message::Text(r#"{"error":"send {\"subscribe\": [\"SKU\", …]}"}"#.into())).await { return; }
                     continue;
                 };
                 let max = config.max_subscriptions;
                 if request.subscribe.len() > max
                     || !request.subscribe.iter().all(|s| holdfast_engine::engine::valid_sku(s))
                 {
-                    if !send_within(&mut socket, Message::Text(format!(r#"{{"error":"subscribe to at most {max} valid SKU codes"}}"#).into())).await { return; }
+                    if !send_within(&mut socket, config.send_timeout, Message::Text(format!(r#"{{"error":"subscribe to at most {max} valid SKU codes"}}"#).into())).await { return; }
                     continue;
                 }
                 streams = tokio_stream::StreamMap::new();
@@ -245,16 +246,16 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
             }
             Some((_, badge)) = streams.next(), if !streams.is_empty() => {
                 let text = serde_json::to_string(&badge).unwrap_or_default();
-                if !send_within(&mut socket, Message::Text(text.into())).await {
+                if !send_within(&mut socket, config.send_timeout, Message::Text(text.into())).await {
                     return;
                 }
             }
             _ = ping.tick() => {
                 if heard.elapsed() >= config.idle_timeout {
-                    let _ = send_within(&mut socket, Message::Close(None)).await;
+                    let _ = send_within(&mut socket, config.send_timeout, Message::Close(None)).await;
                     return;
                 }
-                if !send_within(&mut socket, Message::Ping(Default::default())).await {
+                if !send_within(&mut socket, config.send_timeout, Message::Ping(Default::default())).await {
                     return;
                 }
             }

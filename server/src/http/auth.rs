@@ -31,21 +31,33 @@ pub struct TokenCheck {
 }
 
 impl TokenCheck {
-    /// Checks against `pg`, allowing `per_token` requests per second per token.
-    pub fn new(pg: PgPool, per_token: u32) -> Self {
+    /// Checks against `pg` within `limits`.
+    pub fn new(pg: PgPool, limits: TokenLimits) -> Self {
         Self {
-            cache: Arc::default(),
+            cache: Arc::new(TokenCache::with_refused_cap(limits.refused_remembered)),
             pg,
-            per_token: Arc::new(RateLimiter::new(Limit::per_second(per_token))),
+            per_token: Arc::new(RateLimiter::new(Limit::per_second(limits.per_token))),
             unknown_per_address: Arc::new(RateLimiter::new(Limit::per_second(
-                UNKNOWN_TOKENS_PER_ADDRESS,
+                limits.unknown_per_address,
             ))),
         }
     }
 }
 
-/// Checks of not-yet-known tokens per client address per second (bursts of
-/// twice that): a real client needs one per token, then its answer is remembered.
+/// The limits on API tokens.
+#[derive(Debug, Clone, Copy)]
+pub struct TokenLimits {
+    /// Requests per second per token (bursts of twice that; 0: no limit).
+    pub per_token: u32,
+    /// Checks of not-yet-known tokens per client address per second (bursts
+    /// of twice that): a real client needs one per token, then its answer is
+    /// remembered.
+    pub unknown_per_address: u32,
+    /// Refused secrets remembered (the oldest forgotten first).
+    pub refused_remembered: usize,
+}
+
+/// Default for [`TokenLimits::unknown_per_address`].
 pub const UNKNOWN_TOKENS_PER_ADDRESS: u32 = 10;
 
 /// The authenticated caller of an API route.

@@ -1,5 +1,5 @@
 //! An overall deadline per request: whatever a request waits on (Redis across
-//! many shards, a PostgreSQL lookup), it is answered within [`REQUEST_DEADLINE`],
+//! many shards, a PostgreSQL lookup), it is answered within its [`Deadline`],
 //! with 503 `unavailable` and `Retry-After` when the time runs out. Work the
 //! engine already started finishes or is undone by its own rules (a hold the
 //! client never heard of expires; a retry with the same `Idempotency-Key` gets
@@ -7,23 +7,48 @@
 
 use std::time::Duration;
 
-use axum::extract::Request;
+use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use holdfast_domain::ErrorCode;
 
 use super::error::ApiError;
 
-/// Longest time any API or webhook request takes before it is answered 503.
-pub const REQUEST_DEADLINE: Duration = Duration::from_secs(3);
+/// Longest time any API or webhook request takes before it is answered 503
+/// (`HOLDFAST_API_DEADLINE_MS`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Deadline(pub Duration);
 
-/// Middleware: runs the rest of the stack under [`REQUEST_DEADLINE`].
-pub async fn within_deadline(request: Request, next: Next) -> Response {
-    match tokio::time::timeout(REQUEST_DEADLINE, next.run(request)).await {
+/// Default [`Deadline`]: far above a healthy call (about a millisecond), well
+/// below a client's patience.
+pub const DEFAULT_DEADLINE: Deadline = Deadline(Duration::from_secs(3));
+
+impl Default for Deadline {
+    fn default() -> Self {
+        DEFAULT_DEADLINE
+    }
+}
+
+impl Deadline {
+    /// How long a request's own work may take: a little less than the
+    /// deadline (a sixth, at most 500 ms, is kept), so that a slow attempt is
+    /// recorded as failed under its `Idempotency-Key` before the answer is due.
+    pub fn work(self) -> Duration {
+        self.0 - (self.0 / 6).min(Duration::from_millis(500))
+    }
+}
+
+/// Middleware: runs the rest of the stack under the route's [`Deadline`].
+pub async fn within_deadline(
+    State(deadline): State<Deadline>,
+    request: Request,
+    next: Next,
+) -> Response {
+    match tokio::time::timeout(deadline.0, next.run(request)).await {
         Ok(response) => response,
         Err(_) => {
             tracing::warn!(
-                deadline_ms = REQUEST_DEADLINE.as_millis() as u64,
+                deadline_ms = u64::try_from(deadline.0.as_millis()).unwrap_or(u64::MAX),
                 "a request ran out of time"
             );
             ApiError::new(
@@ -32,5 +57,23 @@ pub async fn within_deadline(request: Request, next: Next) -> Response {
             )
             .into_response()
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn work_leaves_time_to_record_the_outcome() {
+        assert_eq!(DEFAULT_DEADLINE.work(), Duration::from_millis(2_500));
+        assert_eq!(
+            Deadline(Duration::from_millis(600)).work(),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            Deadline(Duration::from_secs(30)).work(),
+            Duration::from_millis(29_500)
+        );
     }
 }

@@ -45,6 +45,10 @@ pub struct EdgeConfig {
     /// Most connections open at once from one client address (trusted
     /// proxies exempt); more are closed at once.
     pub max_connections_per_address: usize,
+    /// Largest API request body, in bytes (413 above).
+    pub api_max_body: usize,
+    /// Every API and webhook request is answered within it (503 after).
+    pub api_deadline: super::deadline::Deadline,
 }
 
 /// Default for [`EdgeConfig::header_read_timeout`].
@@ -67,6 +71,8 @@ impl Default for EdgeConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
+            api_max_body: crate::api::DEFAULT_BODY_LIMIT,
+            api_deadline: super::deadline::DEFAULT_DEADLINE,
         }
     }
 }

@@ -5,14 +5,15 @@ use std::time::Duration;
 
 use axum::extract::ws::{Message, WebSocket};
 
-/// Longest wait for a client to take one message.
-pub const SEND_TIMEOUT: Duration = Duration::from_secs(10);
+/// Default longest wait for a client to take one message
+/// (`HOLDFAST_SOCKET_SEND_TIMEOUT_SECS`).
+pub const DEFAULT_SEND_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Sends `message`; `false` when the socket failed or the client did not take
-/// it within [`SEND_TIMEOUT`] (the caller then closes the socket).
-pub async fn send_within(socket: &mut WebSocket, message: Message) -> bool {
+/// it within `timeout` (the caller then closes the socket).
+pub async fn send_within(socket: &mut WebSocket, timeout: Duration, message: Message) -> bool {
     matches!(
-        tokio::time::timeout(SEND_TIMEOUT, socket.send(message)).await,
+        tokio::time::timeout(timeout, socket.send(message)).await,
         Ok(Ok(()))
     )
 }

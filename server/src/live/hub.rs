@@ -55,6 +55,8 @@ struct State {
 
 /// The hub; share it behind an `Arc`.
 pub struct LiveHub {
+    /// The sockets' limits.
+    pub config: LiveConfig,
     backends: Backends,
     jobs: Arc<JobBoard>,
     workers: Arc<WorkerStats>,
@@ -64,6 +66,36 @@ pub struct LiveHub {
     clients: AtomicUsize,
     /// `/live` handshakes per client address.
     pub handshakes: crate::http::ratelimit::RateLimiter,
+}
+
+/// The dashboard sockets' limits.
+#[derive(Debug, Clone)]
+pub struct LiveConfig {
+    /// Largest message (and frame) a tab may send, in bytes: a tab sends only
+    /// small subscription messages.
+    pub max_message: usize,
+    /// How often the server pings an open tab.
+    pub ping_every: Duration,
+    /// A tab from which nothing (not even a pong) arrived for this long is closed.
+    pub idle_timeout: Duration,
+    /// Handshakes per client address per second (bursts of twice that),
+    /// checked before any session lookup: invented cookies cannot flood
+    /// PostgreSQL.
+    pub handshakes_per_second: u32,
+    /// Longest wait for a tab to take one message.
+    pub send_timeout: Duration,
+}
+
+impl Default for LiveConfig {
+    fn default() -> Self {
+        Self {
+            max_message: 16 * 1024,
+            ping_every: Duration::from_secs(20),
+            idle_timeout: Duration::from_secs(60),
+            handshakes_per_second: 5,
+            send_timeout: crate::http::socket::DEFAULT_SEND_TIMEOUT,
+        }
+    }
 }
 
 /// Counts a connected tab for as long as it lives.
@@ -92,8 +124,14 @@ fn now_ms() -> i64 {
 }
 
 impl LiveHub {
-    /// A hub over `backends`, forwarding `jobs` and reading lane rates from `workers`.
-    pub fn new(backends: Backends, jobs: Arc<JobBoard>, workers: Arc<WorkerStats>) -> Self {
+    /// A hub over `backends`, forwarding `jobs` and reading lane rates from
+    /// `workers`, its sockets held to `config`.
+    pub fn new(
+        backends: Backends,
+        jobs: Arc<JobBoard>,
+        workers: Arc<WorkerStats>,
+        config: LiveConfig,
+    ) -> Self {
         Self {
             backends,
             jobs,
@@ -103,8 +141,9 @@ impl LiveHub {
             ops: watch::channel(None).0,
             clients: AtomicUsize::new(0),
             handshakes: crate::http::ratelimit::RateLimiter::new(
-                crate::http::ratelimit::Limit::per_second(super::ws::HANDSHAKES_PER_ADDRESS),
+                crate::http::ratelimit::Limit::per_second(config.handshakes_per_second),
             ),
+            config,
         }
     }
 

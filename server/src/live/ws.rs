@@ -33,9 +33,6 @@ pub struct LiveQuery {
     pub cursor: Option<String>,
 }
 
-/// Largest message (and frame) a tab may send.
-pub const MAX_CLIENT_MESSAGE: usize = 16 * 1024;
-
 /// Refuses a cross-site or signed-out handshake; otherwise upgrades.
 pub async fn live(
     State(backends): State<Backends>,
@@ -79,8 +76,8 @@ pub async fn live(
     // A tab sends only small subscription messages: refuse anything larger,
     // frame by frame (a frame is buffered whole before a message limit applies).
     upgrade
-        .max_frame_size(MAX_CLIENT_MESSAGE)
-        .max_message_size(MAX_CLIENT_MESSAGE)
+        .max_frame_size(hub.config.max_message)
+        .max_message_size(hub.config.max_message)
         .on_upgrade(move |socket| async move {
             let session = Session {
                 pg: backends.pg.clone(),
@@ -92,15 +89,6 @@ pub async fn live(
             drop(connection.slot);
         })
 }
-
-/// How often the server pings an open tab.
-pub const PING_EVERY: Duration = Duration::from_secs(20);
-/// A tab from which nothing (not even a pong) arrived for this long is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
-
-/// Handshakes per client address per second (bursts of twice that), checked
-/// before any session lookup: invented cookies cannot flood PostgreSQL.
-pub const HANDSHAKES_PER_ADDRESS: u32 = 5;
 
 /// How often an open socket's session is checked again: a logout, a password
 /// change, a deletion or a demotion closes the socket within this long.
@@ -144,11 +132,18 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
     {
         watched = sku;
     }
+    let config = hub.config.clone();
     let mut sub = hub.subscribe(resume.as_deref(), watched.as_deref());
-    if !send_within(&mut socket, Message::Text(sub.snapshot.clone().into())).await {
+    if !send_within(
+        &mut socket,
+        config.send_timeout,
+        Message::Text(sub.snapshot.clone().into()),
+    )
+    .await
+    {
         return;
     }
-    let mut ping = tokio::time::interval(PING_EVERY);
+    let mut ping = tokio::time::interval(config.ping_every);
     ping.tick().await;
     let mut heard = tokio::time::Instant::now();
     let mut recheck = tokio::time::interval(SESSION_RECHECK);
@@ -158,7 +153,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
             msg = sub.deltas.recv() => {
                 let out = match msg {
                     Ok(HubMsg::Figures(json, events)) => {
-                        if !send_within(&mut socket, Message::Text(json.as_str().into())).await {
+                        if !send_within(&mut socket, config.send_timeout, Message::Text(json.as_str().into())).await {
                             return;
                         }
                         let mine: Vec<_> = events
@@ -180,7 +175,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                     }
                     Err(RecvError::Closed) => return,
                 };
-                if !send_within(&mut socket, Message::Text(out.into())).await {
+                if !send_within(&mut socket, config.send_timeout, Message::Text(out.into())).await {
                     return;
                 }
             }
@@ -190,7 +185,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                 }
                 let json = sub.ops.borrow_and_update().clone();
                 if let Some(json) = json
-                    && !send_within(&mut socket, Message::Text(json.as_str().into())).await
+                    && !send_within(&mut socket, config.send_timeout, Message::Text(json.as_str().into())).await
                 {
                     return;
                 }
@@ -208,10 +203,10 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
             _ = ping.tick() => {
                 // A browser answers every ping; silence means the tab or its
                 // network is gone, and the socket would only hold memory.
-                if heard.elapsed() >= IDLE_TIMEOUT {
+                if heard.elapsed() >= config.idle_timeout {
                     return;
                 }
-                if !send_within(&mut socket, Message::Ping(Vec::new().into())).await {
+                if !send_within(&mut socket, config.send_timeout, Message::Ping(Vec::new().into())).await {
                     return;
                 }
             }
@@ -221,7 +216,7 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
                         code: 4001,
                         reason: "session ended".into(),
                     }));
-                    let _ = send_within(&mut socket, close).await;
+                    let _ = send_within(&mut socket, config.send_timeout, close).await;
                     return;
                 }
             }

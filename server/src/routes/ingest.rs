@@ -177,15 +177,16 @@ impl IngestState {
     }
 }
 
-/// The ingestion route.
-pub fn routes<S>() -> Router<S>
+/// The ingestion route; every webhook is answered within `deadline`.
+pub fn routes<S>(deadline: crate::http::deadline::Deadline) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
     IngestState: FromRef<S>,
 {
     Router::new()
         .route("/ingest/{source}", post(receive))
-        .layer(axum::middleware::from_fn(
+        .layer(axum::middleware::from_fn_with_state(
+            deadline,
             crate::http::deadline::within_deadline,
         ))
 }
