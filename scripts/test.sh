@@ -90,6 +90,10 @@ else
     say "NOTICE: the RustSec advisory database could not be fetched from this machine and no local copy exists; advisories were NOT checked in this run"
 fi
 
+say "alert rules (promtool)"
+command -v promtool >/dev/null || apt_install prometheus
+promtool check rules docs/operations/prometheus-rules.yml
+
 say "lints (clippy, warnings are errors)"
 cargo clippy --workspace --exclude holdfast-frontend --all-targets -- -D warnings
 cargo clippy -p holdfast-frontend --target wasm32-unknown-unknown -- -D warnings

@@ -7,17 +7,19 @@ use holdfast_domain::text::thousands;
 use holdfast_domain::{Lane, Scope};
 use holdfast_engine::Backends;
 use holdfast_engine::audit::{cli_actor, note};
+use holdfast_engine::doctor::{CheckLevel, DoctorConfig, DoctorReport};
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::tokens;
 use holdfast_engine::users::SignIn;
 use holdfast_engine::verify::{VerifyOptions, VerifyReport};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ingest, postgres};
+use holdfast_server::routes::ingest::IngestConfig;
 use holdfast_server::startup::{Application, connect_with};
 
 use crate::config::{
-    Cli, Command, DeadLetterCommand, GlobalArgs, LaneCommand, LockCommand, ReconcileArgs,
-    ServeArgs, TokenCommand, VerifyArgs, WarmArgs,
+    Cli, Command, DeadLetterCommand, DoctorArgs, GlobalArgs, LaneCommand, LockCommand,
+    ReconcileArgs, ServeArgs, TokenCommand, VerifyArgs, WarmArgs,
 };
 use crate::progress::{Progress, table};
 
@@ -35,7 +37,136 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::User(cmd)) => crate::user_commands::command(&cli.global, cmd).await,
         Some(Command::Lock(cmd)) => lock(&cli.global, cmd).await,
         Some(Command::Simulate(args)) => crate::simulate::run(&cli.global, args).await,
+        Some(Command::Doctor(args)) => match doctor(&cli.global, &args).await? {
+            0 => Ok(()),
+            code => Err(Exit(code).into()),
+        },
     }
+}
+
+/// A command that finished and printed its outcome, whose exit code is not 0:
+/// `main` exits with it and prints nothing more (the command said why).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Exit(pub u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit code {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
+
+/// Runs `holdfast doctor`: checks the deployment `global` and `args` describe,
+/// prints the report and returns the exit code the worst line calls for
+/// ([`crate::config::DOCTOR_EXIT_CODES`]).
+pub async fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<u8> {
+    let serve = &args.serve;
+    // The webhook settings as `serve` parses them: whatever it would refuse,
+    // the doctor reports as failing.
+    let webhook_sources = IngestConfig::parse(&serve.ingest_sources)
+        .map_err(|e| format!("--ingest-source {e}"))
+        .and_then(|c| {
+            c.with_max_body(usize::try_from(serve.webhook_max_bytes).unwrap_or(usize::MAX))
+        })
+        .and_then(|c| c.with_caps(&serve.lane_caps, &serve.lane_byte_caps))
+        .map(|c| {
+            c.sources
+                .into_iter()
+                .map(|(name, source)| (name, source.lane))
+                .collect()
+        });
+    let config = DoctorConfig {
+        redis_url: global.redis_url.clone(),
+        database_url: global.database_url.clone(),
+        pg_pool_size: serve.pg_max_connections,
+        servers: args.servers,
+        webhook_sources,
+        badge_origins: serve.badge_origins.clone(),
+    };
+    let report = holdfast_engine::doctor::run(&config).await;
+    let code = doctor_exit_code(&report, args.strict);
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_doctor(&report, code);
+    }
+    Ok(code)
+}
+
+/// The exit code for `report`: 2 when a line failed, 1 when one warned and
+/// `strict`, 0 otherwise.
+pub fn doctor_exit_code(report: &DoctorReport, strict: bool) -> u8 {
+    match report.worst() {
+        CheckLevel::Fail => 2,
+        CheckLevel::Warn if strict => 1,
+        _ => 0,
+    }
+}
+
+/// Width of the finding column before it wraps.
+const FINDING_WIDTH: usize = 88;
+
+/// The report as a table: level, check, then the finding and, under it, what
+/// to do; long text wraps within its column.
+pub fn print_doctor(report: &DoctorReport, code: u8) {
+    let check_width = report
+        .checks
+        .iter()
+        .map(|c| c.name.chars().count())
+        .max()
+        .unwrap_or(5)
+        .max(5);
+    let indent = " ".repeat(6 + check_width + 2);
+    println!(
+        "{:<6}{:<check_width$}  FINDING / WHAT TO DO",
+        "LEVEL", "CHECK"
+    );
+    for c in &report.checks {
+        let mut lines = wrap(&c.finding, FINDING_WIDTH);
+        if !c.action.is_empty() {
+            lines.extend(wrap(&format!("→ {}", c.action), FINDING_WIDTH));
+        }
+        for (i, text) in lines.iter().enumerate() {
+            if i == 0 {
+                println!("{:<6}{:<check_width$}  {text}", c.level.as_str(), c.name);
+            } else {
+                println!("{indent}{text}");
+            }
+        }
+    }
+    let count = |level| report.checks.iter().filter(|c| c.level == level).count();
+    let verdict = match report.worst() {
+        CheckLevel::Pass => "ready",
+        CheckLevel::Warn => "ready, with the risks above",
+        CheckLevel::Fail => "NOT READY: fix the failing lines before the drop",
+    };
+    println!(
+        "{} pass, {} warn, {} fail: {verdict} (exit {code})",
+        count(CheckLevel::Pass),
+        count(CheckLevel::Warn),
+        count(CheckLevel::Fail)
+    );
+}
+
+/// `text` in lines of at most `width` characters, broken between words (a
+/// longer word gets a line of its own).
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines = Vec::new();
+    let mut current = String::new();
+    for word in text.split_whitespace() {
+        if !current.is_empty() && current.chars().count() + 1 + word.chars().count() > width {
+            lines.push(std::mem::take(&mut current));
+        }
+        if !current.is_empty() {
+            current.push(' ');
+        }
+        current.push_str(word);
+    }
+    if !current.is_empty() || lines.is_empty() {
+        lines.push(current);
+    }
+    lines
 }
 
 async fn lock(global: &GlobalArgs, cmd: LockCommand) -> anyhow::Result<()> {

@@ -49,6 +49,43 @@ pub enum Command {
     /// Rehearse a drop: simulated shoppers through the HTTP API of a running
     /// Holdfast, a live view, then truth checks (non-zero exit when one fails).
     Simulate(SimulateArgs),
+    /// Check a deployment before a drop: Redis' eviction policy, persistence,
+    /// maxclients, memory headroom and clock, PostgreSQL's max_connections
+    /// against the pools, TLS, webhook sources and badge origins. Prints a
+    /// table of pass / warn / fail with what to do. Only reads: nothing is
+    /// created, migrated or written.
+    #[command(after_help = DOCTOR_EXIT_CODES)]
+    Doctor(Box<DoctorArgs>),
+}
+
+/// The exit codes of `holdfast doctor`, shown under its `--help`.
+pub const DOCTOR_EXIT_CODES: &str = "\
+Exit codes (the worst line decides):
+  0  every line passed, or some warned (warnings are printed; see --strict)
+  1  some line warned and --strict was given (or doctor itself could not run)
+  2  some line failed: fix it before the drop (a malformed command line also exits 2)";
+
+/// Settings for `holdfast doctor`: its own flags, and `serve`'s settings read
+/// exactly as `serve` reads them (flags and environment), so the checks see the
+/// pool size, webhook sources and badge origins the servers will run with.
+#[derive(Debug, Clone, Args)]
+pub struct DoctorArgs {
+    /// Servers (`holdfast serve` processes) that will share this Redis and
+    /// PostgreSQL: PostgreSQL must fit that many pools, Redis that many
+    /// servers' connections.
+    #[arg(long, default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub servers: u32,
+    /// Exit 1 when any line warns (by default warnings are printed and the exit
+    /// code is 0).
+    #[arg(long)]
+    pub strict: bool,
+    /// Print the report as JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+    /// `serve`'s settings.
+    #[command(flatten, next_help_heading = "Settings read as `serve` reads them")]
+    pub serve: ServeArgs,
 }
 
 /// Settings for `holdfast simulate`.

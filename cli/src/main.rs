@@ -10,10 +10,14 @@ async fn main() -> ExitCode {
     holdfast_cli::telemetry::init(&cli.global.log, cli.global.log_format);
     match holdfast_cli::commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // One line an operator can act on; details were logged where they arose.
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => match e.downcast_ref::<holdfast_cli::commands::Exit>() {
+            // The command printed its outcome already; only the code is left to give.
+            Some(exit) => ExitCode::from(exit.0),
+            None => {
+                // One line an operator can act on; details were logged where they arose.
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

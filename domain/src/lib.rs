@@ -8,6 +8,7 @@
 //!
 //! - [`model`]: reservations, holds, lines, figures and every outcome.
 //! - [`access`]: dashboard roles and API token scopes.
+//! - [`doctor`]: what a pre-drop check of a deployment found (`holdfast doctor`).
 //! - [`error`]: the codes every refusal is answered with, with status and retry hint.
 //! - [`lane`]: the ingestion lanes webhooks are queued on.
 //! - [`stock`]: the conservation rule over live counters, and stock states.
@@ -15,6 +16,7 @@
 //! - [`verify`]: what a truth check found.
 
 pub mod access;
+pub mod doctor;
 pub mod error;
 pub mod lane;
 pub mod model;

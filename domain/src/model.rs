@@ -167,6 +167,35 @@ pub enum ReserveOutcome {
     Invalid(Invalid),
 }
 
+impl ReserveOutcome {
+    /// Every [`ReserveOutcome::kind`].
+    pub const KINDS: [&'static str; 8] = [
+        "reserved",
+        "already_reserved",
+        "sold_out",
+        "not_warmed",
+        "conflict",
+        "limit_exceeded",
+        "buyer_required",
+        "invalid",
+    ];
+
+    /// The outcome's name, as its JSON `outcome` tag spells it (`reserved`,
+    /// `sold_out`, …): one of a fixed set, for counting.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Reserved { .. } => "reserved",
+            Self::AlreadyReserved { .. } => "already_reserved",
+            Self::SoldOut { .. } => "sold_out",
+            Self::NotWarmed { .. } => "not_warmed",
+            Self::Conflict { .. } => "conflict",
+            Self::LimitExceeded { .. } => "limit_exceeded",
+            Self::BuyerRequired { .. } => "buyer_required",
+            Self::Invalid(_) => "invalid",
+        }
+    }
+}
+
 /// The outcome of confirming (paying for) a reservation.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "outcome", rename_all = "snake_case")]

@@ -22,6 +22,7 @@ use crate::model::{
 };
 use crate::reply::Reply;
 use crate::scripts::Scripts;
+use crate::telemetry::{Measured, Telemetry};
 
 /// Limits and lifetimes. The defaults suit a flash sale; all are configurable.
 #[derive(Debug, Clone)]
@@ -75,7 +76,9 @@ impl Default for EngineConfig {
 /// The reservation engine over one Redis. Cheap to clone; share one per process.
 #[derive(Clone)]
 pub struct Engine {
-    pub(crate) conn: ConnectionManager,
+    /// Redis, every round trip timed into `telemetry`.
+    pub(crate) conn: Measured<ConnectionManager>,
+    pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) keys: Keyspace,
     pub(crate) config: Arc<EngineConfig>,
@@ -119,9 +122,12 @@ fn invalid(field: &str, message: impl Into<String>) -> Invalid {
 impl Engine {
     /// An engine over `conn` with `config`.
     pub fn new(conn: ConnectionManager, config: EngineConfig) -> Self {
+        let scripts = Scripts::new();
+        let telemetry = Arc::new(Telemetry::new(scripts.names()));
         Self {
-            conn,
-            scripts: Arc::new(Scripts::new()),
+            conn: Measured::new(conn, telemetry.clone()),
+            telemetry,
+            scripts: Arc::new(scripts),
             keys: Keyspace::new(config.shards),
             config: Arc::new(config),
         }
@@ -144,7 +150,12 @@ impl Engine {
 
     /// A clone of the Redis connection, for reads outside the scripts.
     pub fn connection(&self) -> ConnectionManager {
-        self.conn.clone()
+        self.conn.inner().clone()
+    }
+
+    /// What this engine measures (Redis round trips, reservation outcomes).
+    pub fn telemetry(&self) -> &Arc<Telemetry> {
+        &self.telemetry
     }
 
     fn validate(&self, req: &ReserveRequest) -> Result<Duration, Invalid> {
@@ -211,6 +222,14 @@ impl Engine {
     /// otherwise one per shard with the successful ones released again when a later
     /// one fails (all or nothing either way).
     pub async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, EngineError> {
+        let outcome = self.reserve_uncounted(req).await;
+        if let Ok(outcome) = &outcome {
+            self.telemetry.count_outcome(outcome.kind());
+        }
+        outcome
+    }
+
+    async fn reserve_uncounted(&self, req: &ReserveRequest) -> Result<ReserveOutcome, EngineError> {
         let ttl = match self.validate(req) {
             Ok(ttl) => ttl,
             Err(inv) => return Ok(ReserveOutcome::Invalid(inv)),

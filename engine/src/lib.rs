@@ -85,6 +85,7 @@ pub mod audit;
 pub mod cart;
 pub mod catalog;
 pub mod checkout;
+pub mod doctor;
 pub mod engine;
 pub mod error;
 pub mod events;
@@ -104,6 +105,7 @@ pub mod remediation;
 mod reply;
 pub mod scripts;
 pub mod stock;
+pub mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 pub mod tokens;

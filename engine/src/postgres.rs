@@ -126,3 +126,23 @@ pub async fn fence(
         }),
     }
 }
+
+/// How a connection pool is used right now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PoolUse {
+    /// Connections open (in use and idle).
+    pub open: u32,
+    /// Open connections waiting for work.
+    pub idle: u32,
+    /// Most connections the pool opens.
+    pub max: u32,
+}
+
+/// `pool`'s use now (no I/O).
+pub fn pool_use(pool: &PgPool) -> PoolUse {
+    PoolUse {
+        open: pool.size(),
+        idle: u32::try_from(pool.num_idle()).unwrap_or(u32::MAX),
+        max: pool.options().get_max_connections(),
+    }
+}

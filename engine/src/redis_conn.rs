@@ -113,3 +113,129 @@ pub async fn ensure_group(
         _ => Ok(()),
     }
 }
+
+/// Redis' `INFO` fields (`name:value` lines, every section), read within
+/// `timeout`.
+pub async fn info(
+    conn: &ConnectionManager,
+    timeout: Duration,
+) -> Result<std::collections::HashMap<String, String>, String> {
+    let mut conn = conn.clone();
+    let cmd = redis::cmd("INFO");
+    let text = match tokio::time::timeout(timeout, cmd.query_async::<String>(&mut conn)).await {
+        Ok(Ok(text)) => text,
+        Ok(Err(e)) => return Err(one_line(&e.to_string())),
+        Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
+    };
+    Ok(parse_info(&text))
+}
+
+/// `INFO`'s text as a map of field to value (section headers and blank lines
+/// skipped).
+pub fn parse_info(text: &str) -> std::collections::HashMap<String, String> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.trim_end().split_once(':'))
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect()
+}
+
+/// The health figures of a Redis server an operator watches, from its `INFO`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ServerStats {
+    /// Bytes Redis allocated.
+    pub used_memory: u64,
+    /// `maxmemory` (0: no limit).
+    pub maxmemory: u64,
+    /// Resident memory over allocated memory (above 1.5: fragmented).
+    pub fragmentation_ratio: f64,
+    /// Clients connected now.
+    pub connected_clients: u64,
+    /// Most clients Redis accepts.
+    pub maxclients: u64,
+    /// Keys evicted since start (anything above 0 means lost counters or holds).
+    pub evicted_keys: u64,
+    /// Key lookups that found nothing, since start.
+    pub keyspace_misses: u64,
+    /// Whether this server is a master (false: a replica).
+    pub master: bool,
+    /// Replicas connected to this master.
+    pub replicas: u64,
+    /// Bytes the slowest replica is behind this master (0 without replicas).
+    pub replica_lag_bytes: u64,
+    /// Whether the append-only file is on.
+    pub aof_enabled: bool,
+    /// The server process's id: it changes when Redis restarts, or when the
+    /// address now reaches another node (a fail-over).
+    pub run_id: String,
+}
+
+impl ServerStats {
+    /// The figures in `info` (missing fields read as 0 or false).
+    pub fn from_info(info: &std::collections::HashMap<String, String>) -> Self {
+        let num = |k: &str| info.get(k).and_then(|v| v.parse::<u64>().ok()).unwrap_or(0);
+        let master_offset = num("master_repl_offset");
+        // `slave0:ip=…,port=…,state=online,offset=123,lag=0`
+        let replica_offsets: Vec<u64> = info
+            .iter()
+            .filter(|(k, _)| {
+                k.strip_prefix("slave")
+                    .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+            })
+            .filter_map(|(_, v)| {
+                v.split(',')
+                    .find_map(|kv| kv.strip_prefix("offset="))
+                    .and_then(|o| o.parse().ok())
+            })
+            .collect();
+        Self {
+            used_memory: num("used_memory"),
+            maxmemory: num("maxmemory"),
+            fragmentation_ratio: info
+                .get("mem_fragmentation_ratio")
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0.0),
+            connected_clients: num("connected_clients"),
+            maxclients: num("maxclients"),
+            evicted_keys: num("evicted_keys"),
+            keyspace_misses: num("keyspace_misses"),
+            master: info.get("role").is_none_or(|r| r == "master"),
+            replicas: num("connected_slaves"),
+            replica_lag_bytes: replica_offsets
+                .iter()
+                .map(|o| master_offset.saturating_sub(*o))
+                .max()
+                .unwrap_or(0),
+            aof_enabled: num("aof_enabled") == 1,
+            run_id: info.get("run_id").cloned().unwrap_or_default(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod info_tests {
+    use super::*;
+
+    #[test]
+    fn info_fields_become_the_health_figures() {
+        let text = "# Server\r\nrun_id:abc\r\n\r\n# Clients\r\nconnected_clients:7\r\nmaxclients:10000\r\n\
+                    # Memory\r\nused_memory:1024\r\nmaxmemory:0\r\nmem_fragmentation_ratio:1.62\r\n\
+                    # Stats\r\nevicted_keys:3\r\nkeyspace_misses:9\r\n\
+                    # Replication\r\nrole:master\r\nconnected_slaves:2\r\n\
+                    slave0:ip=10.0.0.2,port=6379,state=online,offset=900,lag=0\r\n\
+                    slave1:ip=10.0.0.3,port=6379,state=online,offset=1000,lag=1\r\n\
+                    master_repl_offset:1000\r\n# Persistence\r\naof_enabled:1\r\n";
+        let s = ServerStats::from_info(&parse_info(text));
+        assert_eq!(s.connected_clients, 7);
+        assert_eq!(s.maxclients, 10_000);
+        assert_eq!(s.used_memory, 1_024);
+        assert!((s.fragmentation_ratio - 1.62).abs() < 1e-9);
+        assert_eq!(s.evicted_keys, 3);
+        assert_eq!(s.keyspace_misses, 9);
+        assert!(s.master);
+        assert_eq!(s.replicas, 2);
+        assert_eq!(s.replica_lag_bytes, 100);
+        assert!(s.aof_enabled);
+        assert_eq!(s.run_id, "abc");
+    }
+}

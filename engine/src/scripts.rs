@@ -54,6 +54,25 @@ impl Scripts {
         }
     }
 
+    /// Every script's name (its file without `.lua`) and SHA1, so a measured
+    /// `EVALSHA` can be told by name.
+    pub fn names(&self) -> [(&'static str, &str); 12] {
+        [
+            ("reserve", self.reserve.get_hash()),
+            ("confirm", self.confirm.get_hash()),
+            ("release", self.release.get_hash()),
+            ("reap", self.reap.get_hash()),
+            ("warm", self.warm.get_hash()),
+            ("delta", self.delta.get_hash()),
+            ("snapshot", self.snapshot.get_hash()),
+            ("lock_acquire", self.lock_acquire.get_hash()),
+            ("lock_release", self.lock_release.get_hash()),
+            ("lock_extend", self.lock_extend.get_hash()),
+            ("settle", self.settle.get_hash()),
+            ("correct", self.correct.get_hash()),
+        ]
+    }
+
     /// The reserve script's SHA1, as `redis-benchmark EVALSHA` needs it.
     pub fn reserve_sha(&self) -> &str {
         self.reserve.get_hash()

@@ -85,6 +85,7 @@ pub fn router(state: AppState) -> Router {
     let options = state.leptos.clone();
     let cookies = state.edge.cookies;
     let edge = state.edge.clone();
+    let http_metrics = state.http_metrics.clone();
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
@@ -107,6 +108,7 @@ pub fn router(state: AppState) -> Router {
             },
             move || shell(options.clone()),
         )
+        .route_layer(axum::middleware::from_fn(crate::http::observe::note_route))
         .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
         .layer(axum::middleware::from_fn(
             crate::http::server_fns::caller_errors,
@@ -114,6 +116,10 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::middleware::from_fn_with_state(
             edge,
             crate::http::edge::edge,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            http_metrics,
+            crate::http::observe::observe,
         ))
         .layer(TraceLayer::new_for_http())
         .with_state(state)

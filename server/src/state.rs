@@ -17,11 +17,12 @@ use crate::badge::{BadgeConfig, BadgeHub};
 use crate::feed::Feed;
 use crate::http::auth::{TokenCheck, TokenLimits};
 use crate::http::edge::EdgeConfig;
+use crate::http::observe::HttpMetrics;
 use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
 use crate::live::hub::LiveConfig;
 use crate::routes::ingest::{IngestConfig, IngestState};
-use crate::routes::metrics::MetricsAccess;
+use crate::routes::metrics::{MetricsAccess, MetricsSources, RedisIdentity};
 use crate::workers::WorkerStats;
 
 /// The knobs of the state that differ between deployments (and tests).
@@ -93,6 +94,10 @@ pub struct AppState {
     pub edge: Arc<EdgeConfig>,
     /// Who may read `/metrics`.
     pub metrics: MetricsAccess,
+    /// Request durations.
+    pub http_metrics: HttpMetrics,
+    /// The Redis server `/metrics` saw last.
+    pub redis_identity: Arc<RedisIdentity>,
 }
 
 impl AppState {
@@ -128,6 +133,8 @@ impl AppState {
             feed: Feed::new(4_096),
             edge: Arc::new(options.edge),
             metrics: options.metrics,
+            http_metrics: HttpMetrics::default(),
+            redis_identity: Arc::default(),
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),
@@ -194,9 +201,19 @@ impl FromRef<AppState> for Arc<BadgeHub> {
     }
 }
 
-impl FromRef<AppState> for MetricsAccess {
+impl FromRef<AppState> for MetricsSources {
     fn from_ref(state: &AppState) -> Self {
-        state.metrics.clone()
+        MetricsSources {
+            backends: state.backends.clone(),
+            workers: state.workers.clone(),
+            access: state.metrics.clone(),
+            http: state.http_metrics.clone(),
+            sold_out: state.sold_out.clone(),
+            ingest: state.ingest.clone(),
+            live: state.live.clone(),
+            badges: state.badges.clone(),
+            redis_identity: state.redis_identity.clone(),
+        }
     }
 }
 

@@ -33,18 +33,6 @@ struct Flags {
     serve: ServeArgs,
 }
 
-/// The URL of the database `pool` is connected to.
-fn database_url(pool: &PgPool) -> String {
-    let o = pool.connect_options();
-    format!(
-        "postgres://{}@{}:{}/{}",
-        o.get_username(),
-        o.get_host(),
-        o.get_port(),
-        o.get_database().unwrap_or("postgres")
-    )
-}
-
 async fn ws_status(req: tokio_tungstenite::tungstenite::handshake::client::Request) -> u16 {
     match tokio_tungstenite::connect_async(req).await {
         Err(tokio_tungstenite::tungstenite::Error::Http(r)) => r.status().as_u16(),
@@ -63,7 +51,7 @@ async fn every_limit_setting_takes_effect(pool: PgPool) {
         .await
         .unwrap()
         .secret;
-    let db = database_url(&pool);
+    let db = holdfast_engine::testkit::pg_url(&pool.connect_options());
     let flags = Flags::parse_from([
         "holdfast",
         "--redis-url",

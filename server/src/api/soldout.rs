@@ -12,6 +12,8 @@ use std::time::{Duration, Instant};
 pub struct SoldOutCache {
     entries: Mutex<HashMap<String, Instant>>,
     ttl: Duration,
+    /// Attempts answered sold out from memory, without Redis.
+    pub hits: prometheus_client::metrics::counter::Counter,
 }
 
 impl SoldOutCache {
@@ -20,14 +22,21 @@ impl SoldOutCache {
         Self {
             entries: Mutex::new(HashMap::new()),
             ttl,
+            hits: Default::default(),
         }
     }
 
-    /// Whether `sku` sold out less than `ttl` ago and has not come back since.
+    /// Whether `sku` sold out less than `ttl` ago and has not come back since
+    /// (counted in [`SoldOutCache::hits`] when it did).
     pub fn is_sold_out(&self, sku: &str) -> bool {
-        self.entries
+        let hit = self
+            .entries
             .lock()
-            .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl))
+            .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl));
+        if hit {
+            self.hits.inc();
+        }
+        hit
     }
 
     /// Remembers that `sku` has nothing left (unless the cache is off: a zero `ttl`).

@@ -261,6 +261,13 @@ impl BadgeHub {
         }
     }
 
+    /// Badge sockets open now, from every address.
+    pub fn connections(&self) -> usize {
+        self.connections
+            .lock()
+            .map_or(0, |c| c.values().sum::<usize>())
+    }
+
     /// Counts a new connection from `ip`; `false` when it is over its limit.
     pub fn admit(&self, ip: IpAddr) -> bool {
         let Ok(mut c) = self.connections.lock() else {

@@ -7,6 +7,7 @@ pub mod auth;
 pub mod deadline;
 pub mod edge;
 pub mod error;
+pub mod observe;
 pub mod ratelimit;
 pub mod server_fns;
 pub mod socket;

@@ -158,6 +158,21 @@ impl LiveHub {
         self.clients.load(Ordering::Relaxed)
     }
 
+    /// The live figures of the drops' SKUs (the ones the overview shows), in
+    /// SKU order, at most `limit` of them; empty until the hub has loaded.
+    pub fn drop_figures(&self, limit: usize) -> Vec<SkuLive> {
+        let state = self.lock();
+        let Some(s) = state.as_ref() else {
+            return Vec::new();
+        };
+        let mut skus: Vec<&String> = s.tracked.iter().collect();
+        skus.sort();
+        skus.into_iter()
+            .filter_map(|sku| s.figures.get(sku).cloned())
+            .take(limit)
+            .collect()
+    }
+
     /// A snapshot for a tab watching `watched`, and the deltas after it. With the
     /// `resume` cursor of an earlier connection, the watched SKU's events since
     /// then are included (when they are still held).

@@ -26,6 +26,8 @@ use axum::routing::post;
 use hmac::{Hmac, Mac};
 use holdfast_domain::{ErrorCode, Lane};
 use holdfast_engine::ingest::{self, Intake};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use redis::aio::ConnectionManager;
 use sha2::Sha256;
 
@@ -163,6 +165,28 @@ pub struct IngestState {
     pub per_source: Arc<RateLimiter>,
     /// Attempts per client address (any source name), before any verification.
     pub per_caller: Arc<RateLimiter>,
+    /// Payloads accepted into a lane, by lane.
+    pub payloads: Family<LaneLabel, Counter>,
+    /// Bytes of the payloads accepted into a lane, by lane.
+    pub bytes: Family<LaneLabel, Counter>,
+}
+
+/// A counter per lane, each exported from the start (at 0).
+fn lane_counters() -> Family<LaneLabel, Counter> {
+    let family = Family::<LaneLabel, Counter>::default();
+    for lane in Lane::ALL {
+        drop(family.get_or_create(&LaneLabel {
+            lane: lane.as_str(),
+        }));
+    }
+    family
+}
+
+/// The label of a lane's figures.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+pub struct LaneLabel {
+    /// The lane's name.
+    pub lane: &'static str,
 }
 
 impl IngestState {
@@ -173,6 +197,8 @@ impl IngestState {
             config: Arc::new(config),
             per_source: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
             per_caller: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
+            payloads: lane_counters(),
+            bytes: lane_counters(),
         }
     }
 }
@@ -317,11 +343,18 @@ async fn receive(
             .unwrap_or(u64::MAX),
     };
     match ingest::enqueue(&mut state.redis.clone(), src.lane, &source, &body, caps).await {
-        Ok(Intake::Accepted(id)) => (
-            StatusCode::ACCEPTED,
-            Json(serde_json::json!({ "event_id": id, "lane": src.lane })),
-        )
-            .into_response(),
+        Ok(Intake::Accepted(id)) => {
+            let lane = LaneLabel {
+                lane: src.lane.as_str(),
+            };
+            state.payloads.get_or_create(&lane).inc();
+            state.bytes.get_or_create(&lane).inc_by(body.len() as u64);
+            (
+                StatusCode::ACCEPTED,
+                Json(serde_json::json!({ "event_id": id, "lane": src.lane })),
+            )
+                .into_response()
+        }
         Ok(Intake::Full { backlog, bytes }) => ApiError::new(
             ErrorCode::LaneFull,
             format!(
