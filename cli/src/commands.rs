@@ -7,14 +7,13 @@ use holdfast_domain::text::thousands;
 use holdfast_domain::{Lane, Scope};
 use holdfast_engine::Backends;
 use holdfast_engine::audit::{cli_actor, note};
-use holdfast_engine::doctor::{CheckLevel, DoctorConfig, DoctorReport};
+use holdfast_engine::doctor::{CheckLevel, DoctorReport};
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::tokens;
 use holdfast_engine::users::SignIn;
 use holdfast_engine::verify::{VerifyOptions, VerifyReport};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ingest, postgres};
-use holdfast_server::routes::ingest::IngestConfig;
 use holdfast_server::startup::{Application, connect_with};
 
 use crate::config::{
@@ -61,29 +60,7 @@ impl std::error::Error for Exit {}
 /// prints the report and returns the exit code the worst line calls for
 /// ([`crate::config::DOCTOR_EXIT_CODES`]).
 pub async fn doctor(global: &GlobalArgs, args: &DoctorArgs) -> anyhow::Result<u8> {
-    let serve = &args.serve;
-    // The webhook settings as `serve` parses them: whatever it would refuse,
-    // the doctor reports as failing.
-    let webhook_sources = IngestConfig::parse(&serve.ingest_sources)
-        .map_err(|e| format!("--ingest-source {e}"))
-        .and_then(|c| {
-            c.with_max_body(usize::try_from(serve.webhook_max_bytes).unwrap_or(usize::MAX))
-        })
-        .and_then(|c| c.with_caps(&serve.lane_caps, &serve.lane_byte_caps))
-        .map(|c| {
-            c.sources
-                .into_iter()
-                .map(|(name, source)| (name, source.lane))
-                .collect()
-        });
-    let config = DoctorConfig {
-        redis_url: global.redis_url.clone(),
-        database_url: global.database_url.clone(),
-        pg_pool_size: serve.pg_max_connections,
-        servers: args.servers,
-        webhook_sources,
-        badge_origins: serve.badge_origins.clone(),
-    };
+    let config = args.serve.doctor_config(global);
     let report = holdfast_engine::doctor::run(&config).await;
     let code = doctor_exit_code(&report, args.strict);
     if args.json {

@@ -67,15 +67,10 @@ Exit codes (the worst line decides):
 
 /// Settings for `holdfast doctor`: its own flags, and `serve`'s settings read
 /// exactly as `serve` reads them (flags and environment), so the checks see the
-/// pool size, webhook sources and badge origins the servers will run with.
+/// pool size, webhook sources, badge origins and number of servers
+/// (`--servers`) the deployment will run with.
 #[derive(Debug, Clone, Args)]
 pub struct DoctorArgs {
-    /// Servers (`holdfast serve` processes) that will share this Redis and
-    /// PostgreSQL: PostgreSQL must fit that many pools, Redis that many
-    /// servers' connections.
-    #[arg(long, default_value_t = 1,
-          value_parser = clap::value_parser!(u32).range(1..=100_000))]
-    pub servers: u32,
     /// Exit 1 when any line warns (by default warnings are printed and the exit
     /// code is 0).
     #[arg(long)]

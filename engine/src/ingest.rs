@@ -11,6 +11,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
@@ -810,9 +811,15 @@ pub async fn run_consumer(mut consumer: LaneConsumer, shutdown: impl Future<Outp
     let share =
         (consumer.lane.rate_per_sec as f64 / consumer.lane.concurrency.max(1) as f64).max(0.0);
     let mut backoff = Duration::from_millis(100);
+    let mut batches: u64 = 0;
     loop {
         let started = Instant::now();
-        let step = consumer.process_once(Duration::from_millis(500));
+        batches += 1;
+        // Each batch in its own span, so its log lines (and traces) group.
+        let span = tracing::info_span!("lane_batch", lane = %consumer.lane.name, batch = batches);
+        let step = consumer
+            .process_once(Duration::from_millis(500))
+            .instrument(span);
         let result = tokio::select! {
             () = &mut shutdown => return,
             r = step => r,

@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tracing::Instrument;
 
 use crate::engine::Engine;
 
@@ -47,13 +48,22 @@ pub async fn run_reaper(
 ) {
     tokio::pin!(shutdown);
     let mut pause = Duration::ZERO;
+    let mut passes: u64 = 0;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             () = tokio::time::sleep(pause) => {}
         }
         pause = config.interval;
-        match engine.reap_once(config.batch).await {
+        passes += 1;
+        // Each pass in its own span, so its log lines (and traces) group.
+        let span = tracing::info_span!("reaper_pass", pass = passes);
+        let result = engine
+            .reap_once(config.batch)
+            .instrument(span.clone())
+            .await;
+        let _in = span.enter();
+        match result {
             Ok(report) => {
                 stats.skipped.fetch_add(report.skipped, Ordering::Relaxed);
                 if report.released > 0 {

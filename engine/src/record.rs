@@ -15,6 +15,7 @@ use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
+use tracing::Instrument;
 
 use redis::Value;
 use redis::aio::ConnectionManager;
@@ -770,14 +771,18 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
     let mut backoff = Duration::from_millis(100);
     let mut last_claim = Instant::now();
     let mut last_trim = Instant::now();
+    let mut batches: u64 = 0;
     loop {
+        batches += 1;
+        // Each batch in its own span, so its log lines (and traces) group.
         let step = async {
             if last_claim.elapsed() >= worker.config.claim_idle {
                 last_claim = Instant::now();
                 worker.reclaim_once().await?;
             }
             worker.run_once().await
-        };
+        }
+        .instrument(tracing::info_span!("write_behind_batch", batch = batches));
         let result = tokio::select! {
             () = &mut shutdown => break,
             r = step => r,

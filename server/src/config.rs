@@ -337,6 +337,13 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_LIVE_HANDSHAKES_PER_SECOND", default_value_t = 5,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub live_handshakes_per_second: u32,
+    /// Holdfast servers (`holdfast serve` processes) sharing this Redis and
+    /// PostgreSQL, for the deployment checks (`holdfast doctor`, the
+    /// operations page): PostgreSQL must fit that many pools, Redis that many
+    /// servers' connections.
+    #[arg(long, env = "HOLDFAST_SERVERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub servers: u32,
 }
 
 /// How often a socket silent for at most `idle` is pinged: at most
@@ -400,6 +407,34 @@ impl ServeArgs {
                 self.api_deadline_ms,
             )),
         })
+    }
+
+    /// What the deployment checks (`holdfast doctor`, the operations page)
+    /// need to know of these settings and `global`'s services. Webhook
+    /// sources are read exactly as `serve` reads them: whatever it would
+    /// refuse, the checks report as failing.
+    pub fn doctor_config(&self, global: &GlobalArgs) -> holdfast_engine::doctor::DoctorConfig {
+        use crate::routes::ingest::IngestConfig;
+        let webhook_sources = IngestConfig::parse(&self.ingest_sources)
+            .map_err(|e| format!("--ingest-source {e}"))
+            .and_then(|c| {
+                c.with_max_body(usize::try_from(self.webhook_max_bytes).unwrap_or(usize::MAX))
+            })
+            .and_then(|c| c.with_caps(&self.lane_caps, &self.lane_byte_caps))
+            .map(|c| {
+                c.sources
+                    .into_iter()
+                    .map(|(name, source)| (name, source.lane))
+                    .collect()
+            });
+        holdfast_engine::doctor::DoctorConfig {
+            redis_url: global.redis_url.clone(),
+            database_url: global.database_url.clone(),
+            pg_pool_size: self.pg_max_connections,
+            servers: self.servers,
+            webhook_sources,
+            badge_origins: self.badge_origins.clone(),
+        }
     }
 
     /// `serve`'s settings from the environment and defaults alone, for when no

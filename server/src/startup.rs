@@ -86,6 +86,7 @@ pub fn router(state: AppState) -> Router {
     let cookies = state.edge.cookies;
     let edge = state.edge.clone();
     let http_metrics = state.http_metrics.clone();
+    let doctor = state.doctor.clone();
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
@@ -105,6 +106,9 @@ pub fn router(state: AppState) -> Router {
                 provide_context(jobs.clone());
                 provide_context(verified.clone());
                 provide_context(cookies);
+                if let Some(doctor) = &doctor {
+                    provide_context(doctor.clone());
+                }
             },
             move || shell(options.clone()),
         )
@@ -122,6 +126,9 @@ pub fn router(state: AppState) -> Router {
             crate::http::observe::observe,
         ))
         .layer(TraceLayer::new_for_http())
+        .layer(axum::middleware::from_fn(
+            crate::http::request_id::request_id,
+        ))
         .with_state(state)
 }
 
@@ -453,6 +460,7 @@ impl Application {
                 handshakes_per_second: args.live_handshakes_per_second,
                 send_timeout: Duration::from_secs(args.socket_send_timeout_secs),
             },
+            doctor: Some(Arc::new(args.doctor_config(global))),
             unknown_tokens_per_second: args.unknown_tokens_per_second,
             refused_tokens_remembered: args.refused_tokens_remembered,
             edge,

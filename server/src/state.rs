@@ -9,6 +9,7 @@ use axum::extract::FromRef;
 use holdfast_app::server::guard::CookiePolicy;
 use holdfast_app::server::jobs::JobBoard;
 use holdfast_engine::Backends;
+use holdfast_engine::doctor::DoctorConfig;
 use leptos::config::LeptosOptions;
 
 use crate::api::ApiState;
@@ -46,6 +47,9 @@ pub struct StateOptions {
     pub unknown_tokens_per_second: u32,
     /// Refused API token secrets remembered.
     pub refused_tokens_remembered: usize,
+    /// What the operations page's deployment checks run against (`None`:
+    /// the page says they are not available here).
+    pub doctor: Option<Arc<DoctorConfig>>,
     /// The dashboard sockets' limits.
     pub live: LiveConfig,
 }
@@ -63,6 +67,7 @@ impl Default for StateOptions {
             live: LiveConfig::default(),
             unknown_tokens_per_second: crate::http::auth::UNKNOWN_TOKENS_PER_ADDRESS,
             refused_tokens_remembered: holdfast_engine::tokens::REFUSED_REMEMBERED,
+            doctor: None,
         }
     }
 }
@@ -98,6 +103,8 @@ pub struct AppState {
     pub http_metrics: HttpMetrics,
     /// The Redis server `/metrics` saw last.
     pub redis_identity: Arc<RedisIdentity>,
+    /// What the deployment checks run against, when known.
+    pub doctor: Option<Arc<DoctorConfig>>,
 }
 
 impl AppState {
@@ -135,6 +142,7 @@ impl AppState {
             metrics: options.metrics,
             http_metrics: HttpMetrics::default(),
             redis_identity: Arc::default(),
+            doctor: options.doctor,
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),

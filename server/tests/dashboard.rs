@@ -42,6 +42,8 @@ fn body(path: &str) -> &'static str {
         "/api/list_locks"
         | "/api/ingestion_status"
         | "/api/operations_status"
+        | "/api/verify_now"
+        | "/api/deployment_checks"
         | "/api/list_users"
         | "/api/list_tokens" => "",
         other => panic!("no test body for {other}: add one"),
@@ -600,4 +602,48 @@ async fn forget_failed_sign_ins(redis: &TestRedis) {
             .await
             .unwrap();
     }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn an_admin_runs_the_deployment_checks_from_the_operations_page(pool: PgPool) {
+    use holdfast_domain::doctor::{CheckLevel, DoctorReport};
+    let db = holdfast_engine::testkit::pg_url(&pool.connect_options());
+    users::create(&pool, "admin", Role::Admin, PASSWORD, false)
+        .await
+        .unwrap();
+    let redis = TestRedis::start_with(&["--maxmemory-policy", "allkeys-lru"]);
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = holdfast_server::state::StateOptions {
+        doctor: Some(std::sync::Arc::new(holdfast_engine::doctor::DoctorConfig {
+            redis_url: redis.url(),
+            database_url: db,
+            pg_pool_size: 4,
+            servers: 1,
+            webhook_sources: Ok(Vec::new()),
+            badge_origins: Vec::new(),
+        })),
+        ..holdfast_server::state::StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let dash = Dash {
+        base: server.base.clone(),
+        http: reqwest::Client::new(),
+    };
+    let admin = dash.login("admin", PASSWORD).await;
+    let (status, text) = dash.own("/api/deployment_checks", "", Some(&admin)).await;
+    assert_eq!(status, 200, "{text}");
+    let report: DoctorReport = serde_json::from_str(&text).unwrap();
+    // This Redis evicts keys: the report fails on it, as `holdfast doctor` does.
+    assert_eq!(report.worst(), CheckLevel::Fail, "{report:?}");
+    assert!(
+        report
+            .checks
+            .iter()
+            .any(|c| c.level == CheckLevel::Fail && c.finding.contains("allkeys-lru")),
+        "{report:?}"
+    );
+    assert!(
+        report.checks.iter().any(|c| c.level == CheckLevel::Pass),
+        "the other checks ran: {report:?}"
+    );
 }

@@ -660,3 +660,50 @@ async fn redis_conn(redis: &TestRedis) -> redis::aio::ConnectionManager {
         .await
         .unwrap()
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn every_answer_carries_a_request_id_and_forged_ones_are_replaced(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    let http = reqwest::Client::new();
+    let id_of = |res: &reqwest::Response| {
+        res.headers()
+            .get("x-request-id")
+            .map(|v| v.to_str().unwrap().to_owned())
+            .expect("an X-Request-Id on every answer")
+    };
+    // Made fresh when none is sent, and different each time.
+    let a = id_of(&http.get(server.url("/healthz")).send().await.unwrap());
+    let b = id_of(&http.get(server.url("/healthz")).send().await.unwrap());
+    assert_eq!(a.len(), 32, "{a}");
+    assert_ne!(a, b);
+    // A caller's plain id is kept, so a trace can follow it across services.
+    let res = http
+        .get(server.url("/api/v1/stock/X-1"))
+        .header("x-request-id", "shop-7f3a.91")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(id_of(&res), "shop-7f3a.91");
+    // One that could forge log lines, or is too long, is replaced.
+    for forged in ["a b INFO forged", &"x".repeat(65), "a\"b"] {
+        let res = http
+            .get(server.url("/healthz"))
+            .header("x-request-id", forged)
+            .send()
+            .await
+            .unwrap();
+        let id = id_of(&res);
+        assert_ne!(id, forged);
+        assert_eq!(id.len(), 32);
+    }
+    // Refused at the edge (a host this server does not serve), still an id.
+    let res = http
+        .get(server.url("/healthz"))
+        .header("host", "rebind.attacker.example")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 421);
+    id_of(&res);
+}

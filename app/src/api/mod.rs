@@ -43,6 +43,8 @@ pub const GUARDED: &[(&str, holdfast_domain::Role)] = {
         ("/api/operations_status", Viewer),
         ("/api/start_reconcile", Admin),
         ("/api/start_warmup", Admin),
+        ("/api/verify_now", Admin),
+        ("/api/deployment_checks", Admin),
         ("/api/manual_reserve", Admin),
         ("/api/audit_log", Admin),
         ("/api/list_users", Admin),

@@ -222,3 +222,24 @@ pub async fn start_warmup(force: bool) -> Result<u64, ServerFnError> {
     )
     .await
 }
+
+/// Runs the deployment checks (`holdfast doctor`) against this server's own
+/// settings and services (admin), read-only: eviction policy, persistence,
+/// client and memory headroom, clock skew, PostgreSQL connections, webhook
+/// sources, badge origins, TLS.
+#[server(endpoint = "deployment_checks")]
+pub async fn deployment_checks() -> Result<holdfast_domain::doctor::DoctorReport, ServerFnError> {
+    use holdfast_domain::Role;
+    use holdfast_engine::doctor::{self, DoctorConfig};
+
+    use crate::server::guard;
+
+    guard::authorize(Role::Admin).await?;
+    let config = use_context::<std::sync::Arc<DoctorConfig>>().ok_or_else(|| {
+        guard::refuse(
+            http::StatusCode::SERVICE_UNAVAILABLE,
+            "the deployment checks are not available on this server; run `holdfast doctor`",
+        )
+    })?;
+    Ok(doctor::run(&config).await)
+}

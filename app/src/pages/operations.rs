@@ -3,10 +3,13 @@
 
 use leptos::prelude::*;
 
-use crate::api::operations::{StartReconcile, StartWarmup, VerifyNow, operations_status};
+use crate::api::operations::{
+    DeploymentChecks, StartReconcile, StartWarmup, VerifyNow, operations_status,
+};
 use crate::components::{IfRole, JobBar, error_text, short_time, thousands};
 use crate::live::Live;
 use holdfast_domain::Role;
+use holdfast_domain::doctor::DoctorReport;
 use holdfast_domain::verify::VerifyReport;
 
 /// The operations page (`/operations`).
@@ -16,6 +19,7 @@ pub fn OperationsPage() -> impl IntoView {
     let warm = ServerAction::<StartWarmup>::new();
     let reconcile = ServerAction::<StartReconcile>::new();
     let verify = ServerAction::<VerifyNow>::new();
+    let checks = ServerAction::<DeploymentChecks>::new();
     // Runs and drift are re-read when a job ends.
     let finished = Memo::new(move |_| {
         live.jobs.with(|j| {
@@ -50,11 +54,20 @@ pub fn OperationsPage() -> impl IntoView {
                         <button type="button" on:click=move |_| { verify.dispatch(VerifyNow {}); }>"Verify now"</button>
                         <span class="muted">" the truth check, on live data, without stopping sales"</span>
                     </div>
+                    <div>
+                        <button type="button" disabled=move || checks.pending().get() on:click=move |_| { checks.dispatch(DeploymentChecks {}); }>"Check the deployment"</button>
+                        <span class="muted">" what `holdfast doctor` checks before a drop: eviction policy, persistence, headroom, clock skew, connections, TLS"</span>
+                    </div>
                     {move || started(warm.value().get())}
                     {move || started(reconcile.value().get())}
                     {move || match verify.value().get() {
                         Some(Err(e)) => Some(view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any()),
                         Some(Ok(report)) => Some(view! { <Verification report/> }.into_any()),
+                        None => None,
+                    }}
+                    {move || match checks.value().get() {
+                        Some(Err(e)) => Some(view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any()),
+                        Some(Ok(report)) => Some(view! { <Deployment report/> }.into_any()),
                         None => None,
                     }}
                 </div>
@@ -144,6 +157,26 @@ fn Verification(report: VerifyReport) -> impl IntoView {
                     }).collect_view()}</tbody>
                 </table></div>
             })}
+        </div>
+    }
+}
+
+/// The deployment checks' lines, worst first as found.
+#[component]
+fn Deployment(report: DoctorReport) -> impl IntoView {
+    let worst = report.worst().as_str();
+    view! {
+        <div class="deployment" data-worst=worst>
+            <p class:bad=worst == "fail">{format!("Deployment checks: worst line {worst}")}</p>
+            <div class="table-wrap"><table>
+                <thead><tr><th scope="col">"Result"</th><th scope="col">"Check"</th><th scope="col">"Found"</th><th scope="col">"What to do"</th></tr></thead>
+                <tbody>{report.checks.into_iter().map(|c| {
+                    let level = c.level.as_str();
+                    view! {
+                        <tr data-level=level><td class:bad=level == "fail">{level}</td><td>{c.name}</td><td>{c.finding}</td><td>{c.action}</td></tr>
+                    }
+                }).collect_view()}</tbody>
+            </table></div>
         </div>
     }
 }

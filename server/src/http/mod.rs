@@ -9,5 +9,6 @@ pub mod edge;
 pub mod error;
 pub mod observe;
 pub mod ratelimit;
+pub mod request_id;
 pub mod server_fns;
 pub mod socket;
