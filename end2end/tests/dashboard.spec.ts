@@ -149,6 +149,22 @@ test('the warm-up progress bar reaches 100%', async ({ page }) => {
   await page.screenshot({ path: 'output/operations.png', fullPage: true });
 });
 
+test('an admin checks the deployment from the operations page', async ({ page }) => {
+  await signIn(page, 'admin');
+  await page.goto('/operations');
+  await live(page);
+  await page.getByRole('button', { name: 'Check the deployment' }).click();
+  const checks = page.locator('.deployment');
+  await expect(checks).toBeVisible({ timeout: 10000 });
+  // The test Redis never evicts and shares this host's clock.
+  await expect(checks.locator('tr', { hasText: 'redis eviction policy' })).toHaveAttribute('data-level', 'pass');
+  await expect(checks.locator('tr', { hasText: 'clock skew' })).toHaveAttribute('data-level', 'pass');
+  // It keeps nothing on disk: persistence warns, and so does the report.
+  await expect(checks.locator('tr', { hasText: 'redis persistence' })).toHaveAttribute('data-level', 'warn');
+  await expect(checks).toHaveAttribute('data-worst', /warn|fail/);
+  await page.screenshot({ path: 'output/operations-checks.png', fullPage: true });
+});
+
 test('every other page renders for an admin', async ({ page }) => {
   await signIn(page, 'admin');
   for (const [path, heading] of [
