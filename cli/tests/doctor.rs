@@ -258,3 +258,25 @@ async fn a_real_server_opens_the_redis_connections_doctor_counts(
         "never more than doctor's peak: saw {most}, {need:?}"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn settings_serve_would_refuse_fail_the_report(_pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pg = common::pg_url(&opts);
+    let redis = TestRedis::start();
+    let (code, out) = doctor(&redis.url(), &pg, &[], &[]);
+    assert!(row(&out, "serve settings").starts_with("pass"), "{out}");
+    assert_eq!(code, Some(0), "{out}");
+    for (name, value) in [
+        // Longer than the 15 s request timeout: serve refuses.
+        ("HOLDFAST_API_DEADLINE_MS", "20000"),
+        ("HOLDFAST_TRUSTED_PROXIES", "10.0.0.0/99"),
+        ("HOLDFAST_HOLD_TTL_SECS", "7200"),
+    ] {
+        let (code, out) = doctor(&redis.url(), &pg, &[], &[(name, value)]);
+        assert_eq!(code, Some(2), "{name}={value}:\n{out}");
+        assert!(
+            row(&out, "serve settings").starts_with("fail"),
+            "{name}:\n{out}"
+        );
+    }
+}

@@ -26,6 +26,8 @@ pub enum ErrorCode {
     BuyerRequired,
     /// The body is larger than this endpoint accepts.
     PayloadTooLarge,
+    /// The request's body did not arrive within the deadline.
+    RequestTimeout,
     /// The hold had ended before payment was confirmed.
     HoldExpired,
     /// Redis lost the reservation; a remediation was recorded.
@@ -71,6 +73,7 @@ impl ErrorCode {
             Self::BuyerLimitReached => "buyer_limit_reached",
             Self::BuyerRequired => "buyer_required",
             Self::PayloadTooLarge => "payload_too_large",
+            Self::RequestTimeout => "request_timeout",
             Self::HoldExpired => "hold_expired",
             Self::ReservationLost => "reservation_lost",
             Self::IdempotencyKeyRequired => "idempotency_key_required",
@@ -101,6 +104,7 @@ impl ErrorCode {
             Self::NotFound => 404,
             Self::SoldOut | Self::BuyerLimitReached | Self::RequestInProgress | Self::Busy => 409,
             Self::HoldExpired | Self::ReservationLost => 410,
+            Self::RequestTimeout => 408,
             Self::PayloadTooLarge => 413,
             Self::Invalid | Self::IdempotencyKeyReused | Self::BuyerRequired => 422,
             Self::RateLimited | Self::LaneFull => 429,

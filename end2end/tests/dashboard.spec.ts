@@ -165,6 +165,27 @@ test('an admin checks the deployment from the operations page', async ({ page })
   await page.screenshot({ path: 'output/operations-checks.png', fullPage: true });
 });
 
+test('a shopper holds, watches the countdown and pays in the demo shop; the overview shows the sale', async ({ page, context }) => {
+  await signIn(page, 'admin');
+  await page.goto('/');
+  await live(page);
+  const sold = cell(page, 'DROP-004', 'sold');
+  const before = number(await sold.textContent());
+  const shop = await context.newPage();
+  await shop.goto('/demo/shop');
+  await shop.locator('button.hold[data-sku="DROP-004"]').click();
+  const held = shop.locator('#cart li[data-state="held"]');
+  await expect(held).toContainText('DROP-004');
+  const left = held.locator('.left');
+  await expect(left).toHaveText(/held for [12]:\d\d/);
+  const first = (await left.textContent()) ?? '';
+  await expect(left).not.toHaveText(first, { timeout: 3000 });
+  await shop.screenshot({ path: 'output/demo-shop.png', fullPage: true });
+  await held.getByRole('button', { name: 'Pay' }).click();
+  await expect(shop.locator('#cart li[data-state="paid"]')).toContainText('Paid');
+  await expect(sold).toHaveText(String(before + 1), { timeout: 5000 });
+});
+
 test('every other page renders for an admin', async ({ page }) => {
   await signIn(page, 'admin');
   for (const [path, heading] of [

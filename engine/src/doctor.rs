@@ -66,6 +66,8 @@ pub mod check {
     pub const WEBHOOK_SOURCES: &str = "webhook sources";
     /// `HOLDFAST_BADGE_ORIGINS`.
     pub const BADGE_ORIGINS: &str = "badge origins";
+    /// `serve`'s settings taken together.
+    pub const SETTINGS: &str = "serve settings";
 }
 
 /// Longest wait for Redis' `INFO`.
@@ -104,6 +106,8 @@ pub struct DoctorConfig {
     pub webhook_sources: Result<Vec<(String, Lane)>, String>,
     /// `HOLDFAST_BADGE_ORIGINS`, as given.
     pub badge_origins: Vec<String>,
+    /// Whether `serve` accepts its settings together, or why it refuses them.
+    pub settings: Result<(), String>,
 }
 
 /// Redis connections one `holdfast serve` process opens.
@@ -187,6 +191,20 @@ pub async fn run(config: &DoctorConfig) -> DoctorReport {
     postgres_checks(&mut report, config).await;
     report.checks.push(webhook_sources(&config.webhook_sources));
     report.checks.push(badge_origins(&config.badge_origins));
+    report.checks.push(match &config.settings {
+        Ok(()) => line(
+            check::SETTINGS,
+            CheckLevel::Pass,
+            "`holdfast serve` accepts these settings together".to_owned(),
+            "",
+        ),
+        Err(why) => line(
+            check::SETTINGS,
+            CheckLevel::Fail,
+            format!("`holdfast serve` refuses to start: {why}"),
+            "Change the settings it names",
+        ),
+    });
     report
 }
 
@@ -888,7 +906,7 @@ fn webhook_sources(sources: &Result<Vec<(String, Lane)>, String>) -> DoctorCheck
             name,
             CheckLevel::Warn,
             "none configured: no supplier feed or order webhook can arrive (every webhook is \
-             answered 404)"
+             refused as unsigned or badly signed)"
                 .to_owned(),
             "Add sources with HOLDFAST_INGEST_SOURCES=name=lane:secret (or --ingest-source), \
              unless stock changes only through warm-up and the API",

@@ -138,20 +138,55 @@ impl EngineError {
 /// Unparseable input is returned unchanged: it holds no recognisable secret to hide
 /// and the operator needs to see what they typed.
 pub fn redact_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else {
+    // libpq's key=value form: `host=db password=… user=app`.
+    if !url.contains(':') || (!url.contains("://") && url.contains('=') && url.contains(' ')) {
+        return redact_params(url, ' ');
+    }
+    let Some((scheme, rest)) = url.split_once(':') else {
         return url.to_owned();
     };
-    let (authority, tail) = match rest.find(['/', '?']) {
-        Some(i) => rest.split_at(i),
-        None => (rest, ""),
+    // Any number of slashes after the scheme (`postgres:/…` is accepted too).
+    let slashes = rest.len() - rest.trim_start_matches('/').len();
+    let (lead, rest) = rest.split_at(slashes);
+    // The user information ends at the last `@` before the host: a password
+    // may itself hold `/`, `?` or `@`, so the first of those is no boundary.
+    let host_end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+    let at = rest
+        .rfind('@')
+        .filter(|at| rest[..*at].contains(':') || *at < host_end);
+    let (userinfo, after) = match at {
+        Some(at) => (Some(&rest[..at]), &rest[at + 1..]),
+        None => (None, rest),
     };
-    match authority.rsplit_once('@') {
-        Some((userinfo, host)) => match userinfo.split_once(':') {
-            Some((user, _password)) => format!("{scheme}://{user}:***@{host}{tail}"),
-            None => url.to_owned(),
-        },
-        None => url.to_owned(),
-    }
+    let userinfo = userinfo.map(|u| match u.split_once(':') {
+        Some((user, _password)) => format!("{user}:***@"),
+        None => format!("{u}@"),
+    });
+    let after = match after.split_once('?') {
+        Some((path, query)) => format!("{path}?{}", redact_params(query, '&')),
+        None => after.to_owned(),
+    };
+    format!("{scheme}:{lead}{}{after}", userinfo.unwrap_or_default())
+}
+
+/// `params` (separated by `sep`) with the value of every password-like key
+/// replaced by `***`.
+fn redact_params(params: &str, sep: char) -> String {
+    params
+        .split(sep)
+        .map(|kv| match kv.split_once('=') {
+            Some((k, _))
+                if matches!(
+                    k.trim().to_ascii_lowercase().as_str(),
+                    "password" | "pass" | "passwd" | "pwd" | "sslpassword" | "secret"
+                ) =>
+            {
+                format!("{k}=***")
+            }
+            _ => kv.to_owned(),
+        })
+        .collect::<Vec<_>>()
+        .join(&sep.to_string())
 }
 
 #[cfg(test)]
@@ -174,5 +209,46 @@ mod tests {
         );
         assert_eq!(redact_url("postgres://app@db/x"), "postgres://app@db/x");
         assert_eq!(redact_url("not a url"), "not a url");
+    }
+
+    #[test]
+    fn hides_every_password_form_the_drivers_accept() {
+        for (url, shown) in [
+            (
+                "postgres://postgres@127.0.0.1:5432/db?password=S3CRET",
+                "postgres://postgres@127.0.0.1:5432/db?password=***",
+            ),
+            (
+                "postgres://postgres:S3CRET/slash@127.0.0.1:5432/db",
+                "postgres://postgres:***@127.0.0.1:5432/db",
+            ),
+            (
+                "postgres://postgres:S3CRET?q@127.0.0.1/db",
+                "postgres://postgres:***@127.0.0.1/db",
+            ),
+            ("redis://user:S3CRET/sl@h:6379", "redis://user:***@h:6379"),
+            ("redis://:S3CRET?x@h:6379", "redis://:***@h:6379"),
+            (
+                "redis://127.0.0.1:6499/?password=S3CRET",
+                "redis://127.0.0.1:6499/?password=***",
+            ),
+            (
+                "redis+unix:///tmp/x.sock?pass=S3CRET",
+                "redis+unix:///tmp/x.sock?pass=***",
+            ),
+            (
+                "postgres:/postgres:S3CRET@127.0.0.1:5432/db",
+                "postgres:/postgres:***@127.0.0.1:5432/db",
+            ),
+            (
+                "host=db password=S3CRET user=app",
+                "host=db password=*** user=app",
+            ),
+            ("redis://:p@ss@h:6379/0", "redis://:***@h:6379/0"),
+        ] {
+            let got = redact_url(url);
+            assert_eq!(got, shown, "{url}");
+            assert!(!got.contains("S3CRET"), "{got}");
+        }
     }
 }

@@ -15,6 +15,7 @@ fn config(redis_url: &str, database_url: &str) -> DoctorConfig {
         servers: 1,
         webhook_sources: Ok(vec![("erp".into(), Lane::Feeds)]),
         badge_origins: vec!["https://shop.example".into()],
+        settings: Ok(()),
     }
 }
 

@@ -51,28 +51,16 @@ pub struct EngineArgs {
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub redis_shards: u16,
     /// How long a hold lasts when the request names no TTL, in seconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_HOLD_TTL_SECS",
-        default_value_t = 600,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_HOLD_TTL_SECS", default_value_t = 600, global = true,
+          value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub hold_ttl_secs: u64,
     /// Longest hold a request may ask for, in seconds.
-    #[arg(
-        long,
-        env = "HOLDFAST_MAX_HOLD_TTL_SECS",
-        default_value_t = 3_600,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_MAX_HOLD_TTL_SECS", default_value_t = 3_600, global = true,
+          value_parser = clap::value_parser!(u64).range(1..=604_800))]
     pub max_hold_ttl_secs: u64,
     /// Most units of one SKU in one reservation.
-    #[arg(
-        long,
-        env = "HOLDFAST_MAX_QTY_PER_LINE",
-        default_value_t = 10,
-        global = true
-    )]
+    #[arg(long, env = "HOLDFAST_MAX_QTY_PER_LINE", default_value_t = 10, global = true,
+          value_parser = clap::value_parser!(i64).range(1..=1_000_000))]
     pub max_qty_per_line: i64,
     /// Failed dashboard sign-ins for one username from one client address per
     /// 15 minutes before even the right password waits (429) from there.
@@ -98,6 +86,19 @@ pub struct EngineArgs {
 }
 
 impl EngineArgs {
+    /// Refuses rules that cannot work together: a default hold longer than
+    /// the longest one allowed would refuse every reservation without a TTL.
+    pub fn check(&self) -> Result<(), String> {
+        if self.hold_ttl_secs > self.max_hold_ttl_secs {
+            return Err(format!(
+                "--hold-ttl-secs {} is longer than --max-hold-ttl-secs {}: every reservation \
+                 without its own TTL would be refused",
+                self.hold_ttl_secs, self.max_hold_ttl_secs
+            ));
+        }
+        Ok(())
+    }
+
     /// The engine configuration these flags describe.
     pub fn config(&self) -> holdfast_engine::EngineConfig {
         holdfast_engine::EngineConfig {
@@ -142,14 +143,17 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_DEMO_PASSWORD", default_value = DEMO_PASSWORD)]
     pub demo_password: String,
     /// Most PostgreSQL connections this process opens.
-    #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16)]
+    #[arg(long, env = "HOLDFAST_PG_MAX_CONNECTIONS", default_value_t = 16,
+          value_parser = clap::value_parser!(u32).range(1..=10_000))]
     pub pg_max_connections: u32,
     /// Pause between reaper passes, in milliseconds (holds past their deadline are
     /// returned within about this long).
-    #[arg(long, env = "HOLDFAST_REAPER_INTERVAL_MS", default_value_t = 500)]
+    #[arg(long, env = "HOLDFAST_REAPER_INTERVAL_MS", default_value_t = 500,
+          value_parser = clap::value_parser!(u64).range(10..=60_000))]
     pub reaper_interval_ms: u64,
     /// Most overdue holds the reaper ends per shard per pass.
-    #[arg(long, env = "HOLDFAST_REAPER_BATCH", default_value_t = 200)]
+    #[arg(long, env = "HOLDFAST_REAPER_BATCH", default_value_t = 200,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub reaper_batch: usize,
     /// Seconds between scheduled reconciliation runs (0: never).
     #[arg(long, env = "HOLDFAST_RECONCILE_EVERY_SECS", default_value_t = 60)]
@@ -162,7 +166,8 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_VERIFY_EVERY_SECS", default_value_t = 300)]
     pub verify_every_secs: u64,
     /// Most stream entries per shard in one write-behind transaction.
-    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000)]
+    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub write_behind_batch: usize,
     /// Webhook sources, `name=lane:secret` (lane `orders` or `feeds`; secret of 16+
     /// characters), comma-separated in the environment. None by default.
@@ -191,11 +196,8 @@ pub struct ServeArgs {
     )]
     pub badge_origins: Vec<String>,
     /// Most live badge connections per client address.
-    #[arg(
-        long,
-        env = "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT",
-        default_value_t = 50
-    )]
+    #[arg(long, env = "HOLDFAST_BADGE_MAX_CONNECTIONS_PER_CLIENT", default_value_t = 50,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub badge_max_connections_per_client: usize,
     /// A token `/metrics` requires (`Authorization: Bearer <token>`, as
     /// Prometheus' `authorization` setting sends it); unset: `/metrics` is
@@ -207,7 +209,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub badge_max_subscriptions: u64,
     /// Badge polls per second per client address (bursts of twice that).
-    #[arg(long, env = "HOLDFAST_BADGE_POLLS_PER_SECOND", default_value_t = 10)]
+    #[arg(long, env = "HOLDFAST_BADGE_POLLS_PER_SECOND", default_value_t = 10,
+          value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub badge_polls_per_second: u32,
     /// Seconds a badge socket may stay silent (not even answering pings)
     /// before it is closed.
@@ -344,6 +347,11 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_SERVERS", default_value_t = 1,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub servers: u32,
+    /// Seconds one write to a client may wait (the client stopped reading
+    /// an answer or a socket) before its connection is closed.
+    #[arg(long, env = "HOLDFAST_WRITE_TIMEOUT_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub write_timeout_secs: u64,
 }
 
 /// How often a socket silent for at most `idle` is pinged: at most
@@ -361,6 +369,14 @@ impl ServeArgs {
     /// Refuses settings that would be unsafe together: the demo's published
     /// password on an address reachable from other machines.
     pub fn check(&self) -> Result<(), String> {
+        let empty_env = std::env::var("HOLDFAST_METRICS_TOKEN").is_ok_and(|v| v.is_empty());
+        if self.metrics_token.as_deref() == Some("") || empty_env {
+            return Err(
+                "--metrics-token (HOLDFAST_METRICS_TOKEN) is set but empty: /metrics would be \
+                 open to anyone; give a token or unset it"
+                    .into(),
+            );
+        }
         if self.api_deadline_ms > self.request_timeout_secs * 1_000 {
             return Err(format!(
                 "--api-deadline-ms {} is longer than --request-timeout-secs {}: the connection \
@@ -402,6 +418,7 @@ impl ServeArgs {
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
             max_connections_per_address: usize::try_from(self.max_connections_per_address)
                 .unwrap_or(usize::MAX),
+            write_timeout: std::time::Duration::from_secs(self.write_timeout_secs),
             api_max_body: self.api_max_body_bytes,
             api_deadline: crate::http::deadline::Deadline(std::time::Duration::from_millis(
                 self.api_deadline_ms,
@@ -434,6 +451,11 @@ impl ServeArgs {
             servers: self.servers,
             webhook_sources,
             badge_origins: self.badge_origins.clone(),
+            settings: global
+                .engine
+                .check()
+                .and_then(|()| self.check())
+                .and_then(|()| self.edge().map(drop)),
         }
     }
 

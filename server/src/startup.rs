@@ -141,7 +141,9 @@ pub fn router(state: AppState) -> Router {
 /// also closes a keep-alive connection idle that long); at most
 /// `max_connections` are open at once, WebSockets included (past that, new
 /// clients wait in the accept queue), and at most `max_connections_per_address`
-/// from one address other than a trusted proxy (more are closed at once).
+/// from one address other than a trusted proxy (more are closed at once); a
+/// write that cannot progress for `write_timeout` (the client stopped
+/// reading) closes its connection.
 pub async fn serve(
     listener: TcpListener,
     router: Router,
@@ -212,7 +214,13 @@ pub async fn serve(
             },
         );
         let connection = builder
-            .serve_connection(TokioIo::new(stream), TowerToHyperService::new(service))
+            .serve_connection(
+                TokioIo::new(crate::http::write_deadline::WriteDeadline::new(
+                    stream,
+                    edge.write_timeout,
+                )),
+                TowerToHyperService::new(service),
+            )
             .with_upgrades();
         let (mut stop_rx, running) = (stop_rx.clone(), open.clone());
         tokio::spawn(async move {
@@ -380,6 +388,7 @@ impl Application {
     /// Connects, prepares the database (demo drop and users when asked), starts
     /// the workers and binds the listener.
     pub async fn build(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<Self> {
+        global.engine.check().map_err(anyhow::Error::msg)?;
         args.check().map_err(anyhow::Error::msg)?;
         let edge = args.edge().map_err(anyhow::Error::msg)?;
         if !users::set_hashes_at_once(args.password_hashes_at_once) {
@@ -461,6 +470,7 @@ impl Application {
                 send_timeout: Duration::from_secs(args.socket_send_timeout_secs),
             },
             doctor: Some(Arc::new(args.doctor_config(global))),
+            demo_shop_sells: args.demo,
             unknown_tokens_per_second: args.unknown_tokens_per_second,
             refused_tokens_remembered: args.refused_tokens_remembered,
             edge,

@@ -22,6 +22,7 @@ use crate::http::observe::HttpMetrics;
 use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
 use crate::live::hub::LiveConfig;
+use crate::routes::demo::DemoShop;
 use crate::routes::ingest::{IngestConfig, IngestState};
 use crate::routes::metrics::{MetricsAccess, MetricsSources, RedisIdentity};
 use crate::workers::WorkerStats;
@@ -50,6 +51,8 @@ pub struct StateOptions {
     /// What the operations page's deployment checks run against (`None`:
     /// the page says they are not available here).
     pub doctor: Option<Arc<DoctorConfig>>,
+    /// Whether the demo shop sells (the server runs the demo).
+    pub demo_shop_sells: bool,
     /// The dashboard sockets' limits.
     pub live: LiveConfig,
 }
@@ -68,6 +71,7 @@ impl Default for StateOptions {
             unknown_tokens_per_second: crate::http::auth::UNKNOWN_TOKENS_PER_ADDRESS,
             refused_tokens_remembered: holdfast_engine::tokens::REFUSED_REMEMBERED,
             doctor: None,
+            demo_shop_sells: false,
         }
     }
 }
@@ -105,6 +109,8 @@ pub struct AppState {
     pub redis_identity: Arc<RedisIdentity>,
     /// What the deployment checks run against, when known.
     pub doctor: Option<Arc<DoctorConfig>>,
+    /// The demo shop.
+    pub demo_shop: DemoShop,
 }
 
 impl AppState {
@@ -143,6 +149,7 @@ impl AppState {
             http_metrics: HttpMetrics::default(),
             redis_identity: Arc::default(),
             doctor: options.doctor,
+            demo_shop: DemoShop::new(backends.clone(), options.demo_shop_sells),
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),
@@ -228,6 +235,12 @@ impl FromRef<AppState> for MetricsSources {
 impl FromRef<AppState> for CookiePolicy {
     fn from_ref(state: &AppState) -> Self {
         state.edge.cookies
+    }
+}
+
+impl FromRef<AppState> for DemoShop {
+    fn from_ref(state: &AppState) -> Self {
+        state.demo_shop.clone()
     }
 }
 

@@ -264,6 +264,8 @@ async fn reserve_answers_every_outcome_with_its_status(pool: PgPool) {
         .await
         .unwrap();
     assert_eq!(huge.status(), 413, "bodies are limited");
+    let refused: Value = huge.json().await.expect("the API's JSON error shape");
+    assert_eq!(refused["code"], "payload_too_large");
 
     // Read, confirm, release.
     let (s, got) = api.get(&format!("/api/v1/reservations/{id}")).await;

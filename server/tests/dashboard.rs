@@ -621,6 +621,7 @@ async fn an_admin_runs_the_deployment_checks_from_the_operations_page(pool: PgPo
             servers: 1,
             webhook_sources: Ok(Vec::new()),
             badge_origins: Vec::new(),
+            settings: Ok(()),
         })),
         ..holdfast_server::state::StateOptions::default()
     };

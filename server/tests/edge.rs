@@ -707,3 +707,48 @@ async fn every_answer_carries_a_request_id_and_forged_ones_are_replaced(pool: Pg
     assert_eq!(res.status().as_u16(), 421);
     id_of(&res);
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_client_that_stops_reading_is_closed_after_the_write_timeout(pool: PgPool) {
+    const SIZE: usize = 32 << 20;
+    let redis = TestRedis::start();
+    // A large static file: more than the kernel's buffers hold, so writes stall.
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("big.bin"), vec![7u8; SIZE]).unwrap();
+    let backends = common::backends(pool, &redis.url()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = StateOptions {
+        edge: EdgeConfig {
+            write_timeout: Duration::from_secs(1),
+            ..EdgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    let state = holdfast_server::state::AppState::build(
+        holdfast_server::state::leptos_options(site.path().to_str().unwrap(), addr),
+        backends,
+        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
+        options,
+    );
+    holdfast_server::startup::spawn_in_background(listener, state, None).await;
+    let mut tcp = TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(format!("GET /big.bin HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    // Not reading: the server's writes stall, and after a second it gives up.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let mut total = 0;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => total += n,
+            Err(_) => panic!("the connection is still open after {total} bytes"),
+        }
+    }
+    assert!(
+        total < SIZE,
+        "the whole answer arrived ({total} bytes): the stalled connection was kept"
+    );
+}

@@ -383,3 +383,111 @@ async fn a_refused_token_used_again_still_counts_against_the_limit(pool: PgPool)
         "{statuses:?}"
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn refused_badge_handshakes_do_not_hand_back_open_sockets_slots(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        badge: holdfast_server::badge::BadgeConfig {
+            max_connections_per_client: 3,
+            ..holdfast_server::badge::BadgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
+    let mut open = Vec::new();
+    let mut statuses = Vec::new();
+    // Every socket stays open: past the third, each is refused, and a refusal
+    // must not free a slot an open socket holds.
+    for _ in 0..12 {
+        let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        match tokio_tungstenite::connect_async(req).await {
+            Ok((ws, _)) => {
+                statuses.push(101);
+                open.push(ws);
+            }
+            Err(tokio_tungstenite::tungstenite::Error::Http(r)) => {
+                statuses.push(r.status().as_u16())
+            }
+            Err(e) => panic!("{e}"),
+        }
+    }
+    assert_eq!(
+        statuses,
+        [vec![101; 3], vec![429; 9]].concat(),
+        "three admitted, every later one refused"
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_silent_badge_socket_is_closed_at_its_timeout_not_at_the_next_ping(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        badge: holdfast_server::badge::BadgeConfig {
+            // Pings far apart: the close must not wait for one.
+            ping_every: std::time::Duration::from_secs(25),
+            idle_timeout: std::time::Duration::from_secs(2),
+            ..Default::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
+    let started = std::time::Instant::now();
+    let mut silent = badge_socket(&server.base).await;
+    let closed = common::closes_within(&mut silent, std::time::Duration::from_secs(6)).await;
+    let took = started.elapsed();
+    assert!(closed, "still open after 6 s");
+    assert!(
+        took >= std::time::Duration::from_millis(1_800) && took < std::time::Duration::from_secs(5),
+        "closed after {took:?}, not at the 2 s timeout"
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_body_that_never_arrives_is_the_callers_timeout_not_a_server_error(pool: PgPool) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        ingest: IngestConfig::parse(&[format!("erp=feeds:{SECRET}")]).unwrap(),
+        edge: holdfast_server::http::edge::EdgeConfig {
+            api_deadline: holdfast_server::http::deadline::Deadline(
+                std::time::Duration::from_millis(500),
+            ),
+            ..Default::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, None).await;
+    let addr = server.base.trim_start_matches("http://").to_owned();
+    for path in ["/ingest/erp", "/ingest/nobody", "/api/v1/reservations"] {
+        let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
+        // Ten bytes promised, one sent.
+        let req = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+             Authorization: Bearer hf_{:064x}\r\nContent-Length: 10\r\n\r\n{{",
+            0
+        );
+        tcp.write_all(req.as_bytes()).await.unwrap();
+        // The whole answer (the server closes the connection after it).
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(
+            std::time::Duration::from_secs(5),
+            tcp.read_to_end(&mut answer),
+        )
+        .await;
+        assert!(read.is_ok(), "{path}: no whole answer within 5 s");
+        let head = String::from_utf8_lossy(&answer).into_owned();
+        if path.starts_with("/ingest") {
+            assert!(head.starts_with("HTTP/1.1 408"), "{path}: {head}");
+            assert!(head.contains("request_timeout"), "{path}: {head}");
+        } else {
+            // The API checks the token before it reads a body.
+            assert!(head.starts_with("HTTP/1.1 401"), "{path}: {head}");
+        }
+    }
+}

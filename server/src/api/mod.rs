@@ -101,8 +101,34 @@ where
             }),
         )
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(axum::middleware::map_response(
+            move |response: axum::response::Response| async move {
+                too_large_as_json(response, max_body)
+            },
+        ))
         .layer(axum::middleware::from_fn_with_state(
             deadline,
             crate::http::deadline::within_deadline,
         ))
+}
+
+/// The body-size refusal in the API's JSON error shape (the extractor's own is
+/// plain text).
+fn too_large_as_json(
+    response: axum::response::Response,
+    max_body: usize,
+) -> axum::response::Response {
+    use axum::response::IntoResponse;
+    let plain = response
+        .headers()
+        .get(axum::http::header::CONTENT_TYPE)
+        .is_none_or(|t| !t.as_bytes().starts_with(b"application/json"));
+    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE && plain {
+        return crate::http::error::ApiError::new(
+            holdfast_domain::ErrorCode::PayloadTooLarge,
+            format!("a request body is at most {max_body} bytes"),
+        )
+        .into_response();
+    }
+    response
 }

@@ -189,7 +189,7 @@ struct Slot {
 impl Slot {
     /// Takes a slot for `ip`; `None` when it has none left.
     fn take(hub: Arc<BadgeHub>, ip: std::net::IpAddr) -> Option<Self> {
-        hub.admit(ip).then_some(Self { hub, ip })
+        hub.admit(ip).then(|| Self { hub, ip })
     }
 }
 
@@ -207,12 +207,15 @@ struct Subscribe {
 
 /// Serves one badge socket: subscriptions (paced: a burst, then one per
 /// `resubscribe_every`), the badges as they change, a ping every `ping_every`,
-/// and a close when nothing has come back for `idle_timeout`.
+/// and a close as soon as nothing has come back for `idle_timeout`.
 async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
     let config = &hub.config;
     let mut streams = tokio_stream::StreamMap::new();
     let mut pace = Pace::new(config.subscribe_burst, config.resubscribe_every);
-    let mut heard = tokio::time::Instant::now();
+    // Closed once nothing (not even a pong) has come for the idle timeout:
+    // the deadline moves with every frame received.
+    let silence = tokio::time::sleep(config.idle_timeout);
+    tokio::pin!(silence);
     let mut ping = tokio::time::interval(config.ping_every);
     ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     ping.tick().await;
@@ -220,7 +223,7 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
         tokio::select! {
             incoming = socket.recv() => {
                 let Some(Ok(message)) = incoming else { return };
-                heard = tokio::time::Instant::now();
+                silence.as_mut().reset(tokio::time::Instant::now() + config.idle_timeout);
                 let Message::Text(text) = message else { continue };
                 if !pace.admit() {
                     if !send_within(&mut socket, config.send_timeout, Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await { return; }
@@ -250,11 +253,11 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                     return;
                 }
             }
+            () = &mut silence => {
+                let _ = send_within(&mut socket, config.send_timeout, Message::Close(None)).await;
+                return;
+            }
             _ = ping.tick() => {
-                if heard.elapsed() >= config.idle_timeout {
-                    let _ = send_within(&mut socket, config.send_timeout, Message::Close(None)).await;
-                    return;
-                }
                 if !send_within(&mut socket, config.send_timeout, Message::Ping(Default::default())).await {
                     return;
                 }

@@ -1,12 +1,19 @@
 //! An overall deadline per request: whatever a request waits on (Redis across
 //! many shards, a PostgreSQL lookup), it is answered within its [`Deadline`],
-//! with 503 `unavailable` and `Retry-After` when the time runs out. Work the
+//! with 503 `unavailable` and `Retry-After` when the time runs out on our side,
+//! or 408 `request_timeout` when the caller had not even sent its whole body
+//! (a slow client is the client's fault, and must not read as a server error). Work the
 //! engine already started finishes or is undone by its own rules (a hold the
 //! client never heard of expires; a retry with the same `Idempotency-Key` gets
 //! the real outcome, because a 503 is never stored as the answer).
 
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
@@ -38,14 +45,58 @@ impl Deadline {
     }
 }
 
+/// A request body that notes when it has arrived whole.
+struct Tracked {
+    inner: Body,
+    arrived: Arc<AtomicBool>,
+}
+
+impl axum::body::HttpBody for Tracked {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        if matches!(polled, Poll::Ready(None)) {
+            self.arrived.store(true, Ordering::Relaxed);
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Middleware: runs the rest of the stack under the route's [`Deadline`].
 pub async fn within_deadline(
     State(deadline): State<Deadline>,
     request: Request,
     next: Next,
 ) -> Response {
+    use axum::body::HttpBody;
+    // An empty body has arrived before anything is read.
+    let arrived = Arc::new(AtomicBool::new(request.body().is_end_stream()));
+    let request = request.map(|inner| {
+        Body::new(Tracked {
+            inner,
+            arrived: arrived.clone(),
+        })
+    });
     match tokio::time::timeout(deadline.0, next.run(request)).await {
         Ok(response) => response,
+        Err(_) if !arrived.load(Ordering::Relaxed) => ApiError::new(
+            ErrorCode::RequestTimeout,
+            "the request body did not arrive in time; send it whole, promptly",
+        )
+        .into_response(),
         Err(_) => {
             tracing::warn!(
                 deadline_ms = u64::try_from(deadline.0.as_millis()).unwrap_or(u64::MAX),
@@ -53,7 +104,7 @@ pub async fn within_deadline(
             );
             ApiError::new(
                 ErrorCode::Unavailable,
-                "the request could not be completed in time; retry shortly with the same Idempotency-Key",
+                "the request could not be completed in time; retry shortly (with the same Idempotency-Key, if it had one)",
             )
             .into_response()
         }

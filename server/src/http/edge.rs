@@ -49,6 +49,9 @@ pub struct EdgeConfig {
     pub api_max_body: usize,
     /// Every API and webhook request is answered within it (503 after).
     pub api_deadline: super::deadline::Deadline,
+    /// Longest a write to a client may wait (the client stopped reading)
+    /// before its connection is closed.
+    pub write_timeout: Duration,
 }
 
 /// Default for [`EdgeConfig::header_read_timeout`].
@@ -58,6 +61,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(15);
 /// Default for [`EdgeConfig::max_connections`] (lowered at start-up to what
 /// the process's open-file limit allows).
 pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+/// Default for [`EdgeConfig::write_timeout`].
+pub const DEFAULT_WRITE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Default for [`EdgeConfig::max_connections_per_address`].
 pub const DEFAULT_MAX_CONNECTIONS_PER_ADDRESS: usize = 256;
 
@@ -73,6 +78,7 @@ impl Default for EdgeConfig {
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             api_max_body: crate::api::DEFAULT_BODY_LIMIT,
             api_deadline: super::deadline::DEFAULT_DEADLINE,
+            write_timeout: DEFAULT_WRITE_TIMEOUT,
         }
     }
 }

@@ -12,3 +12,4 @@ pub mod ratelimit;
 pub mod request_id;
 pub mod server_fns;
 pub mod socket;
+pub mod write_deadline;

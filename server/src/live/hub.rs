@@ -173,6 +173,19 @@ impl LiveHub {
             .collect()
     }
 
+    /// Open holds on all the drops' SKUs (every one, not only those with
+    /// per-SKU series).
+    pub fn drop_open_holds(&self) -> u64 {
+        let state = self.lock();
+        state.as_ref().map_or(0, |s| {
+            s.tracked
+                .iter()
+                .filter_map(|sku| s.figures.get(sku))
+                .map(|f| f.open_holds)
+                .sum()
+        })
+    }
+
     /// A snapshot for a tab watching `watched`, and the deltas after it. With the
     /// `resume` cursor of an earlier connection, the watched SKU's events since
     /// then are included (when they are still held).

@@ -145,7 +145,11 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
     }
     let mut ping = tokio::time::interval(config.ping_every);
     ping.tick().await;
-    let mut heard = tokio::time::Instant::now();
+    // A browser answers every ping; silence this long means the tab or its
+    // network is gone, and the socket would only hold memory. The deadline
+    // moves with every frame received.
+    let silence = tokio::time::sleep(config.idle_timeout);
+    tokio::pin!(silence);
     let mut recheck = tokio::time::interval(SESSION_RECHECK);
     recheck.tick().await;
     loop {
@@ -192,20 +196,16 @@ async fn serve(mut socket: WebSocket, hub: Arc<LiveHub>, resume: Option<String>,
             }
             incoming = socket.recv() => match incoming {
                 Some(Ok(Message::Text(text))) => {
-                    heard = tokio::time::Instant::now();
+                    silence.as_mut().reset(tokio::time::Instant::now() + config.idle_timeout);
                     if let Ok(ClientMsg::Watch { sku }) = serde_json::from_str(&text) {
                         watched = sku;
                     }
                 }
                 Some(Ok(Message::Close(_))) | None | Some(Err(_)) => return,
-                Some(Ok(_)) => heard = tokio::time::Instant::now(),
+                Some(Ok(_)) => silence.as_mut().reset(tokio::time::Instant::now() + config.idle_timeout),
             },
+            () = &mut silence => return,
             _ = ping.tick() => {
-                // A browser answers every ping; silence means the tab or its
-                // network is gone, and the socket would only hold memory.
-                if heard.elapsed() >= config.idle_timeout {
-                    return;
-                }
                 if !send_within(&mut socket, config.send_timeout, Message::Ping(Vec::new().into())).await {
                     return;
                 }

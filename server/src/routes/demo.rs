@@ -1,23 +1,64 @@
-//! `GET /demo/shop`: a plain shop page that embeds the stock badges the way any
-//! merchant would, with one script tag: for trying the widget and for the
-//! end-to-end tests.
+//! The demo shop: `GET /demo/shop`, a plain shop page that embeds the stock
+//! badges the way any merchant would, with one script tag; and, when the server
+//! runs the demo (`--demo`), a shopper's whole path on it: hold a unit, watch
+//! the hold count down, pay or release it. The buttons call this small demo
+//! backend (`/demo/shop/hold`, `/pay`, `/release`), which runs the same engine
+//! operations the checkout API runs, as a shop's own backend would with its
+//! token; the dashboard shows the sale as it happens. Without `--demo` those
+//! three answer 404: a public page must never move real stock.
 
-use axum::Router;
-use axum::extract::State;
-use axum::response::Html;
-use axum::routing::get;
-use holdfast_engine::catalog;
+use std::sync::Arc;
+use std::time::Duration;
 
-use axum::extract::FromRef;
-use holdfast_engine::Backends;
+use axum::extract::{FromRef, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{Html, IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Extension, Json, Router};
+use holdfast_app::server::guard::ClientIp;
+use holdfast_domain::{ConfirmOutcome, ReleaseOutcome, ReserveOutcome, ReserveRequest};
+use holdfast_engine::{Backends, catalog, checkout};
+use serde::Deserialize;
 
-/// The demo shop route.
+use crate::http::ratelimit::{Limit, RateLimiter};
+
+/// How long a demo hold lasts: long enough to pay, short enough to watch one
+/// expire.
+pub const DEMO_HOLD: Duration = Duration::from_secs(120);
+
+/// The demo shop's state: whether it may sell, and its per-address pace.
+#[derive(Clone)]
+pub struct DemoShop {
+    /// PostgreSQL and Redis.
+    pub backends: Backends,
+    /// Whether the buy path is on (the server runs the demo).
+    pub selling: bool,
+    /// Demo calls per client address.
+    pub per_address: Arc<RateLimiter>,
+}
+
+impl DemoShop {
+    /// The shop over `backends`; it sells only when `selling`.
+    pub fn new(backends: Backends, selling: bool) -> Self {
+        Self {
+            backends,
+            selling,
+            per_address: Arc::new(RateLimiter::new(Limit::per_second(5))),
+        }
+    }
+}
+
+/// The demo shop routes.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
-    Backends: FromRef<S>,
+    DemoShop: FromRef<S>,
 {
-    Router::new().route("/demo/shop", get(shop))
+    Router::new()
+        .route("/demo/shop", get(shop))
+        .route("/demo/shop/hold", post(hold))
+        .route("/demo/shop/pay", post(pay))
+        .route("/demo/shop/release", post(release))
 }
 
 /// Escapes text for HTML.
@@ -28,23 +69,40 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-async fn shop(State(backends): State<Backends>) -> Html<String> {
-    let skus = catalog::drop_skus(&backends.pg, catalog::DEMO_DROP)
+async fn shop(State(shop): State<DemoShop>) -> Html<String> {
+    let skus = catalog::drop_skus(&shop.backends.pg, catalog::DEMO_DROP)
         .await
         .unwrap_or_default();
+    let button = |sku: &str| {
+        if shop.selling {
+            format!(
+                r#"<button type="button" class="hold" data-sku="{}">Add to cart</button>"#,
+                esc(sku)
+            )
+        } else {
+            String::new()
+        }
+    };
     let cards: String = skus
         .iter()
         .map(|s| {
             format!(
-                r#"<article class="card"><h2>{}</h2><p class="sku">{}</p><holdfast-stock sku="{}"></holdfast-stock></article>"#,
+                r#"<article class="card"><h2>{}</h2><p class="sku">{}</p><holdfast-stock sku="{}"></holdfast-stock>{}</article>"#,
                 esc(&s.title),
                 esc(&s.sku),
-                esc(&s.sku)
+                esc(&s.sku),
+                button(&s.sku)
             )
         })
         .collect();
     let empty = if skus.is_empty() {
         "<p>No demo drop loaded: start Holdfast with --demo.</p>"
+    } else {
+        ""
+    };
+    let cart = if shop.selling {
+        r#"<aside id="cart" aria-live="polite"><h2>Cart</h2><p class="empty">Nothing held yet: add something to the cart.</p><ul></ul></aside>
+<script src="/demo-shop.js" defer></script>"#
     } else {
         ""
     };
@@ -55,9 +113,177 @@ async fn shop(State(backends): State<Backends>) -> Html<String> {
 header{{padding:1rem 1.5rem;background:#fff;border-bottom:1px solid #e4e6ea}}
 main{{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap:1rem;padding:1.5rem;max-width:1100px;margin:auto}}
 .card{{background:#fff;border:1px solid #e4e6ea;border-radius:10px;padding:1rem}}
-.card h2{{font-size:1.05rem;margin:0 0 .25rem}}.sku{{color:#5b6472;font-size:.85rem;margin:0 0 .75rem}}</style>
+.card h2{{font-size:1.05rem;margin:0 0 .25rem}}.sku{{color:#5b6472;font-size:.85rem;margin:0 0 .75rem}}
+.card button{{margin-top:.75rem}}#cart{{max-width:1100px;margin:0 auto 2rem;padding:1rem 1.5rem;background:#fff;border:1px solid #e4e6ea;border-radius:10px}}
+#cart li{{margin:.5rem 0}}#cart .note{{color:#5b6472}}</style>
 </head><body><header><strong>Demo shop</strong> · live stock from Holdfast</header>
-<main>{cards}{empty}</main>
+<main>{cards}{empty}</main>{cart}
 <script src="/widget.js" async></script></body></html>"#
     ))
+}
+
+/// A call to the demo backend.
+#[derive(Debug, Deserialize)]
+struct HoldBody {
+    sku: String,
+    /// The page's own shopper id (random, kept in the tab), for per-buyer limits.
+    shopper: String,
+}
+
+/// A call about one reservation.
+#[derive(Debug, Deserialize)]
+struct ReservationBody {
+    reservation_id: String,
+}
+
+/// The refusal, unless the demo sells, the call comes from this site's own
+/// page (`Origin`), and the address is within its pace.
+fn refusal(shop: &DemoShop, headers: &HeaderMap, client: Option<&ClientIp>) -> Option<Response> {
+    if !shop.selling {
+        return Some(StatusCode::NOT_FOUND.into_response());
+    }
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|v| v.to_str().ok());
+    let origin = headers
+        .get(axum::http::header::ORIGIN)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|o| o.split_once("://").map(|(_, rest)| rest));
+    if host.is_none() || origin != host {
+        return Some((StatusCode::FORBIDDEN, "cross-site call refused").into_response());
+    }
+    let who = client.map_or_else(String::new, |ClientIp(ip)| ip.to_string());
+    shop.per_address.check(&who).err().map(|secs| {
+        (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(axum::http::header::RETRY_AFTER, secs.to_string())],
+            "slow down",
+        )
+            .into_response()
+    })
+}
+
+fn engine_failed(e: holdfast_engine::EngineError) -> Response {
+    tracing::warn!(error = %e, "demo shop: the engine call failed");
+    (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response()
+}
+
+/// `POST /demo/shop/hold`: holds one unit for [`DEMO_HOLD`].
+async fn hold(
+    State(shop): State<DemoShop>,
+    client: Option<Extension<ClientIp>>,
+    headers: HeaderMap,
+    Json(body): Json<HoldBody>,
+) -> Response {
+    if let Some(refused) = refusal(&shop, &headers, client.as_deref()) {
+        return refused;
+    }
+    let shopper: String = body
+        .shopper
+        .chars()
+        .filter(char::is_ascii_alphanumeric)
+        .take(32)
+        .collect();
+    let request = ReserveRequest {
+        buyer: Some(format!("demo-{shopper}")),
+        ttl_ms: Some(DEMO_HOLD.as_millis() as u64),
+        ..ReserveRequest::single(
+            format!("demo-{}", uuid::Uuid::new_v4().simple()),
+            body.sku,
+            1,
+        )
+    };
+    match shop.backends.engine.reserve(&request).await {
+        Ok(outcome) => {
+            let status = match outcome {
+                ReserveOutcome::Reserved { .. } => StatusCode::CREATED,
+                ReserveOutcome::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                _ => StatusCode::CONFLICT,
+            };
+            (status, Json(outcome)).into_response()
+        }
+        Err(e) => engine_failed(e),
+    }
+}
+
+/// How a demo hold ends.
+#[derive(Debug, Clone, Copy)]
+enum End {
+    /// The payment went through: confirm.
+    Pay,
+    /// The shopper gave it back.
+    Release,
+}
+
+/// `POST /demo/shop/pay`: confirms a demo hold (the payment went through).
+async fn pay(
+    State(shop): State<DemoShop>,
+    client: Option<Extension<ClientIp>>,
+    headers: HeaderMap,
+    Json(body): Json<ReservationBody>,
+) -> Response {
+    end_hold(End::Pay, &shop, client.as_deref(), &headers, &body).await
+}
+
+/// `POST /demo/shop/release`: gives a demo hold back.
+async fn release(
+    State(shop): State<DemoShop>,
+    client: Option<Extension<ClientIp>>,
+    headers: HeaderMap,
+    Json(body): Json<ReservationBody>,
+) -> Response {
+    end_hold(End::Release, &shop, client.as_deref(), &headers, &body).await
+}
+
+/// Ends a demo hold (never one the checkout API made: 404).
+async fn end_hold(
+    end: End,
+    shop: &DemoShop,
+    client: Option<&ClientIp>,
+    headers: &HeaderMap,
+    body: &ReservationBody,
+) -> Response {
+    if let Some(refused) = refusal(shop, headers, client) {
+        return refused;
+    }
+    let id = body.reservation_id.as_str();
+    if !id.starts_with("demo-") {
+        return StatusCode::NOT_FOUND.into_response();
+    }
+    let answer = match end {
+        End::Pay => checkout::confirm_payment(&shop.backends, id)
+            .await
+            .map(|o| {
+                let ok = matches!(
+                    o,
+                    ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed
+                );
+                (
+                    if ok {
+                        StatusCode::OK
+                    } else {
+                        StatusCode::CONFLICT
+                    },
+                    Json(o).into_response(),
+                )
+            }),
+        End::Release => shop.backends.engine.release(id).await.map(|o| {
+            let known = !matches!(o, ReleaseOutcome::Unknown);
+            (
+                if known {
+                    StatusCode::OK
+                } else {
+                    StatusCode::NOT_FOUND
+                },
+                Json(o).into_response(),
+            )
+        }),
+    };
+    match answer {
+        Ok((status, mut response)) => {
+            *response.status_mut() = status;
+            response
+        }
+        Err(e) => engine_failed(e),
+    }
 }

@@ -88,13 +88,16 @@ impl IngestConfig {
                     "{which}: the secret must be at least 16 characters"
                 ));
             }
-            config.sources.insert(
+            let earlier = config.sources.insert(
                 name.to_owned(),
                 Source {
                     lane,
                     secret: secret.to_owned(),
                 },
             );
+            if earlier.is_some() {
+                return Err(format!("{which}: source {name} is named twice"));
+            }
         }
         config.max_body = BODY_LIMIT;
         for lane in Lane::ALL {
@@ -196,7 +199,13 @@ impl IngestState {
             redis,
             config: Arc::new(config),
             per_source: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
-            per_caller: Arc::new(RateLimiter::new(Limit::per_second(per_source))),
+            // Lifting the per-source limit (0) is for trusted senders; the
+            // anonymous per-address limit before verification stays.
+            per_caller: Arc::new(RateLimiter::new(Limit::per_second(if per_source == 0 {
+                crate::http::ratelimit::DEFAULT_SOURCE_RATE
+            } else {
+                per_source
+            }))),
             payloads: lane_counters(),
             bytes: lane_counters(),
         }
@@ -304,12 +313,20 @@ async fn receive(
     let max_body = state.config.max_body;
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
-        Err(_) => {
+        Err(e)
+            if std::error::Error::source(&e)
+                .is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) =>
+        {
             return ApiError::new(
                 ErrorCode::PayloadTooLarge,
                 format!("a webhook body is at most {max_body} bytes"),
             )
             .into_response();
+        }
+        // The connection broke or the body was malformed on the wire.
+        Err(_) => {
+            return ApiError::new(ErrorCode::BadRequest, "the body could not be read whole")
+                .into_response();
         }
     };
     let (timestamp, signature) = match signed_headers(&headers) {

@@ -57,8 +57,9 @@ impl MetricsAccess {
     }
 }
 
-/// Most SKUs with per-SKU series (the drops' SKUs in code order): a
-/// catalogue of any size cannot flood the monitoring system.
+/// Most SKUs with per-SKU series (the drops' SKUs in code order; totals such
+/// as open holds count every SKU): a catalogue of any size cannot flood the
+/// monitoring system.
 pub const MAX_SKU_SERIES: usize = 1_000;
 
 /// The Redis server this process saw at the last scrape, to notice a restart
@@ -288,7 +289,7 @@ async fn metrics(
     out.gauge(
         "holdfast_open_holds",
         "Open holds on the drops' SKUs",
-        figures.iter().map(|f| f.open_holds as i64).sum(),
+        i64::try_from(src.live.drop_open_holds()).unwrap_or(i64::MAX),
     );
 
     if redis_up && let Ok(info) = redis_conn::info(&backends.redis, timeout).await {
@@ -334,6 +335,7 @@ async fn metrics(
         let samples: Vec<(SkuLabel, i64)> = match owed {
             Ok(Ok(owed)) => owed
                 .into_iter()
+                .take(MAX_SKU_SERIES)
                 .map(|(sku, n)| (SkuLabel { sku }, n))
                 .collect(),
             _ => Vec::new(),
