@@ -17,7 +17,8 @@ async function signIn(page: Page, username: string) {
 }
 
 async function live(page: Page) {
-  await expect(page.locator('main')).toHaveAttribute('data-hydrated', 'true');
+  // Hydration compiles the debug WASM bundle: seconds on a busy 2-core machine.
+  await expect(page.locator('main')).toHaveAttribute('data-hydrated', 'true', { timeout: 15000 });
   await expect(page.locator('.conn')).toHaveText('live');
 }
 
