@@ -116,7 +116,21 @@ pub async fn reconcile_all(
             "a reconciliation is already running (the reconcile lock is held)".into(),
         ));
     };
-    let result = run(engine, pg, options, &lease, progress).await;
+    let result = match run(engine, pg, options, &lease, progress).await {
+        // A run that failed after its lease lapsed (it was paused, or too
+        // slow) says so: that, not the error it met on the way, is the cause.
+        Err(e)
+            if !matches!(e, EngineError::LeaseLost(_))
+                && !engine
+                    .extend_lock(&lease, options.lease)
+                    .await
+                    .unwrap_or(true) =>
+        {
+            tracing::warn!(error = %e, "reconciliation failed after its lease lapsed");
+            Err(EngineError::LeaseLost(LOCK.into()))
+        }
+        other => other,
+    };
     if let Err(e) = engine.release_lock(&lease).await {
         tracing::warn!(error = %e, "could not release the reconcile lock; it lapses by itself");
     }
