@@ -271,6 +271,11 @@ async fn settings_serve_would_refuse_fail_the_report(_pool: PgPoolOptions, opts:
         ("HOLDFAST_API_DEADLINE_MS", "20000"),
         ("HOLDFAST_TRUSTED_PROXIES", "10.0.0.0/99"),
         ("HOLDFAST_HOLD_TTL_SECS", "7200"),
+        ("HOLDFAST_LANE_CAPS", "orders:0"),
+        (
+            "HOLDFAST_INGEST_SOURCES",
+            "erp=feeds:0123456789abcdef,erp=orders:0123456789abcdef",
+        ),
     ] {
         let (code, out) = doctor(&redis.url(), &pg, &[], &[(name, value)]);
         assert_eq!(code, Some(2), "{name}={value}:\n{out}");

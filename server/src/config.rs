@@ -156,14 +156,16 @@ pub struct ServeArgs {
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub reaper_batch: usize,
     /// Seconds between scheduled reconciliation runs (0: never).
-    #[arg(long, env = "HOLDFAST_RECONCILE_EVERY_SECS", default_value_t = 60)]
+    #[arg(long, env = "HOLDFAST_RECONCILE_EVERY_SECS", default_value_t = 60,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
     pub reconcile_every_secs: u64,
     /// Let scheduled runs correct negative drift (stranded units) up, too.
     #[arg(long, env = "HOLDFAST_RECONCILE_CORRECT_UP", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue)]
     pub reconcile_correct_up: bool,
     /// Seconds between scheduled verifications (the truth check; its last result
     /// is in /metrics and on the dashboard); 0: never.
-    #[arg(long, env = "HOLDFAST_VERIFY_EVERY_SECS", default_value_t = 300)]
+    #[arg(long, env = "HOLDFAST_VERIFY_EVERY_SECS", default_value_t = 300,
+          value_parser = clap::value_parser!(u64).range(0..=604_800))]
     pub verify_every_secs: u64,
     /// Most stream entries per shard in one write-behind transaction.
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000,
@@ -178,14 +180,17 @@ pub struct ServeArgs {
     )]
     pub ingest_sources: Vec<String>,
     /// Most API requests per second per token (bursts of twice that); 0 for no limit.
-    #[arg(long, env = "HOLDFAST_API_RATE", default_value_t = crate::http::ratelimit::DEFAULT_TOKEN_RATE)]
+    #[arg(long, env = "HOLDFAST_API_RATE", default_value_t = crate::http::ratelimit::DEFAULT_TOKEN_RATE,
+          value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     pub api_rate: u32,
     /// Most webhooks per second per source (bursts of twice that); 0 for no limit.
-    #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::http::ratelimit::DEFAULT_SOURCE_RATE)]
+    #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::http::ratelimit::DEFAULT_SOURCE_RATE,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub ingest_rate: u32,
     /// How long a sell-out is remembered in memory, answering further attempts
     /// without Redis (cleared at once when stock comes back); 0 turns it off.
-    #[arg(long, env = "HOLDFAST_SOLD_OUT_CACHE_MS", default_value_t = 2_000)]
+    #[arg(long, env = "HOLDFAST_SOLD_OUT_CACHE_MS", default_value_t = 2_000,
+          value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub sold_out_cache_ms: u64,
     /// Origins (`https://shop.example`) whose pages may embed live stock badges,
     /// comma-separated in the environment. This server's own pages always may.
@@ -236,7 +241,8 @@ pub struct ServeArgs {
     pub lane_byte_caps: Vec<String>,
     /// Most events per second the `feeds` lane applies (bulk syncs must not crowd
     /// out checkout); 0 for no limit.
-    #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000)]
+    #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000,
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub feeds_rate: u32,
     /// Host names this server answers for (`shop.example`), comma-separated in
     /// the environment. IP addresses and `localhost` always work; a request for
@@ -369,8 +375,13 @@ impl ServeArgs {
     /// Refuses settings that would be unsafe together: the demo's published
     /// password on an address reachable from other machines.
     pub fn check(&self) -> Result<(), String> {
-        let empty_env = std::env::var("HOLDFAST_METRICS_TOKEN").is_ok_and(|v| v.is_empty());
-        if self.metrics_token.as_deref() == Some("") || empty_env {
+        let blank_env = std::env::var("HOLDFAST_METRICS_TOKEN").is_ok_and(|v| v.trim().is_empty());
+        if self
+            .metrics_token
+            .as_deref()
+            .is_some_and(|t| t.trim().is_empty())
+            || blank_env
+        {
             return Err(
                 "--metrics-token (HOLDFAST_METRICS_TOKEN) is set but empty: /metrics would be \
                  open to anyone; give a token or unset it"
@@ -434,10 +445,6 @@ impl ServeArgs {
         use crate::routes::ingest::IngestConfig;
         let webhook_sources = IngestConfig::parse(&self.ingest_sources)
             .map_err(|e| format!("--ingest-source {e}"))
-            .and_then(|c| {
-                c.with_max_body(usize::try_from(self.webhook_max_bytes).unwrap_or(usize::MAX))
-            })
-            .and_then(|c| c.with_caps(&self.lane_caps, &self.lane_byte_caps))
             .map(|c| {
                 c.sources
                     .into_iter()
@@ -455,8 +462,18 @@ impl ServeArgs {
                 .engine
                 .check()
                 .and_then(|()| self.check())
-                .and_then(|()| self.edge().map(drop)),
+                .and_then(|()| self.edge().map(drop))
+                .and_then(|()| self.ingest().map(drop)),
         }
+    }
+
+    /// The webhook settings: sources, the largest body and the lanes' caps,
+    /// checked together.
+    pub fn ingest(&self) -> Result<crate::routes::ingest::IngestConfig, String> {
+        crate::routes::ingest::IngestConfig::parse(&self.ingest_sources)
+            .map_err(|e| format!("--ingest-source {e}"))?
+            .with_max_body(usize::try_from(self.webhook_max_bytes).unwrap_or(usize::MAX))
+            .and_then(|c| c.with_caps(&self.lane_caps, &self.lane_byte_caps))
     }
 
     /// `serve`'s settings from the environment and defaults alone, for when no

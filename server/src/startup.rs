@@ -28,7 +28,6 @@ use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
 use crate::http::edge::{ConnectionSlot, EdgeConfig};
 use crate::live::hub::LiveConfig;
-use crate::routes::ingest::IngestConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
 use crate::{api, badge, live, routes};
@@ -201,6 +200,12 @@ pub async fn serve(
             }
         };
         let _ = stream.set_nodelay(true);
+        // A bounded send buffer: the kernel wakes a blocked write when half of
+        // it has drained, so a client that reads slowly but steadily shows
+        // progress well within the write deadline (an autotuned buffer of
+        // megabytes would wake it only after seconds), and one that stopped
+        // reading holds at most this much memory in the kernel.
+        let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER);
         // Held by this connection and by any WebSocket it becomes.
         let slot = ConnectionSlot(Arc::new((permit, counted)));
         let held = slot.clone();
@@ -254,6 +259,10 @@ pub async fn serve(
     }
     Ok(())
 }
+
+/// Each client connection's kernel send buffer, in bytes (the kernel doubles
+/// it for its own bookkeeping).
+const SEND_BUFFER: usize = 256 * 1024;
 
 /// Open connections per client address.
 #[derive(Default)]
@@ -435,11 +444,7 @@ impl Application {
             api_rate: args.api_rate,
             ingest_rate: args.ingest_rate,
             sold_out_ttl: Duration::from_millis(args.sold_out_cache_ms),
-            ingest: IngestConfig::parse(&args.ingest_sources)
-                .map_err(|e| anyhow::anyhow!("--ingest-source {e}"))?
-                .with_max_body(usize::try_from(args.webhook_max_bytes).unwrap_or(usize::MAX))
-                .and_then(|c| c.with_caps(&args.lane_caps, &args.lane_byte_caps))
-                .map_err(anyhow::Error::msg)?,
+            ingest: args.ingest().map_err(anyhow::Error::msg)?,
             badge: BadgeConfig {
                 origins: args
                     .badge_origins

@@ -162,3 +162,71 @@ async fn shop_again(pool: PgPool) -> (common::TestServer, TestRedis, holdfast_en
     let server = common::spawn_with(backends.clone(), StateOptions::default(), None).await;
     (server, redis, backends)
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_demo_shop_sells_only_the_demo_drop_one_shopper_per_address(pool: PgPool) {
+    let (server, _redis, backends) = shop(pool, true).await;
+    let own = Some(server.base.as_str());
+    // A warmed SKU outside the demo drop is not for sale here.
+    stock(&backends.engine, "REAL-1", 5).await;
+    let (status, _) = post(&server, "/demo/shop/hold", json!({"sku": "REAL-1"}), own).await;
+    assert_eq!(status, 404);
+    assert_eq!(
+        backends
+            .engine
+            .figures("REAL-1")
+            .await
+            .unwrap()
+            .unwrap()
+            .reserved,
+        0
+    );
+    // DROP-005 allows one per buyer: a new "shopper" name does not make a new buyer.
+    holdfast_engine::testkit::stock_with_limit(&backends.engine, "DROP-005", 5, 1).await;
+    let mut outcomes = Vec::new();
+    for shopper in ["a", "b", "c"] {
+        let (_, v) = post(
+            &server,
+            "/demo/shop/hold",
+            json!({"sku": "DROP-005", "shopper": shopper}),
+            own,
+        )
+        .await;
+        outcomes.push(v["outcome"].as_str().unwrap_or_default().to_owned());
+    }
+    assert_eq!(outcomes, ["reserved", "limit_exceeded", "limit_exceeded"]);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn purchases_are_paced_per_address(pool: PgPool) {
+    let (server, _redis, backends) = shop(pool, true).await;
+    let own = Some(server.base.as_str());
+    stock(&backends.engine, "DROP-006", 20).await;
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        let (_, held) = post(&server, "/demo/shop/hold", json!({"sku": "DROP-006"}), own).await;
+        let id = held["reservation_id"].as_str().unwrap().to_owned();
+        let (status, _) = post(
+            &server,
+            "/demo/shop/pay",
+            json!({"reservation_id": id}),
+            own,
+        )
+        .await;
+        statuses.push(status);
+        // Within the calls-per-second pace.
+        tokio::time::sleep(std::time::Duration::from_millis(450)).await;
+    }
+    assert_eq!(&statuses[..6], &[200; 6], "{statuses:?}");
+    assert!(statuses[6..].iter().all(|s| *s == 429), "{statuses:?}");
+    assert_eq!(
+        backends
+            .engine
+            .figures("DROP-006")
+            .await
+            .unwrap()
+            .unwrap()
+            .sold,
+        6
+    );
+}

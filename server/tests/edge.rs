@@ -713,25 +713,11 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout(pool: PgP
     const SIZE: usize = 32 << 20;
     let redis = TestRedis::start();
     // A large static file: more than the kernel's buffers hold, so writes stall.
-    let site = tempfile::tempdir().unwrap();
-    std::fs::write(site.path().join("big.bin"), vec![7u8; SIZE]).unwrap();
-    let backends = common::backends(pool, &redis.url()).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let options = StateOptions {
-        edge: EdgeConfig {
-            write_timeout: Duration::from_secs(1),
-            ..EdgeConfig::default()
-        },
-        ..StateOptions::default()
+    let edge = EdgeConfig {
+        write_timeout: Duration::from_secs(1),
+        ..EdgeConfig::default()
     };
-    let state = holdfast_server::state::AppState::build(
-        holdfast_server::state::leptos_options(site.path().to_str().unwrap(), addr),
-        backends,
-        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
-        options,
-    );
-    holdfast_server::startup::spawn_in_background(listener, state, None).await;
+    let (addr, _site) = serving_a_file(pool, &redis, SIZE, edge).await;
     let mut tcp = TcpStream::connect(addr).await.unwrap();
     tcp.write_all(format!("GET /big.bin HTTP/1.1\r\nHost: {addr}\r\n\r\n").as_bytes())
         .await
@@ -751,4 +737,69 @@ async fn a_client_that_stops_reading_is_closed_after_the_write_timeout(pool: PgP
         total < SIZE,
         "the whole answer arrived ({total} bytes): the stalled connection was kept"
     );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_slow_but_steady_reader_is_not_cut_off_by_the_write_timeout(pool: PgPool) {
+    const SIZE: usize = 8 << 20;
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        write_timeout: Duration::from_secs(2),
+        request_timeout: Duration::from_secs(60),
+        ..EdgeConfig::default()
+    };
+    let (addr, _site) = serving_a_file(pool, &redis, SIZE, edge).await;
+    // A small receive window, read a little at a time: the server's writes
+    // wait on this reader the whole way, for far longer than two seconds in all.
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.set_recv_buffer_size(64 * 1024).unwrap();
+    let mut tcp = socket.connect(addr).await.unwrap();
+    tcp.write_all(
+        format!("GET /big.bin HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
+    let mut total = 0;
+    let mut buf = vec![0u8; 64 * 1024];
+    let started = Instant::now();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), tcp.read(&mut buf)).await {
+            Ok(Ok(0) | Err(_)) => break,
+            Ok(Ok(n)) => total += n,
+            Err(_) => panic!("no progress for 5 s after {total} bytes"),
+        }
+        tokio::time::sleep(Duration::from_millis(40)).await;
+    }
+    assert!(
+        total > SIZE,
+        "cut off after {total} bytes in {:?}",
+        started.elapsed()
+    );
+}
+
+/// A server whose site holds `/big.bin` of `size` bytes, with `edge`; its
+/// address and the site folder (removed when dropped).
+async fn serving_a_file(
+    pool: PgPool,
+    redis: &TestRedis,
+    size: usize,
+    edge: EdgeConfig,
+) -> (SocketAddr, tempfile::TempDir) {
+    let site = tempfile::tempdir().unwrap();
+    std::fs::write(site.path().join("big.bin"), vec![7u8; size]).unwrap();
+    let backends = common::backends(pool, &redis.url()).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let options = StateOptions {
+        edge,
+        ..StateOptions::default()
+    };
+    let state = holdfast_server::state::AppState::build(
+        holdfast_server::state::leptos_options(site.path().to_str().unwrap(), addr),
+        backends,
+        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
+        options,
+    );
+    holdfast_server::startup::spawn_in_background(listener, state, None).await;
+    (addr, site)
 }

@@ -103,7 +103,7 @@ where
         .layer(DefaultBodyLimit::max(max_body))
         .layer(axum::middleware::map_response(
             move |response: axum::response::Response| async move {
-                too_large_as_json(response, max_body)
+                rejection_as_json(response, max_body).await
             },
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -112,23 +112,38 @@ where
         ))
 }
 
-/// The body-size refusal in the API's JSON error shape (the extractor's own is
-/// plain text).
-fn too_large_as_json(
+/// A refusal the body extractors made (plain text) in the API's JSON error
+/// shape: 413 `payload_too_large`, 422 `invalid`, other 4xx `bad_request`,
+/// with the extractor's own explanation.
+async fn rejection_as_json(
     response: axum::response::Response,
     max_body: usize,
 ) -> axum::response::Response {
+    use axum::http::StatusCode;
     use axum::response::IntoResponse;
+    use holdfast_domain::ErrorCode;
     let plain = response
         .headers()
         .get(axum::http::header::CONTENT_TYPE)
-        .is_none_or(|t| !t.as_bytes().starts_with(b"application/json"));
-    if response.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE && plain {
-        return crate::http::error::ApiError::new(
-            holdfast_domain::ErrorCode::PayloadTooLarge,
-            format!("a request body is at most {max_body} bytes"),
-        )
-        .into_response();
+        .is_some_and(|t| t.as_bytes().starts_with(b"text/plain"));
+    let status = response.status();
+    if !plain || !matches!(status.as_u16(), 400 | 413 | 415 | 422) {
+        return response;
     }
-    response
+    let code = match status {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            return crate::http::error::ApiError::new(
+                ErrorCode::PayloadTooLarge,
+                format!("a request body is at most {max_body} bytes"),
+            )
+            .into_response();
+        }
+        StatusCode::UNPROCESSABLE_ENTITY => ErrorCode::Invalid,
+        _ => ErrorCode::BadRequest,
+    };
+    let text = axum::body::to_bytes(response.into_body(), 2_048)
+        .await
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_default();
+    crate::http::error::ApiError::new(code, text).into_response()
 }

@@ -8,10 +8,9 @@
 //! the real outcome, because a 503 is never stored as the answer).
 
 use std::pin::Pin;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -45,10 +44,23 @@ impl Deadline {
     }
 }
 
+/// Where a request's body is: not asked for yet, awaited, or arrived whole.
+#[derive(Debug, Clone, Copy)]
+enum BodyState {
+    /// The handler has not read it yet (any wait so far is ours).
+    Unread,
+    /// The handler is reading it (a wait now is the caller's).
+    Awaited,
+    /// It arrived whole at this instant.
+    Arrived(Instant),
+}
+
+type Arrival = Arc<Mutex<BodyState>>;
+
 /// A request body that notes when it has arrived whole.
 struct Tracked {
     inner: Body,
-    arrived: Arc<AtomicBool>,
+    arrived: Arrival,
 }
 
 impl axum::body::HttpBody for Tracked {
@@ -60,8 +72,12 @@ impl axum::body::HttpBody for Tracked {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<hyper::body::Frame<Self::Data>, Self::Error>>> {
         let polled = Pin::new(&mut self.inner).poll_frame(cx);
-        if matches!(polled, Poll::Ready(None)) {
-            self.arrived.store(true, Ordering::Relaxed);
+        if let Ok(mut state) = self.arrived.lock() {
+            *state = match (*state, &polled) {
+                (BodyState::Arrived(at), _) => BodyState::Arrived(at),
+                (_, Poll::Ready(None)) => BodyState::Arrived(Instant::now()),
+                _ => BodyState::Awaited,
+            };
         }
         polled
     }
@@ -82,22 +98,41 @@ pub async fn within_deadline(
     next: Next,
 ) -> Response {
     use axum::body::HttpBody;
+    let started = Instant::now();
     // An empty body has arrived before anything is read.
-    let arrived = Arc::new(AtomicBool::new(request.body().is_end_stream()));
+    let arrived: Arrival = Arc::new(Mutex::new(if request.body().is_end_stream() {
+        BodyState::Arrived(started)
+    } else {
+        BodyState::Unread
+    }));
     let request = request.map(|inner| {
         Body::new(Tracked {
             inner,
             arrived: arrived.clone(),
         })
     });
-    match tokio::time::timeout(deadline.0, next.run(request)).await {
-        Ok(response) => response,
-        Err(_) if !arrived.load(Ordering::Relaxed) => ApiError::new(
+    let work = next.run(request);
+    tokio::pin!(work);
+    // The work gets the whole deadline from the moment the body arrived: a
+    // body that comes late is the caller's time, never turned into a 503.
+    let mut until = started + deadline.0;
+    let timed_out = loop {
+        match tokio::time::timeout_at(until.into(), &mut work).await {
+            Ok(response) => return response,
+            Err(_) => match arrived.lock().map_or(BodyState::Unread, |s| *s) {
+                BodyState::Awaited => break false,
+                BodyState::Arrived(at) if at + deadline.0 > until => until = at + deadline.0,
+                BodyState::Arrived(_) | BodyState::Unread => break true,
+            },
+        }
+    };
+    match timed_out {
+        false => ApiError::new(
             ErrorCode::RequestTimeout,
             "the request body did not arrive in time; send it whole, promptly",
         )
         .into_response(),
-        Err(_) => {
+        true => {
             tracing::warn!(
                 deadline_ms = u64::try_from(deadline.0.as_millis()).unwrap_or(u64::MAX),
                 "a request ran out of time"

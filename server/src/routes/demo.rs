@@ -5,7 +5,9 @@
 //! backend (`/demo/shop/hold`, `/pay`, `/release`), which runs the same engine
 //! operations the checkout API runs, as a shop's own backend would with its
 //! token; the dashboard shows the sale as it happens. Without `--demo` those
-//! three answer 404: a public page must never move real stock.
+//! three answer 404: a public page must never move real stock. With it, only
+//! the demo drop's SKUs, one shopper per client address (so per-buyer limits
+//! hold), and a few purchases per address per minute.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,6 +28,12 @@ use crate::http::ratelimit::{Limit, RateLimiter};
 /// expire.
 pub const DEMO_HOLD: Duration = Duration::from_secs(120);
 
+/// Purchases one client address may make per minute in the demo shop.
+pub const PURCHASES_PER_MINUTE: f64 = 6.0;
+
+/// Largest body a demo call accepts (an id or a SKU code).
+const MAX_BODY: usize = 1_024;
+
 /// The demo shop's state: whether it may sell, and its per-address pace.
 #[derive(Clone)]
 pub struct DemoShop {
@@ -35,6 +43,10 @@ pub struct DemoShop {
     pub selling: bool,
     /// Demo calls per client address.
     pub per_address: Arc<RateLimiter>,
+    /// Purchases per client address.
+    pub purchases: Arc<RateLimiter>,
+    /// The demo drop's SKUs, read once: nothing else may be sold here.
+    pub skus: Arc<tokio::sync::OnceCell<std::collections::HashSet<String>>>,
 }
 
 impl DemoShop {
@@ -44,6 +56,11 @@ impl DemoShop {
             backends,
             selling,
             per_address: Arc::new(RateLimiter::new(Limit::per_second(5))),
+            purchases: Arc::new(RateLimiter::new(Limit {
+                per_sec: PURCHASES_PER_MINUTE / 60.0,
+                burst: PURCHASES_PER_MINUTE,
+            })),
+            skus: Arc::default(),
         }
     }
 }
@@ -59,6 +76,7 @@ where
         .route("/demo/shop/hold", post(hold))
         .route("/demo/shop/pay", post(pay))
         .route("/demo/shop/release", post(release))
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
 /// Escapes text for HTML.
@@ -122,12 +140,11 @@ main{{display:grid;grid-template-columns:repeat(auto-fill,minmax(220px,1fr));gap
     ))
 }
 
-/// A call to the demo backend.
+/// A call to the demo backend (anything else the page sends is ignored: the
+/// shopper is the client address, which the caller cannot choose).
 #[derive(Debug, Deserialize)]
 struct HoldBody {
     sku: String,
-    /// The page's own shopper id (random, kept in the tab), for per-buyer limits.
-    shopper: String,
 }
 
 /// A call about one reservation.
@@ -139,6 +156,16 @@ struct ReservationBody {
 /// The refusal, unless the demo sells, the call comes from this site's own
 /// page (`Origin`), and the address is within its pace.
 fn refusal(shop: &DemoShop, headers: &HeaderMap, client: Option<&ClientIp>) -> Option<Response> {
+    refusal_within(shop, headers, client, &shop.per_address)
+}
+
+/// [`refusal`], pacing the address with `limiter`.
+fn refusal_within(
+    shop: &DemoShop,
+    headers: &HeaderMap,
+    client: Option<&ClientIp>,
+    limiter: &RateLimiter,
+) -> Option<Response> {
     if !shop.selling {
         return Some(StatusCode::NOT_FOUND.into_response());
     }
@@ -153,7 +180,7 @@ fn refusal(shop: &DemoShop, headers: &HeaderMap, client: Option<&ClientIp>) -> O
         return Some((StatusCode::FORBIDDEN, "cross-site call refused").into_response());
     }
     let who = client.map_or_else(String::new, |ClientIp(ip)| ip.to_string());
-    shop.per_address.check(&who).err().map(|secs| {
+    limiter.check(&who).err().map(|secs| {
         (
             StatusCode::TOO_MANY_REQUESTS,
             [(axum::http::header::RETRY_AFTER, secs.to_string())],
@@ -168,22 +195,41 @@ fn engine_failed(e: holdfast_engine::EngineError) -> Response {
     (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response()
 }
 
-/// `POST /demo/shop/hold`: holds one unit for [`DEMO_HOLD`].
+/// `POST /demo/shop/hold`: holds one unit of a demo SKU for [`DEMO_HOLD`],
+/// for the shopper at the client's address.
 async fn hold(
     State(shop): State<DemoShop>,
     client: Option<Extension<ClientIp>>,
     headers: HeaderMap,
-    Json(body): Json<HoldBody>,
+    body: axum::body::Bytes,
 ) -> Response {
-    if let Some(refused) = refusal(&shop, &headers, client.as_deref()) {
+    let client = client.as_deref();
+    if let Some(refused) = refusal(&shop, &headers, client) {
         return refused;
     }
-    let shopper: String = body
-        .shopper
-        .chars()
-        .filter(char::is_ascii_alphanumeric)
-        .take(32)
-        .collect();
+    let Ok(body) = serde_json::from_slice::<HoldBody>(&body) else {
+        return (StatusCode::BAD_REQUEST, "send {\"sku\": \"…\"}").into_response();
+    };
+    let skus = match shop
+        .skus
+        .get_or_try_init(|| async {
+            catalog::drop_skus(&shop.backends.pg, catalog::DEMO_DROP)
+                .await
+                .map(|list| list.into_iter().map(|s| s.sku).collect())
+        })
+        .await
+    {
+        Ok(skus) => skus,
+        Err(e) => return engine_failed(e),
+    };
+    if !skus.contains(&body.sku) {
+        return (
+            StatusCode::NOT_FOUND,
+            "the demo shop sells only the demo drop",
+        )
+            .into_response();
+    }
+    let shopper = client.map_or_else(|| "unknown".to_owned(), |ClientIp(ip)| ip.to_string());
     let request = ReserveRequest {
         buyer: Some(format!("demo-{shopper}")),
         ttl_ms: Some(DEMO_HOLD.as_millis() as u64),
@@ -198,6 +244,7 @@ async fn hold(
             let status = match outcome {
                 ReserveOutcome::Reserved { .. } => StatusCode::CREATED,
                 ReserveOutcome::Invalid(_) => StatusCode::UNPROCESSABLE_ENTITY,
+                ReserveOutcome::NotWarmed { .. } => StatusCode::SERVICE_UNAVAILABLE,
                 _ => StatusCode::CONFLICT,
             };
             (status, Json(outcome)).into_response()
@@ -220,7 +267,7 @@ async fn pay(
     State(shop): State<DemoShop>,
     client: Option<Extension<ClientIp>>,
     headers: HeaderMap,
-    Json(body): Json<ReservationBody>,
+    body: axum::body::Bytes,
 ) -> Response {
     end_hold(End::Pay, &shop, client.as_deref(), &headers, &body).await
 }
@@ -230,22 +277,31 @@ async fn release(
     State(shop): State<DemoShop>,
     client: Option<Extension<ClientIp>>,
     headers: HeaderMap,
-    Json(body): Json<ReservationBody>,
+    body: axum::body::Bytes,
 ) -> Response {
     end_hold(End::Release, &shop, client.as_deref(), &headers, &body).await
 }
 
-/// Ends a demo hold (never one the checkout API made: 404).
+/// Ends a demo hold (never one the checkout API made: 404). A purchase is
+/// also paced per address ([`PURCHASES_PER_MINUTE`]): a sale here is for
+/// good, so one address cannot buy the demo drop out in seconds.
 async fn end_hold(
     end: End,
     shop: &DemoShop,
     client: Option<&ClientIp>,
     headers: &HeaderMap,
-    body: &ReservationBody,
+    body: &[u8],
 ) -> Response {
-    if let Some(refused) = refusal(shop, headers, client) {
+    let limiter = match end {
+        End::Pay => &shop.purchases,
+        End::Release => &shop.per_address,
+    };
+    if let Some(refused) = refusal_within(shop, headers, client, limiter) {
         return refused;
     }
+    let Ok(body) = serde_json::from_slice::<ReservationBody>(body) else {
+        return (StatusCode::BAD_REQUEST, "send {\"reservation_id\": \"…\"}").into_response();
+    };
     let id = body.reservation_id.as_str();
     if !id.starts_with("demo-") {
         return StatusCode::NOT_FOUND.into_response();

@@ -311,17 +311,28 @@ async fn receive(
         return ApiError::too_many(secs).into_response();
     }
     let max_body = state.config.max_body;
+    let too_large = || {
+        ApiError::new(
+            ErrorCode::PayloadTooLarge,
+            format!("a webhook body is at most {max_body} bytes"),
+        )
+        .into_response()
+    };
+    // A declared length over the limit is refused before waiting for the body.
+    let declared = headers
+        .get(axum::http::header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > max_body as u64) {
+        return too_large();
+    }
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
         Err(e)
             if std::error::Error::source(&e)
                 .is_some_and(|s| s.is::<http_body_util::LengthLimitError>()) =>
         {
-            return ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("a webhook body is at most {max_body} bytes"),
-            )
-            .into_response();
+            return too_large();
         }
         // The connection broke or the body was malformed on the wire.
         Err(_) => {
