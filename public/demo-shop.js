@@ -1,20 +1,13 @@
 // The demo shop's cart (served only with the demo): hold one unit, watch the
 // hold count down to its deadline, then pay or release it. Each button calls
-// the demo backend, which runs the same engine operations as the checkout API.
+// the demo backend, which runs the same engine operations as the checkout API
+// (the shopper is this browser's address, for per-buyer limits).
 (() => {
   'use strict';
   const cart = document.getElementById('cart');
   if (!cart) return;
   const list = cart.querySelector('ul');
   const empty = cart.querySelector('.empty');
-  // One shopper per tab, for per-buyer limits.
-  let shopper = sessionStorage.getItem('holdfast-demo-shopper');
-  if (!shopper) {
-    // getRandomValues also works on plain HTTP (randomUUID needs HTTPS).
-    shopper = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) => b.toString(16).padStart(2, '0')).join('');
-    sessionStorage.setItem('holdfast-demo-shopper', shopper);
-  }
-
   async function call(path, body) {
     const res = await fetch(path, {
       method: 'POST',
@@ -86,7 +79,7 @@
       const sku = button.dataset.sku;
       button.disabled = true;
       try {
-        const r = await call('/demo/shop/hold', { sku, shopper });
+        const r = await call('/demo/shop/hold', { sku });
         if (r.status === 201) {
           add(sku, r.data);
         } else {
