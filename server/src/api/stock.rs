@@ -3,7 +3,7 @@
 use axum::Json;
 use axum::extract::{Path, Query, State};
 use holdfast_app::dto::api::{ErrorBody, StockView};
-use holdfast_domain::{ErrorCode, Scope};
+use holdfast_domain::Scope;
 use serde::Deserialize;
 
 use super::ApiState;
@@ -101,13 +101,25 @@ pub async fn many(
             format!("give 1 to {MAX_SKUS} comma-separated SKU codes"),
         ));
     }
-    let mut out = Vec::with_capacity(skus.len());
-    for sku in skus {
-        match one(&state, sku).await {
-            Ok(v) => out.push(v),
-            Err(e) if e.code == ErrorCode::NotWarmed => {}
-            Err(e) => return Err(e),
-        }
+    if let Some(bad) = skus.iter().find(|s| !holdfast_engine::engine::valid_sku(s)) {
+        return Err(ApiError::invalid(
+            "skus",
+            format!("'{bad}' is not a valid SKU code"),
+        ));
     }
+    // Every SKU in one Redis round trip.
+    let figures = state.backends.engine.figures_many(&skus).await?;
+    let out = skus
+        .iter()
+        .zip(figures)
+        .filter_map(|(sku, f)| {
+            f.map(|f| StockView {
+                sku: (*sku).to_owned(),
+                available: f.available,
+                reserved: f.reserved,
+                sold_pending: f.sold_pending,
+            })
+        })
+        .collect();
     Ok(Json(out))
 }

@@ -173,6 +173,17 @@ impl BadgeHub {
         self.skus.lock().map_or(0, |s| s.len())
     }
 
+    /// The badges of `skus` read from Redis now, in one round trip.
+    pub async fn current_many(&self, skus: &[String]) -> Vec<Badge> {
+        let figures = self.engine.figures_many(skus).await.unwrap_or_default();
+        let mut badges = Vec::with_capacity(skus.len());
+        for (i, sku) in skus.iter().enumerate() {
+            let available = figures.get(i).copied().flatten().map(|f| f.available);
+            badges.push(Badge::new(sku, available, self.threshold(sku).await));
+        }
+        badges
+    }
+
     /// The badge of `sku` read from Redis now.
     pub async fn current(&self, sku: &str) -> Badge {
         let available = self

@@ -101,10 +101,7 @@ async fn poll(
         Ok(s) => s,
         Err(why) => return (StatusCode::UNPROCESSABLE_ENTITY, why).into_response(),
     };
-    let mut badges: Vec<Badge> = Vec::with_capacity(skus.len());
-    for sku in &skus {
-        badges.push(hub.current(sku).await);
-    }
+    let badges: Vec<Badge> = hub.current_many(&skus).await;
     let body = serde_json::to_string(&badges).unwrap_or_default();
     let etag = format!(
         "\"{}\"",
