@@ -99,32 +99,34 @@ impl Telemetry {
             .inc();
     }
 
-    /// The label of `cmd`: its name, or its script's for `EVALSHA`.
+    /// The label of `cmd`: its script's name for `EVALSHA`, else its own.
     fn label_of(&self, cmd: &Cmd) -> &'static str {
-        let mut args = cmd.args_iter().filter_map(|a| match a {
-            redis::Arg::Simple(bytes) => Some(bytes),
-            _ => None,
-        });
-        let Some(name) = args.next() else {
-            return "other";
-        };
-        if name.eq_ignore_ascii_case(b"EVALSHA") {
-            return args
-                .next()
-                .and_then(|sha| std::str::from_utf8(sha).ok())
-                .and_then(|sha| self.scripts.get(sha).copied())
-                .unwrap_or("evalsha");
+        match self.script_of(cmd) {
+            Some(script) => script,
+            None => command_name(simple_args(cmd).next().unwrap_or_default()),
         }
-        command_name(name)
     }
 
     /// The label of `pipeline`: the script it carries, else `pipeline`.
     fn label_of_pipeline(&self, pipeline: &Pipeline) -> &'static str {
         pipeline
             .cmd_iter()
-            .map(|c| self.label_of(c))
-            .find(|l| self.scripts.values().any(|s| s == l))
+            .find_map(|c| self.script_of(c).filter(|s| *s != "evalsha"))
             .unwrap_or("pipeline")
+    }
+
+    /// For an `EVALSHA`: the script's name (`evalsha` when unknown).
+    fn script_of(&self, cmd: &Cmd) -> Option<&'static str> {
+        let mut args = simple_args(cmd);
+        if !args.next()?.eq_ignore_ascii_case(b"EVALSHA") {
+            return None;
+        }
+        Some(
+            args.next()
+                .and_then(|sha| std::str::from_utf8(sha).ok())
+                .and_then(|sha| self.scripts.get(sha).copied())
+                .unwrap_or("evalsha"),
+        )
     }
 
     fn observe(&self, command: &'static str, started: Instant) {
@@ -132,6 +134,14 @@ impl Telemetry {
             .get_or_create(&CommandLabel { command })
             .observe(started.elapsed().as_secs_f64());
     }
+}
+
+/// `cmd`'s plain arguments, its name first.
+fn simple_args(cmd: &Cmd) -> impl Iterator<Item = &[u8]> {
+    cmd.args_iter().filter_map(|a| match a {
+        redis::Arg::Simple(bytes) => Some(bytes),
+        _ => None,
+    })
 }
 
 /// The commands the engine sends, by name: a fixed set, so the label cannot

@@ -123,6 +123,7 @@ impl AppState {
         options: StateOptions,
     ) -> Self {
         let jobs = Arc::new(JobBoard::default());
+        let secure = options.edge.cookies.secure;
         Self {
             leptos,
             live: Arc::new(LiveHub::new(
@@ -149,7 +150,7 @@ impl AppState {
             http_metrics: HttpMetrics::default(),
             redis_identity: Arc::default(),
             doctor: options.doctor,
-            demo_shop: DemoShop::new(backends.clone(), options.demo_shop_sells),
+            demo_shop: DemoShop::new(backends.clone(), options.demo_shop_sells, secure),
             badges: Arc::new(BadgeHub::new(
                 backends.engine.clone(),
                 backends.pg.clone(),

@@ -17,7 +17,7 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{Html, IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
-use holdfast_app::server::guard::ClientIp;
+use holdfast_app::server::guard::{ClientIp, same_origin};
 use holdfast_domain::{ConfirmOutcome, ReleaseOutcome, ReserveOutcome, ReserveRequest};
 use holdfast_engine::{Backends, catalog, checkout};
 use serde::Deserialize;
@@ -41,6 +41,8 @@ pub struct DemoShop {
     pub backends: Backends,
     /// Whether the buy path is on (the server runs the demo).
     pub selling: bool,
+    /// Whether the site is served over HTTPS (the `Origin` must say so).
+    pub secure: bool,
     /// Demo calls per client address.
     pub per_address: Arc<RateLimiter>,
     /// Purchases per client address.
@@ -50,11 +52,13 @@ pub struct DemoShop {
 }
 
 impl DemoShop {
-    /// The shop over `backends`; it sells only when `selling`.
-    pub fn new(backends: Backends, selling: bool) -> Self {
+    /// The shop over `backends`; it sells only when `selling`, to pages of
+    /// this site (served over HTTPS when `secure`).
+    pub fn new(backends: Backends, selling: bool, secure: bool) -> Self {
         Self {
             backends,
             selling,
+            secure,
             per_address: Arc::new(RateLimiter::new(Limit::per_second(5))),
             purchases: Arc::new(RateLimiter::new(Limit {
                 per_sec: PURCHASES_PER_MINUTE / 60.0,
@@ -169,14 +173,7 @@ fn refusal_within(
     if !shop.selling {
         return Some(StatusCode::NOT_FOUND.into_response());
     }
-    let host = headers
-        .get(axum::http::header::HOST)
-        .and_then(|v| v.to_str().ok());
-    let origin = headers
-        .get(axum::http::header::ORIGIN)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|o| o.split_once("://").map(|(_, rest)| rest));
-    if host.is_none() || origin != host {
+    if !same_origin(headers, shop.secure) {
         return Some((StatusCode::FORBIDDEN, "cross-site call refused").into_response());
     }
     let who = client.map_or_else(String::new, |ClientIp(ip)| ip.to_string());
