@@ -3,17 +3,28 @@
 # reuses Redis and PostgreSQL, builds, and serves at http://127.0.0.1:3000.
 # Extra arguments go to `holdfast serve` (see `holdfast serve --help`).
 #
+# `scripts/run.sh --release` builds and runs the self-contained release binary
+# instead: optimised, with the dashboard and widget embedded in it, so
+# `target/release/holdfast` (under the build directory) can be copied anywhere
+# and run there (see docs/deploy/).
+#
 # HOLDFAST_DEMO_SIMULATE=true also starts a gentle drop rehearsal (`holdfast
 # simulate`, a few minutes of shoppers at a dozen a second) once the server is
 # ready, so the dashboard has something to show; its report goes to
 # .data/simulate.log.
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
+mode=debug
+if [ "${1:-}" = --release ]; then
+    mode=release
+    shift
+fi
 prepare
-build_site
+build_site "$mode"
 export HOLDFAST_DEMO="${HOLDFAST_DEMO:-true}"
 export LEPTOS_SITE_ROOT="${LEPTOS_SITE_ROOT:-$HOLDFAST_ROOT/target/site}"
-bin="$CARGO_TARGET_DIR/debug/holdfast"
+bin="$CARGO_TARGET_DIR/$mode/holdfast"
+[ "$mode" = release ] && say "the self-contained binary is $bin"
 
 case "${HOLDFAST_DEMO_SIMULATE:-false}" in
     1|true|yes|on) ;;

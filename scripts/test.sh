@@ -27,39 +27,95 @@ free_port() {
     die "no free loopback port found"
 }
 
-# Starts a private Redis, a fresh database and the server with the demo drop, runs
-# Playwright against it, and stops what it started.
+# Starts a private Redis on a free port; its pid joins E2E_PIDS.
 E2E_PIDS=()
-run_e2e() {
-    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url
+start_private_redis() {
+    local port="$1" log="$2"
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --logfile "$log" &
+    E2E_PIDS+=($!)
+    # Global, not local: the trap runs after the caller has returned.
+    trap 'kill "${E2E_PIDS[@]}" 2>/dev/null || true' EXIT
+    for _ in $(seq 100); do
+        redis_answers "redis://127.0.0.1:$port" && return
+        sleep 0.1
+    done
+    die "the private Redis on port $port did not start (log: $log)"
+}
+
+# A fresh database named $1 on the test PostgreSQL; prints its URL.
+fresh_database() {
+    psql "$(pg_admin_url "$DATABASE_URL")" -qc "DROP DATABASE IF EXISTS $1 WITH (FORCE)" >/dev/null
+    echo "$(pg_admin_url "$DATABASE_URL" | sed 's|/postgres$||')/$1"
+}
+
+# Waits until $1/readyz answers while process $2 lives (at most $3 seconds).
+await_ready() {
+    local url="$1" pid="$2" log="$3" deadline=$((SECONDS + $4))
+    until curl -fsS "$url/readyz" >/dev/null 2>&1; do
+        kill -0 "$pid" 2>/dev/null || { tail -n 40 "$log" >&2; die "it exited before it was ready (log: $log)"; }
+        [ "$SECONDS" -lt "$deadline" ] || { tail -n 40 "$log" >&2; die "not ready after $4 s (log: $log)"; }
+        sleep 0.5
+    done
+}
+
+# Checks that $1 serves the site: the page, the WASM bundle and the widget.
+check_site() {
+    local url="$1"
+    curl -fsS "$url/login" | grep -q '/pkg/holdfast.js' || die "$url/login does not load the dashboard's bundle"
+    [ "$(curl -fsS -o /dev/null -w '%{content_type}' "$url/pkg/holdfast.wasm")" = application/wasm ] \
+        || die "$url/pkg/holdfast.wasm is not served as application/wasm"
+    curl -fsS "$url/widget.js" | grep -q 'holdfast' || die "$url/widget.js is not served"
+}
+
+# The README's first command as a newcomer runs it: `scripts/run.sh` builds the
+# debug site and serves the demo drop (here on a private Redis, a fresh database
+# and a free port); checked from outside, then stopped.
+check_quick_start() {
+    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url pid
     mkdir -p "$out"
     redis_port=$(free_port)
     web_port=$(free_port)
-    db_url="$(pg_admin_url "$DATABASE_URL" | sed 's|/postgres$||')/holdfast_e2e"
-    psql "$(pg_admin_url "$DATABASE_URL")" -qc 'DROP DATABASE IF EXISTS holdfast_e2e WITH (FORCE)' >/dev/null
-    redis-server --port "$redis_port" --bind 127.0.0.1 --save "" --appendonly no \
-        --logfile "$out/redis.log" &
+    db_url=$(fresh_database holdfast_quickstart)
+    start_private_redis "$redis_port" "$out/quickstart-redis.log"
+    DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" \
+        HOLDFAST_LISTEN="127.0.0.1:$web_port" "$HOLDFAST_ROOT/scripts/run.sh" >"$out/run-sh.log" 2>&1 &
+    pid=$!
+    E2E_PIDS+=("$pid")
+    await_ready "http://127.0.0.1:$web_port" "$pid" "$out/run-sh.log" 1800
+    check_site "http://127.0.0.1:$web_port"
+    kill "$pid"
+    wait "$pid" 2>/dev/null || true
+}
+
+# Starts a private Redis, a fresh database and the self-contained release binary
+# with the demo drop, from an empty directory (so every page, bundle and widget
+# comes from the binary itself), runs Playwright against it, and stops what it
+# started.
+run_e2e() {
+    local out="$HOLDFAST_ROOT/end2end/output" redis_port web_port db_url empty
+    local bin="$CARGO_TARGET_DIR/release/holdfast"
+    mkdir -p "$out"
+    redis_port=$(free_port)
+    web_port=$(free_port)
+    db_url=$(fresh_database holdfast_e2e)
+    start_private_redis "$redis_port" "$out/redis.log"
+    empty=$(mktemp -d)
+    (cd "$empty" && unset LEPTOS_SITE_ROOT && DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" \
+        HOLDFAST_DEMO=true HOLDFAST_LISTEN="127.0.0.1:$web_port" exec "$bin" serve) >"$out/server.log" 2>&1 &
     E2E_PIDS+=($!)
-    DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_DEMO=true \
-        HOLDFAST_LISTEN="127.0.0.1:$web_port" LEPTOS_SITE_ROOT="$HOLDFAST_ROOT/target/site" \
-        "$CARGO_TARGET_DIR/debug/holdfast" serve >"$out/server.log" 2>&1 &
-    E2E_PIDS+=($!)
-    # Global, not local: the trap runs after this function has returned.
-    trap 'kill "${E2E_PIDS[@]}" 2>/dev/null || true' EXIT
-    for _ in $(seq 100); do
-        curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null 2>&1 && break
-        kill -0 "${E2E_PIDS[1]}" 2>/dev/null || { cat "$out/server.log" >&2; die "the server exited during start-up"; }
-        sleep 0.2
-    done
-    curl -fsS "http://127.0.0.1:$web_port/readyz" >/dev/null || { cat "$out/server.log" >&2; die "the server never became ready"; }
+    await_ready "http://127.0.0.1:$web_port" "${E2E_PIDS[-1]}" "$out/server.log" 60
+    grep -q 'serving the site embedded in this binary' "$out/server.log" \
+        || die "the release binary does not serve an embedded site (log: $out/server.log)"
+    [ -z "$(ls -A "$empty")" ] || die "the server wrote into its working directory: $(ls -A "$empty")"
+    check_site "http://127.0.0.1:$web_port"
     local token
     token=$(DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_LOG=warn \
-        "$CARGO_TARGET_DIR/debug/holdfast" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)
+        "$bin" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)
     [ -n "$token" ] || die "could not create an API token for the browser tests"
     # The demo's users (admin, support, viewer) sign in with the demo password;
     # HOLDFAST_BIN lets a test take a lock through the CLI.
     (cd end2end && HOLDFAST_BASE_URL="http://127.0.0.1:$web_port" HOLDFAST_TOKEN="$token" \
-        HOLDFAST_BIN="$CARGO_TARGET_DIR/debug/holdfast" DATABASE_URL="$db_url" \
+        HOLDFAST_BIN="$bin" DATABASE_URL="$db_url" \
         REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_DEMO_PASSWORD=holdfast-demo \
         npx playwright test)
 }
@@ -101,9 +157,11 @@ say "unit and integration tests (Redis: $REDIS_URL)"
 cargo test --workspace --exclude holdfast-frontend -- --skip the_fault_suite
 HOLDFAST_PREPARED=1 "$HOLDFAST_ROOT/scripts/chaos.sh"
 
-# Built after the tests so the browser tests run the binary cargo-leptos made
-# together with the WASM bundle.
-build_site
+say "the quick start: scripts/run.sh serves the demo (debug build)"
+check_quick_start
 
-say "end-to-end tests in headless Chromium"
+say "the self-contained release binary (site embedded)"
+build_site release
+
+say "end-to-end tests in headless Chromium, against the release binary run from an empty directory"
 run_e2e

@@ -4,10 +4,35 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
-#[tokio::main]
-async fn main() -> ExitCode {
+fn main() -> ExitCode {
     let cli = holdfast_cli::config::Cli::parse();
-    holdfast_cli::telemetry::init(&cli.global.log, cli.global.log_format);
+    // Before the runtime: the trace exporter's HTTP client is a blocking one.
+    let telemetry = match holdfast_cli::telemetry::init(&cli.global.log, cli.global.log_format) {
+        Ok(telemetry) => telemetry,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let code = runtime.block_on(run(cli));
+    drop(runtime);
+    // After the runtime: sends the spans still buffered (SIGTERM included).
+    telemetry.shutdown();
+    code
+}
+
+/// Runs the command and turns its outcome into the exit code.
+async fn run(cli: holdfast_cli::config::Cli) -> ExitCode {
     match holdfast_cli::commands::run(cli).await {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => match e.downcast_ref::<holdfast_cli::commands::Exit>() {

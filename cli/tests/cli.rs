@@ -9,48 +9,6 @@ use holdfast_engine::testkit::{TestRedis, closed_port};
 use holdfast_engine::{Engine, EngineConfig, catalog, redis_conn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// Starts `holdfast serve` on a free port with `env`; the child, its URL, what
-/// it printed up to then, and its output (kept open: the server prints on).
-/// The caller kills and reaps the child; the lint cannot see that across the
-/// return.
-#[allow(clippy::zombie_processes)]
-fn serve(
-    redis: &TestRedis,
-    pg_url: &str,
-    env: &[(&str, &str)],
-) -> (
-    std::process::Child,
-    String,
-    String,
-    std::io::BufReader<std::process::ChildStdout>,
-) {
-    use std::io::BufRead;
-    let mut child = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .arg("serve")
-        .env("REDIS_URL", redis.url())
-        .env("DATABASE_URL", pg_url)
-        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
-        .env("HOLDFAST_LOG", "warn")
-        .envs(env.iter().copied())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("start holdfast serve");
-    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut printed = String::new();
-    loop {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap_or(0) == 0 {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("holdfast serve exited early: {printed}");
-        }
-        printed.push_str(&line);
-        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
-            return (child, url.to_owned(), printed, out);
-        }
-    }
-}
-
 fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
         .args(args)
@@ -186,7 +144,7 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
 async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
-    let (mut child, url, printed, _out) = serve(&redis, &pg_url, &[("HOLDFAST_DEMO", "1")]);
+    let (mut child, url, printed, _out) = common::serve(&redis, &pg_url, &[("HOLDFAST_DEMO", "1")]);
     assert!(url.starts_with("http://127.0.0.1:"), "{printed}");
     assert!(
         printed.contains("Demo sign-in: users admin, support and viewer, password 'holdfast-demo'"),
@@ -296,7 +254,7 @@ async fn a_burst_of_sign_ins_keeps_the_servers_memory_bounded(
 ) {
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
-    let (mut child, url, _, _out) = serve(&redis, &pg_url, &[]);
+    let (mut child, url, _, _out) = common::serve(&redis, &pg_url, &[]);
     let http = reqwest::Client::new();
     let attempt = |i: usize| {
         let (http, url) = (http.clone(), url.clone());

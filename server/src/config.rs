@@ -130,7 +130,8 @@ pub struct ServeArgs {
     /// Address to listen on.
     #[arg(long, env = "HOLDFAST_LISTEN", default_value = "127.0.0.1:3000")]
     pub listen: SocketAddr,
-    /// Folder holding the built site (`pkg/holdfast.js`, `.wasm`, `.css`).
+    /// Folder holding the built site (`pkg/holdfast.js`, `.wasm`, `.css`);
+    /// unused by a binary built with the site embedded (`scripts/run.sh --release`).
     #[arg(long, env = "LEPTOS_SITE_ROOT", default_value = "target/site")]
     pub site_root: String,
     /// Load the demo drop into PostgreSQL if it is not there yet (never overwrites),

@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use anyhow::Context;
 use axum::Router;
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::Uri;
+use axum::response::Response;
 use holdfast_app::{App, shell};
 use holdfast_domain::Lane;
 use holdfast_engine::ingest::LaneConfig;
@@ -112,7 +116,7 @@ pub fn router(state: AppState) -> Router {
             move || shell(options.clone()),
         )
         .route_layer(axum::middleware::from_fn(crate::http::observe::note_route))
-        .fallback(leptos_axum::file_and_error_handler::<AppState, _>(shell))
+        .fallback(site_or_page)
         .layer(axum::middleware::from_fn(
             crate::http::server_fns::caller_errors,
         ))
@@ -129,6 +133,15 @@ pub fn router(state: AppState) -> Router {
             crate::http::request_id::request_id,
         ))
         .with_state(state)
+}
+
+/// The router's fallback: a file of the site embedded in this binary, or else
+/// Leptos' own (a file under `--site-root`, or the "not found" page).
+async fn site_or_page(uri: Uri, state: State<AppState>, req: Request<Body>) -> Response {
+    if let Some(file) = crate::http::site::serve(req.method(), uri.path(), req.headers()) {
+        return file;
+    }
+    leptos_axum::file_and_error_handler::<AppState, _>(shell)(uri, state, req).await
 }
 
 /// Serves `router` on `listener` until `shutdown` completes, then drains
@@ -429,11 +442,13 @@ impl Application {
         )
         .await?;
         let bundle = Path::new(&args.site_root).join("pkg").join("holdfast.wasm");
-        if !bundle.exists() {
+        if crate::http::site::embedded() {
+            tracing::info!("serving the site embedded in this binary (--site-root is not used)");
+        } else if !bundle.exists() {
             tracing::warn!(
                 path = %bundle.display(),
                 "the dashboard's WASM bundle is missing, so pages will not be interactive; \
-                 build it with `cargo leptos build` or start Holdfast with scripts/run.sh"
+                 build it with scripts/run.sh (or `cargo leptos build`)"
             );
         }
         let listener = TcpListener::bind(args.listen)

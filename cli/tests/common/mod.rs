@@ -18,3 +18,45 @@ pub async fn spawn_live(backends: Backends, redis_url: &str) -> String {
     spawn_in_background(listener, state, Some(redis_url)).await;
     format!("http://{addr}")
 }
+
+/// Starts `holdfast serve` on a free port with `env`; the child, its URL, what
+/// it printed up to then, and its output (kept open: the server prints on).
+/// The caller kills and reaps the child; the lint cannot see that across the
+/// return.
+#[allow(clippy::zombie_processes)]
+pub fn serve(
+    redis: &holdfast_engine::testkit::TestRedis,
+    pg_url: &str,
+    env: &[(&str, &str)],
+) -> (
+    std::process::Child,
+    String,
+    String,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .arg("serve")
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", pg_url)
+        .env("HOLDFAST_LISTEN", "127.0.0.1:0")
+        .env("HOLDFAST_LOG", "warn")
+        .envs(env.iter().copied())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("start holdfast serve");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut printed = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap_or(0) == 0 {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("holdfast serve exited early: {printed}");
+        }
+        printed.push_str(&line);
+        if let Some(url) = line.trim().strip_prefix("Holdfast is serving at ") {
+            return (child, url.to_owned(), printed, out);
+        }
+    }
+}

@@ -11,5 +11,6 @@ pub mod observe;
 pub mod ratelimit;
 pub mod request_id;
 pub mod server_fns;
+pub mod site;
 pub mod socket;
 pub mod write_deadline;
