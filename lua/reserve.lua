@@ -5,7 +5,8 @@
 -- KEYS[2]  shard due zset       hf:{hfN}:due            member rid, score deadline (ms)
 -- KEYS[3]  shard event stream   hf:{hfN}:events
 -- then, for line i = 1..n, at b = 3 + 3 * (i - 1):
--- KEYS[b+1] SKU counters hash   hf:{hfN}:sku:<sku>      available, reserved, sold_pending, sold, limit
+-- KEYS[b+1] SKU counters hash   hf:{hfN}:sku:<sku>      available, reserved, sold_pending, sold, limit,
+--                               opens, closes (the drop's schedule, Unix ms; 0 or absent: none)
 -- KEYS[b+2] SKU holds zset      hf:{hfN}:holds:<sku>    member rid, score deadline (ms)
 -- KEYS[b+3] buyer counter       hf:{hfN}:buyer:<sku>:<buyer>  (untouched when buyer is '')
 --
@@ -31,6 +32,8 @@
 --   {'sold_out', sku, available}
 --   {'limit', sku, limit, already}    the per-buyer limit would be exceeded
 --   {'buyer_required', sku, limit}    the SKU has a per-buyer limit and no buyer was named
+--   {'not_started', sku, opens_ms}    Redis' clock is before the drop's start
+--   {'ended', sku, closes_ms}         Redis' clock is at or after the drop's end
 --   {'invalid', field, message}       a number is not a whole number in range
 local function whole(v)
   local x = tonumber(v)
@@ -64,11 +67,19 @@ if existing[1] then
   return {'conflict'}
 end
 
+-- Redis' clock, not the caller's: every server flips at the same instant of a
+-- drop's schedule, whatever its own clock says.
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+
 -- Check every line before changing anything: all or nothing.
 for i = 1, n do
   local b, sku, qty = 3 + 3 * (i - 1), ARGV[6 + 2 * i], tonumber(ARGV[7 + 2 * i])
-  local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit')
+  local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit', 'opens', 'closes')
   if not c[1] then return {'not_warmed', sku} end
+  local opens, closes = tonumber(c[3] or '0') or 0, tonumber(c[4] or '0') or 0
+  if opens > now then return {'not_started', sku, opens} end
+  if closes > 0 and now >= closes then return {'ended', sku, closes} end
   local available = tonumber(c[1])
   local limit = tonumber(c[2] or '0')
   if limit > 0 and buyer == '' then
@@ -82,8 +93,6 @@ for i = 1, n do
   if available < qty then return {'sold_out', sku, available} end
 end
 
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local deadline = now + ttl
 if fixed_deadline > 0 then deadline = fixed_deadline end
 local reply = {'reserved', deadline}

@@ -11,6 +11,8 @@
 -- (PostgreSQL's)   ARGV[5] per-buyer limit (0 = none)   ARGV[6] force ('1')
 -- ARGV[7] snapshot version PostgreSQL last recorded (-1: none)
 -- ARGV[8] fed_recorded (PostgreSQL's sum of recorded feed movements)
+-- ARGV[9] opens, ARGV[10] closes: the drop's schedule, Unix ms (0: none), written
+-- on every warm that writes (reserve.lua decides against them by Redis' clock)
 --
 -- A new counter gets available - owed = on_hand - reserved, settled =
 -- sold_recorded, fed = fed_recorded. A forced one keeps its live reserved,
@@ -30,8 +32,9 @@ end
 local sku = ARGV[1]
 local on_hand, held, recorded = whole(ARGV[2]), whole(ARGV[3]), whole(ARGV[4])
 local limit, version, fed_recorded = whole(ARGV[5]), whole(ARGV[7]), whole(ARGV[8] or '0')
-if not (on_hand and held and recorded and limit and version and fed_recorded)
-  or held < 0 or limit < 0 then
+local opens, closes = whole(ARGV[9] or '0'), whole(ARGV[10] or '0')
+if not (on_hand and held and recorded and limit and version and fed_recorded and opens and closes)
+  or held < 0 or limit < 0 or opens < 0 or closes < 0 then
   return redis.error_reply('ERR warm.lua: on_hand, reserved, sold_recorded, limit and version must be whole numbers')
 end
 local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'settled', 'version', 'fed')
@@ -47,7 +50,8 @@ else
 end
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
-redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'limit', limit)
+redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'limit', limit,
+  'opens', opens, 'closes', closes)
 if version >= tonumber(c[5] or '-1') and version >= 0 then
   redis.call('HSET', KEYS[1], 'version', version)
 end

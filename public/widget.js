@@ -4,7 +4,8 @@
  * Every badge on a page shares one WebSocket; when WebSockets are unavailable the
  * badges poll a cacheable JSON endpoint. Theme with CSS custom properties:
  * --holdfast-bg, --holdfast-color, --holdfast-low-bg, --holdfast-low-color,
- * --holdfast-soldout-bg, --holdfast-soldout-color, --holdfast-radius,
+ * --holdfast-soldout-bg, --holdfast-soldout-color, --holdfast-upcoming-bg,
+ * --holdfast-upcoming-color, --holdfast-radius,
  * --holdfast-font-size, --holdfast-padding. */
 (() => {
   if (customElements.get('holdfast-stock')) return;
@@ -21,10 +22,32 @@ border-radius:var(--holdfast-radius,999px);font-size:var(--holdfast-font-size,.9
 background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
 .b[data-state=low]{background:var(--holdfast-low-bg,#fff3dc);color:var(--holdfast-low-color,#7a4300)}
 .b[data-state=sold_out]{background:var(--holdfast-soldout-bg,#fdeaea);color:var(--holdfast-soldout-color,#9b1c1c)}
-.b[data-state=unknown],.b[data-state=loading]{background:#f0f1f3;color:#4a5260}
+.b[data-state=unknown],.b[data-state=loading],.b[data-state=ended]{background:#f0f1f3;color:#4a5260}
+.b[data-state=upcoming]{background:var(--holdfast-upcoming-bg,#e8eefc);color:var(--holdfast-upcoming-color,#1d3f8f)}
 .d{width:.55em;height:.55em;border-radius:50%;background:currentColor}`;
 
+  // The drop's schedule: before `starts_at` a countdown, from `ends_at` "Sale
+  // ended" (Unix ms; the sale itself opens by the server's clock, this only shows it).
+  function phase(b) {
+    const now = Date.now();
+    if (b.starts_at && now < b.starts_at) return 'upcoming';
+    if (b.ends_at && now >= b.ends_at) return 'ended';
+    return 'live';
+  }
+
+  function countdown(ms) {
+    const s = Math.max(1, Math.ceil(ms / 1000));
+    const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
+    if (d) return d + ' d ' + h + ' h';
+    if (h) return h + ' h ' + String(m).padStart(2, '0') + ' min';
+    if (m) return m + ' min ' + String(s % 60).padStart(2, '0') + ' s';
+    return s + ' s';
+  }
+
   function label(b, prev) {
+    const p = phase(b);
+    if (p === 'upcoming') return 'Starts in ' + countdown(b.starts_at - Date.now());
+    if (p === 'ended') return 'Sale ended';
     const back = prev && prev.state === 'sold_out' && (b.state === 'in_stock' || b.state === 'low');
     if (b.state === 'low') return (back ? 'Back in stock: only ' : 'Only ') + b.left + ' left';
     if (b.state === 'in_stock') return back ? 'Back in stock' : 'In stock';
@@ -32,12 +55,34 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     return 'Not available';
   }
 
+  function shown(b) { const p = phase(b); return p === 'live' ? b.state : p; }
+
   function show(b) {
     const prev = last.get(b.sku);
-    if (prev && prev.state === b.state && prev.left === b.left) return;
+    if (prev && prev.state === b.state && prev.left === b.left && prev.starts_at === b.starts_at
+      && prev.ends_at === b.ends_at && phase(prev) === 'live') return;
     const text = label(b, prev);
     last.set(b.sku, b);
-    for (const el of els.get(b.sku) || []) el._set(b.state, text);
+    for (const el of els.get(b.sku) || []) el._set(shown(b), text);
+    if (phase(b) !== 'live' || b.ends_at) tick();
+  }
+
+  // One timer for every badge with a schedule: counts down each second, and
+  // flips to live stock at the start and to "Sale ended" at the end, without a
+  // reload or a message from the server.
+  let ticking = null;
+  function tick() {
+    if (ticking) return;
+    ticking = setInterval(() => {
+      let any = false;
+      for (const b of last.values()) {
+        if (!b.starts_at && !b.ends_at) continue;
+        if (phase(b) === 'upcoming' || (b.ends_at && Date.now() < b.ends_at)) any = true;
+        const text = label(b, null);
+        for (const el of els.get(b.sku) || []) el._set(shown(b), text);
+      }
+      if (!any) { clearInterval(ticking); ticking = null; }
+    }, 1000);
   }
 
   function skus() { return [...els.keys()].slice(0, MAX); }
@@ -98,7 +143,7 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
       if (!els.has(this._sku)) els.set(this._sku, new Set());
       els.get(this._sku).add(this);
       const b = last.get(this._sku);
-      if (b) this._set(b.state, label(b));
+      if (b) this._set(shown(b), label(b));
       subscribe();
     }
     disconnectedCallback() {
@@ -107,8 +152,12 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     }
     _set(state, text) {
       const b = this.shadowRoot.querySelector('.b');
+      const l = b.querySelector('.l');
+      if (b.dataset.state === state && l.textContent === text) return;
       b.dataset.state = state;
-      b.querySelector('.l').textContent = text;
+      // A countdown changes every second: not announced to screen readers.
+      b.setAttribute('aria-live', state === 'upcoming' ? 'off' : 'polite');
+      l.textContent = text;
       this.setAttribute('state', state);
     }
   }

@@ -35,6 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
         Some(Command::User(cmd)) => crate::user_commands::command(&cli.global, cmd).await,
         Some(Command::Lock(cmd)) => lock(&cli.global, cmd).await,
+        Some(Command::Drop(cmd)) => crate::drop_commands::command(&cli.global, cmd).await,
         Some(Command::Simulate(args)) => crate::simulate::run(&cli.global, args).await,
         Some(Command::Doctor(args)) => match doctor(&cli.global, &args).await? {
             0 => Ok(()),
@@ -349,7 +350,11 @@ async fn token(global: &GlobalArgs, cmd: TokenCommand) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn connect(global: &GlobalArgs, pg_max_connections: u32) -> anyhow::Result<Backends> {
+/// Both backends, as every operator command connects to them.
+pub(crate) async fn connect(
+    global: &GlobalArgs,
+    pg_max_connections: u32,
+) -> anyhow::Result<Backends> {
     connect_with(global, pg_max_connections).await
 }
 

@@ -46,6 +46,10 @@ pub enum Command {
     /// List, take and force-release locks.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Show and change a drop's schedule (its start and end, to the second and
+    /// by Redis' clock on every server).
+    #[command(subcommand)]
+    Drop(DropCommand),
     /// Rehearse a drop: simulated shoppers through the HTTP API of a running
     /// Holdfast, a live view, then truth checks (non-zero exit when one fails).
     Simulate(SimulateArgs),
@@ -166,6 +170,30 @@ pub enum LockCommand {
     ForceRelease {
         /// The lock's name.
         name: String,
+    },
+}
+
+/// `holdfast drop …`.
+#[derive(Debug, Subcommand)]
+pub enum DropCommand {
+    /// Show a drop's start and end.
+    Show {
+        /// The drop's code.
+        code: String,
+    },
+    /// Set when a drop starts and ends. Before the start its SKUs answer
+    /// `not_started`, from the end `ended` (holds taken before then can still
+    /// be paid); it takes effect at once on every server. A bound left out
+    /// stays as it is.
+    Schedule {
+        /// The drop's code.
+        code: String,
+        /// The start, RFC 3339 (`2026-12-01T09:00:00Z`), or `none`.
+        #[arg(long)]
+        starts_at: Option<String>,
+        /// The end, RFC 3339, or `none`.
+        #[arg(long)]
+        ends_at: Option<String>,
     },
 }
 

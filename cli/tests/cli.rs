@@ -9,21 +9,6 @@ use holdfast_engine::testkit::{TestRedis, closed_port};
 use holdfast_engine::{Engine, EngineConfig, catalog, redis_conn};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
-        .args(args)
-        .env("REDIS_URL", redis)
-        .env("DATABASE_URL", pg)
-        .env("HOLDFAST_LOG", "warn")
-        .output()
-        .expect("run holdfast");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
@@ -31,7 +16,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
     catalog::load_demo_drop(&pg).await.unwrap();
     let redis = TestRedis::start();
 
-    let (ok, out, err) = holdfast(&["warm"], &redis.url(), &pg_url);
+    let (ok, out, err) = common::holdfast(&["warm"], &redis.url(), &pg_url);
     assert!(ok, "warm failed: {err}");
     assert!(out.contains("warm-up finished"), "{out}");
     assert!(
@@ -43,7 +28,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
         "progress shown on stderr: {err}"
     );
 
-    let (ok, out, _) = holdfast(&["warm"], &redis.url(), &pg_url);
+    let (ok, out, _) = common::holdfast(&["warm"], &redis.url(), &pg_url);
     assert!(ok);
     assert!(
         out.lines()
@@ -65,7 +50,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
         .await
         .unwrap();
     // The truth check names the lie and exits non-zero.
-    let (ok, out, _) = holdfast(&["verify"], &redis.url(), &pg_url);
+    let (ok, out, _) = common::holdfast(&["verify"], &redis.url(), &pg_url);
     assert!(!ok, "verify must fail on a drifting counter:\n{out}");
     assert!(
         out.lines()
@@ -78,7 +63,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
         "the failing SKU's figures:\n{out}"
     );
 
-    let (ok, out, err) = holdfast(&["reconcile"], &redis.url(), &pg_url);
+    let (ok, out, err) = common::holdfast(&["reconcile"], &redis.url(), &pg_url);
     assert!(ok, "reconcile failed: {err}");
     assert!(out.contains("reconciliation run"), "{out}");
     let row = |name: &str| {
@@ -89,7 +74,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
     };
     assert!(row("SKUs checked").trim_end().ends_with('6'), "{out}");
     assert!(row("corrected down").trim_end().ends_with('1'), "{out}");
-    let (ok, out, err) = holdfast(&["verify"], &redis.url(), &pg_url);
+    let (ok, out, err) = common::holdfast(&["verify"], &redis.url(), &pg_url);
     assert!(ok, "verify after reconcile: {out}{err}");
     assert!(out.contains("every check held"), "{out}");
     assert_eq!(
@@ -102,7 +87,7 @@ async fn warm_then_reconcile_from_the_command_line(pool: PgPoolOptions, opts: Pg
 async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: PgConnectOptions) {
     let pg_url = common::pg_url(&opts);
     let redis = TestRedis::start();
-    let (ok, out, err) = holdfast(
+    let (ok, out, err) = common::holdfast(
         &[
             "token",
             "create",
@@ -118,7 +103,7 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
     let secret = out.lines().nth(1).unwrap_or_default();
     assert!(secret.starts_with("hf_") && secret.len() > 40, "{out}");
     assert!(err.contains("shown once"), "{err}");
-    let (ok, listed, _) = holdfast(&["token", "list"], &redis.url(), &pg_url);
+    let (ok, listed, _) = common::holdfast(&["token", "list"], &redis.url(), &pg_url);
     assert!(ok);
     assert!(
         listed.contains("checkout-prod")
@@ -127,16 +112,16 @@ async fn tokens_are_created_once_listed_and_revoked(_pool: PgPoolOptions, opts: 
         "{listed}"
     );
     assert!(!listed.contains(secret), "the secret is never listed");
-    let (ok, _, err) = holdfast(
+    let (ok, _, err) = common::holdfast(
         &["token", "create", "--name", "x", "--scopes", "admin"],
         &redis.url(),
         &pg_url,
     );
     assert!(!ok && err.contains("unknown scope 'admin'"), "{err}");
     let id = listed.split_whitespace().next().unwrap();
-    let (ok, out, _) = holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
+    let (ok, out, _) = common::holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
     assert!(ok && out.contains("revoked"), "{out}");
-    let (ok, _, err) = holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
+    let (ok, _, err) = common::holdfast(&["token", "revoke", id], &redis.url(), &pg_url);
     assert!(!ok && err.contains("no active token"), "{err}");
 }
 
@@ -296,7 +281,7 @@ async fn a_burst_of_sign_ins_keeps_the_servers_memory_bounded(
 
 #[test]
 fn the_demo_password_is_refused_beyond_loopback() {
-    let (ok, _, err) = holdfast(
+    let (ok, _, err) = common::holdfast(
         &["serve", "--demo", "--listen", "0.0.0.0:0"],
         "redis://127.0.0.1:1",
         "postgres://127.0.0.1:1/none",

@@ -54,6 +54,10 @@ pub enum ErrorCode {
     RateLimited,
     /// The SKU's counter is not in Redis yet (never `sold_out`).
     NotWarmed,
+    /// The SKU's drop has not started yet (by Redis' clock).
+    NotStarted,
+    /// The SKU's drop has ended (by Redis' clock).
+    Ended,
     /// A backing service (Redis, PostgreSQL) is unavailable.
     Unavailable,
     /// A fault on our side, logged; shown opaquely.
@@ -87,6 +91,8 @@ impl ErrorCode {
             Self::LaneFull => "lane_full",
             Self::RateLimited => "rate_limited",
             Self::NotWarmed => "not_warmed",
+            Self::NotStarted => "not_started",
+            Self::Ended => "ended",
             Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }
@@ -102,7 +108,12 @@ impl ErrorCode {
             | Self::BadSignature => 401,
             Self::Forbidden => 403,
             Self::NotFound => 404,
-            Self::SoldOut | Self::BuyerLimitReached | Self::RequestInProgress | Self::Busy => 409,
+            Self::SoldOut
+            | Self::BuyerLimitReached
+            | Self::RequestInProgress
+            | Self::Busy
+            | Self::NotStarted
+            | Self::Ended => 409,
             Self::HoldExpired | Self::ReservationLost => 410,
             Self::RequestTimeout => 408,
             Self::PayloadTooLarge => 413,

@@ -163,13 +163,29 @@ pub enum ReserveOutcome {
         /// Its per-buyer limit.
         limit: i64,
     },
+    /// `sku`'s drop has not started: Redis' clock is before its `starts_at`.
+    /// Nothing moved.
+    NotStarted {
+        /// The SKU whose drop has not started.
+        sku: String,
+        /// When it starts, Unix time in milliseconds.
+        starts_at_ms: i64,
+    },
+    /// `sku`'s drop has ended: Redis' clock is at or after its `ends_at`. Nothing
+    /// moved (holds taken before the end can still be confirmed).
+    Ended {
+        /// The SKU whose drop has ended.
+        sku: String,
+        /// When it ended, Unix time in milliseconds.
+        ended_at_ms: i64,
+    },
     /// The request is malformed; nothing was sent to Redis.
     Invalid(Invalid),
 }
 
 impl ReserveOutcome {
     /// Every [`ReserveOutcome::kind`].
-    pub const KINDS: [&'static str; 8] = [
+    pub const KINDS: [&'static str; 10] = [
         "reserved",
         "already_reserved",
         "sold_out",
@@ -177,6 +193,8 @@ impl ReserveOutcome {
         "conflict",
         "limit_exceeded",
         "buyer_required",
+        "not_started",
+        "ended",
         "invalid",
     ];
 
@@ -191,6 +209,8 @@ impl ReserveOutcome {
             Self::Conflict { .. } => "conflict",
             Self::LimitExceeded { .. } => "limit_exceeded",
             Self::BuyerRequired { .. } => "buyer_required",
+            Self::NotStarted { .. } => "not_started",
+            Self::Ended { .. } => "ended",
             Self::Invalid(_) => "invalid",
         }
     }
@@ -253,6 +273,12 @@ pub struct Figures {
     /// owed is an oversell (recorded as a remediation).
     #[serde(default)]
     pub owed: i64,
+    /// When the SKU's drop opens, Unix ms by Redis' clock (0: no start).
+    #[serde(default)]
+    pub opens_at_ms: i64,
+    /// When the SKU's drop closes, Unix ms (0: no end).
+    #[serde(default)]
+    pub closes_at_ms: i64,
 }
 
 /// One reservation as Redis holds it.

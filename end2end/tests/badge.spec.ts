@@ -1,7 +1,9 @@
 // The shopper badge on the demo shop: live over WebSockets within a second of a
-// reservation made through the API, and still current by polling when a page
-// cannot use WebSockets.
+// reservation made through the API, still current by polling when a page cannot
+// use WebSockets, and counting down to a scheduled drop, then flipping to live
+// stock at the start without a reload.
 import { test, expect, APIRequestContext } from '@playwright/test';
+import { execFileSync } from 'node:child_process';
 
 const token = process.env.HOLDFAST_TOKEN ?? '';
 
@@ -52,4 +54,38 @@ test('without WebSockets the badge polls and still updates', async ({ page, requ
   await expect(badge).toHaveText('Only 4 left', { timeout: 8000 });
   for (const r of [id, ...more]) await release(request, r);
   await expect(badge).toHaveText('In stock', { timeout: 8000 });
+});
+
+/// Sets the demo drop's start with the CLI (`none`: no start).
+function scheduleDemo(startsAt: string) {
+  const bin = process.env.HOLDFAST_BIN;
+  expect(bin, 'the test script passes HOLDFAST_BIN').toBeTruthy();
+  return execFileSync(bin!, ['drop', 'schedule', 'winter-launch', '--starts-at', startsAt], { env: process.env }).toString();
+}
+
+test('a scheduled drop counts down on the badge and goes live at its start without a reload', async ({ page, request }) => {
+  test.setTimeout(60_000);
+  // 25 s ahead: a badge already followed picks a new schedule up within the
+  // hub's refresh (10 s).
+  const start = new Date(Date.now() + 25_000);
+  expect(scheduleDemo(start.toISOString())).toContain('counter(s) follow it now');
+  try {
+    await page.goto('/demo/shop');
+    const badge = page.locator('holdfast-stock[sku="DROP-006"]');
+    await expect(badge).toHaveText(/^Starts in \d+ s$/, { timeout: 12_000 });
+    await expect(badge).toHaveAttribute('state', 'upcoming');
+    const early = await request.post('/api/v1/reservations', {
+      headers: { Authorization: `Bearer ${token}`, 'Idempotency-Key': 'too-early-1' },
+      data: { sku: 'DROP-006', qty: 1, buyer: 'buyer-too-early-1' },
+    });
+    expect(early.status()).toBe(409);
+    expect((await early.json()).code).toBe('not_started');
+    await page.screenshot({ path: 'output/shop-countdown.png', fullPage: true });
+    // The flip comes from the page's own timer: no reload, no message needed.
+    await expect(badge).toHaveText('In stock', { timeout: 25_000 });
+    const id = await reserve(request, 'on-time-1', 'DROP-006', 1);
+    await release(request, id);
+  } finally {
+    scheduleDemo('none');
+  }
 });

@@ -411,6 +411,14 @@ impl Engine {
                 sku: reply.text(1)?,
                 limit: reply.int(2)?,
             },
+            "not_started" => ReserveOutcome::NotStarted {
+                sku: reply.text(1)?,
+                starts_at_ms: reply.int(2)?,
+            },
+            "ended" => ReserveOutcome::Ended {
+                sku: reply.text(1)?,
+                ended_at_ms: reply.int(2)?,
+            },
             // The script checks every number itself too (a caller that skipped
             // validation cannot write a bad hold).
             "invalid" => ReserveOutcome::Invalid(invalid(&reply.text(1)?, reply.text(2)?)),
@@ -805,6 +813,8 @@ impl Engine {
                     "sold",
                     "limit",
                     "owed",
+                    "opens",
+                    "closes",
                 ])
                 .cmd("ZCARD")
                 .arg(self.keys.sku_holds(sku.as_ref()));
@@ -830,6 +840,8 @@ impl Engine {
                     open_holds,
                     per_buyer_limit: field(4).unwrap_or(0),
                     owed: field(5).unwrap_or(0),
+                    opens_at_ms: field(6).unwrap_or(0),
+                    closes_at_ms: field(7).unwrap_or(0),
                 }))
             })
             .collect()

@@ -103,6 +103,7 @@ pub mod reconcile;
 pub mod record;
 pub mod remediation;
 mod reply;
+pub mod schedule;
 pub mod scripts;
 pub mod stock;
 pub mod telemetry;

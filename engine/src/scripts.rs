@@ -19,6 +19,8 @@ pub struct Scripts {
     pub reap: Script,
     /// `lua/warm.lua`.
     pub warm: Script,
+    /// `lua/schedule.lua`.
+    pub schedule: Script,
     /// `lua/delta.lua`.
     pub delta: Script,
     /// `lua/snapshot.lua`.
@@ -44,6 +46,7 @@ impl Scripts {
             release: Script::new(include_str!("../../lua/release.lua")),
             reap: Script::new(include_str!("../../lua/reap.lua")),
             warm: Script::new(include_str!("../../lua/warm.lua")),
+            schedule: Script::new(include_str!("../../lua/schedule.lua")),
             delta: Script::new(include_str!("../../lua/delta.lua")),
             snapshot: Script::new(include_str!("../../lua/snapshot.lua")),
             lock_acquire: Script::new(include_str!("../../lua/lock_acquire.lua")),
@@ -56,13 +59,14 @@ impl Scripts {
 
     /// Every script's name (its file without `.lua`) and SHA1, so a measured
     /// `EVALSHA` can be told by name.
-    pub fn names(&self) -> [(&'static str, &str); 12] {
+    pub fn names(&self) -> [(&'static str, &str); 13] {
         [
             ("reserve", self.reserve.get_hash()),
             ("confirm", self.confirm.get_hash()),
             ("release", self.release.get_hash()),
             ("reap", self.reap.get_hash()),
             ("warm", self.warm.get_hash()),
+            ("schedule", self.schedule.get_hash()),
             ("delta", self.delta.get_hash()),
             ("snapshot", self.snapshot.get_hash()),
             ("lock_acquire", self.lock_acquire.get_hash()),

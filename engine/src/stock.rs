@@ -24,6 +24,12 @@ pub struct WarmSpec {
     pub per_buyer_limit: i64,
     /// The newest feed snapshot version applied (-1: none).
     pub snapshot_version: i64,
+    /// When the SKU's drop opens, Unix ms (0: no start); see [`crate::schedule`].
+    #[serde(default)]
+    pub opens_ms: i64,
+    /// When the SKU's drop closes, Unix ms (0: no end).
+    #[serde(default)]
+    pub closes_ms: i64,
 }
 
 impl WarmSpec {
@@ -36,6 +42,8 @@ impl WarmSpec {
             settled: 0,
             per_buyer_limit: 0,
             snapshot_version: -1,
+            opens_ms: 0,
+            closes_ms: 0,
         }
     }
 }
@@ -112,7 +120,12 @@ impl Engine {
             .arg(spec.settled)
             .arg(spec.per_buyer_limit)
             .arg(if force { "1" } else { "0" })
-            .arg(spec.snapshot_version);
+            .arg(spec.snapshot_version)
+            // fed_recorded: none known here (a new counter starts at 0, a forced
+            // warm keeps its live figure), then the schedule.
+            .arg(0)
+            .arg(spec.opens_ms)
+            .arg(spec.closes_ms);
         let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,

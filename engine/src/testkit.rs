@@ -124,6 +124,15 @@ impl TestRedis {
     pub async fn engine(&self) -> crate::Engine {
         self.engine_with(crate::EngineConfig::default()).await
     }
+
+    /// This server's clock (`TIME`), Unix milliseconds: the one the scripts use.
+    pub async fn now_ms(&self) -> i64 {
+        let (secs, micros): (i64, i64) = redis::cmd("TIME")
+            .query_async(&mut self.connection().await)
+            .await
+            .expect("TIME on the test redis-server");
+        secs * 1_000 + micros / 1_000
+    }
 }
 
 /// Warms `sku` with `available` units (no limit, nothing pending), panicking on failure.

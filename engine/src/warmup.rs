@@ -69,6 +69,9 @@ pub(crate) struct StockRow {
     pub(crate) per_buyer_limit: Option<i32>,
     pub(crate) snapshot_version: i64,
     pub(crate) fed_recorded: i64,
+    /// The drop schedule's start and end, Unix ms (0: none).
+    pub(crate) opens_ms: i64,
+    pub(crate) closes_ms: i64,
 }
 
 impl StockRow {
@@ -84,10 +87,12 @@ impl StockRow {
 
 /// One SKU's row; `None` when PostgreSQL does not know it.
 pub(crate) async fn stock_row(pg: &PgPool, sku: &str) -> Result<Option<StockRow>, EngineError> {
-    Ok(sqlx::query_as::<_, StockRow>(
-        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version, fed_recorded
-           FROM skus WHERE sku = $1",
-    )
+    Ok(sqlx::query_as::<_, StockRow>(&format!(
+        "SELECT s.sku, s.on_hand, s.sold_recorded, s.per_buyer_limit, s.snapshot_version,
+                s.fed_recorded, {}
+           FROM skus s WHERE s.sku = $1",
+        crate::schedule::WINDOW_COLUMNS
+    ))
     .bind(sku)
     .fetch_optional(pg)
     .await?)
@@ -99,10 +104,12 @@ pub(crate) async fn stock_page(
     after: &str,
     page: usize,
 ) -> Result<Vec<StockRow>, EngineError> {
-    Ok(sqlx::query_as::<_, StockRow>(
-        "SELECT sku, on_hand, sold_recorded, per_buyer_limit, snapshot_version, fed_recorded
-           FROM skus WHERE sku > $1 ORDER BY sku LIMIT $2",
-    )
+    Ok(sqlx::query_as::<_, StockRow>(&format!(
+        "SELECT s.sku, s.on_hand, s.sold_recorded, s.per_buyer_limit, s.snapshot_version,
+                s.fed_recorded, {}
+           FROM skus s WHERE s.sku > $1 ORDER BY s.sku LIMIT $2",
+        crate::schedule::WINDOW_COLUMNS
+    ))
     .bind(after)
     .bind(page as i64)
     .fetch_all(pg)
@@ -205,7 +212,9 @@ pub async fn warm_all(
                     .arg(row.per_buyer_limit.unwrap_or(0))
                     .arg(if options.force { "1" } else { "0" })
                     .arg(row.snapshot_version)
-                    .arg(row.fed_recorded),
+                    .arg(row.fed_recorded)
+                    .arg(row.opens_ms)
+                    .arg(row.closes_ms),
             );
             sent += 1;
         }

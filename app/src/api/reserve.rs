@@ -56,6 +56,26 @@ pub async fn manual_reserve(
                 format!("{sku} has no Redis counter yet; run a warm-up first."),
             );
         }
+        ReserveOutcome::NotStarted { sku, starts_at_ms } => {
+            let at = chrono::DateTime::from_timestamp_millis(starts_at_ms).unwrap_or_default();
+            return refused(
+                StatusCode::CONFLICT,
+                format!(
+                    "The drop selling {sku} starts at {} UTC.",
+                    at.format("%Y-%m-%d %H:%M:%S")
+                ),
+            );
+        }
+        ReserveOutcome::Ended { sku, ended_at_ms } => {
+            let at = chrono::DateTime::from_timestamp_millis(ended_at_ms).unwrap_or_default();
+            return refused(
+                StatusCode::CONFLICT,
+                format!(
+                    "The drop selling {sku} ended at {} UTC.",
+                    at.format("%Y-%m-%d %H:%M:%S")
+                ),
+            );
+        }
         ReserveOutcome::LimitExceeded { sku, limit, .. } => {
             return refused(
                 StatusCode::CONFLICT,

@@ -91,4 +91,10 @@ pub struct ErrorBody {
     /// Units left, for `sold_out`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub available: Option<i64>,
+    /// When the drop starts (RFC 3339, UTC), for `not_started`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub starts_at: Option<String>,
+    /// When the drop ended (RFC 3339, UTC), for `ended`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ended_at: Option<String>,
 }

@@ -60,3 +60,20 @@ pub fn serve(
         }
     }
 }
+
+/// Runs the `holdfast` binary with `args` against `redis` and `pg`: (success,
+/// stdout, stderr).
+pub fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(args)
+        .env("REDIS_URL", redis)
+        .env("DATABASE_URL", pg)
+        .env("HOLDFAST_LOG", "warn")
+        .output()
+        .expect("run holdfast");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}

@@ -16,11 +16,7 @@ use holdfast_engine::{
 use super::{ApiState, idempotent};
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
-
-fn rfc3339(ms: i64) -> Option<String> {
-    chrono::DateTime::from_timestamp_millis(ms)
-        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
-}
+use crate::http::rfc3339;
 
 /// `hold` as the API shows it; `available_after` (each SKU's `available` right
 /// after the hold was made) only on the answer that made it.
@@ -62,7 +58,7 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_
         (status = 400, description = "No Idempotency-Key, or malformed JSON", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token lacks the scope", body = ErrorBody),
-        (status = 409, description = "Sold out (with what is left), per-buyer limit, or same key in progress", body = ErrorBody),
+        (status = 409, description = "Sold out (with what is left), per-buyer limit, the drop not started yet (`not_started`, with `starts_at`) or ended (`ended`, with `ended_at`), or same key in progress", body = ErrorBody),
         (status = 413, description = "Body over 16 KiB"),
         (status = 422, description = "Invalid field; the key was used for another request; or `buyer_required`: a line's SKU has a per-buyer limit and no `buyer` was given", body = ErrorBody),
         (status = 429, description = "Rate limited", body = ErrorBody),
@@ -169,6 +165,10 @@ async fn create_inner(
             Err(ApiError::sold_out(&sku, available))
         }
         ReserveOutcome::NotWarmed { sku } => Err(ApiError::not_warmed(&sku)),
+        ReserveOutcome::NotStarted { sku, starts_at_ms } => {
+            Err(ApiError::not_started(&sku, starts_at_ms))
+        }
+        ReserveOutcome::Ended { sku, ended_at_ms } => Err(ApiError::ended(&sku, ended_at_ms)),
         ReserveOutcome::Conflict { .. } => Err(ApiError::new(
             ErrorCode::IdempotencyKeyReused,
             "this reservation id was used for a different request; use a new Idempotency-Key",

@@ -36,17 +36,39 @@ pub struct Badge {
     /// Units left, only when low (the count is what "Only 3 left" shows).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub left: Option<i64>,
+    /// When the SKU's drop starts, Unix ms (the badge counts down to it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub starts_at: Option<i64>,
+    /// When the SKU's drop ends, Unix ms (the badge reads "Sale ended" after).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ends_at: Option<i64>,
 }
 
+/// A drop's start and end as a badge carries them (Unix ms; `None`: no bound).
+type Window = (Option<i64>, Option<i64>);
+
 impl Badge {
-    fn new(sku: &str, available: Option<i64>, threshold: i64) -> Self {
+    fn new(sku: &str, available: Option<i64>, threshold: i64, window: Window) -> Self {
         let state = StockState::of(available, threshold);
         let left = available.filter(|_| state == StockState::Low);
         Self {
             sku: sku.to_owned(),
             state,
             left,
+            starts_at: window.0,
+            ends_at: window.1,
         }
+    }
+
+    /// The badge of `sku` from its figures (`None`: no counter).
+    fn of(sku: &str, figures: Option<&holdfast_domain::Figures>, threshold: i64) -> Self {
+        let window = figures.map_or((None, None), |f| {
+            (
+                Some(f.opens_at_ms).filter(|&t| t > 0),
+                Some(f.closes_at_ms).filter(|&t| t > 0),
+            )
+        });
+        Self::new(sku, figures.map(|f| f.available), threshold, window)
     }
 }
 
@@ -121,6 +143,9 @@ const THRESHOLD_TTL: Duration = Duration::from_secs(30);
 /// How long after PostgreSQL failed to answer before it is asked again (the
 /// last copy, or the default, stands in meanwhile).
 const THRESHOLD_RETRY: Duration = Duration::from_secs(5);
+/// How often every watched badge is read again from Redis, for changes no event
+/// carries (a rescheduled drop reaches open badges within this).
+pub const REFRESH_EVERY: Duration = Duration::from_secs(10);
 /// Threshold for a SKU the catalogue does not list.
 const DEFAULT_THRESHOLD: i64 = 5;
 
@@ -178,22 +203,16 @@ impl BadgeHub {
         let figures = self.engine.figures_many(skus).await.unwrap_or_default();
         let mut badges = Vec::with_capacity(skus.len());
         for (i, sku) in skus.iter().enumerate() {
-            let available = figures.get(i).copied().flatten().map(|f| f.available);
-            badges.push(Badge::new(sku, available, self.threshold(sku).await));
+            let f = figures.get(i).copied().flatten();
+            badges.push(Badge::of(sku, f.as_ref(), self.threshold(sku).await));
         }
         badges
     }
 
     /// The badge of `sku` read from Redis now.
     pub async fn current(&self, sku: &str) -> Badge {
-        let available = self
-            .engine
-            .figures(sku)
-            .await
-            .ok()
-            .flatten()
-            .map(|f| f.available);
-        Badge::new(sku, available, self.threshold(sku).await)
+        let f = self.engine.figures(sku).await.ok().flatten();
+        Badge::of(sku, f.as_ref(), self.threshold(sku).await)
     }
 
     /// A receiver of `sku`'s badge: its current value now, the newest after each change.
@@ -232,21 +251,29 @@ impl BadgeHub {
     }
 
     async fn apply(&self, event: &Event) {
-        let watched = self.skus.lock().is_ok_and(|s| s.contains_key(&event.sku));
-        if watched && let Some(available) = event.available {
+        // Events carry stock, not the schedule: the badge keeps the one it has.
+        let window = self.skus.lock().ok().and_then(|s| {
+            s.get(&event.sku).map(|tx| {
+                let b = tx.borrow();
+                (b.starts_at, b.ends_at)
+            })
+        });
+        if let (Some(window), Some(available)) = (window, event.available) {
             let threshold = self.threshold(&event.sku).await;
-            self.publish(Badge::new(&event.sku, Some(available), threshold));
+            self.publish(Badge::new(&event.sku, Some(available), threshold, window));
         }
     }
 
+    /// Reads every watched badge from Redis again, in one round trip: after
+    /// missed events, and every [`REFRESH_EVERY`] for what events do not carry
+    /// (a drop rescheduled, a threshold changed).
     async fn refresh_all(&self) {
         let skus: Vec<String> = self
             .skus
             .lock()
             .map(|s| s.keys().cloned().collect())
             .unwrap_or_default();
-        for sku in skus {
-            let badge = self.current(&sku).await;
+        for badge in self.current_many(&skus).await {
             self.publish(badge);
         }
     }
@@ -260,9 +287,12 @@ impl BadgeHub {
     ) {
         use tokio::sync::broadcast::error::RecvError;
         tokio::pin!(shutdown);
+        let mut refresh = tokio::time::interval(REFRESH_EVERY);
+        refresh.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
                 () = &mut shutdown => return,
+                _ = refresh.tick() => self.refresh_all().await,
                 e = events.recv() => match e {
                     Ok(event) => self.apply(&event).await,
                     Err(RecvError::Lagged(_)) => self.refresh_all().await,

@@ -31,6 +31,8 @@ impl ApiError {
                 field: None,
                 sku: None,
                 available: None,
+                starts_at: None,
+                ended_at: None,
             }),
             retry_after: code.retry_after(),
         }
@@ -87,6 +89,30 @@ impl ApiError {
         )
         .sku(sku);
         e.body.available = Some(available);
+        e
+    }
+
+    /// 409: the SKU's drop has not started; says when it does.
+    pub fn not_started(sku: &str, starts_at_ms: i64) -> Self {
+        let at = crate::http::rfc3339(starts_at_ms).unwrap_or_default();
+        let mut e = Self::new(
+            ErrorCode::NotStarted,
+            format!("the drop selling {sku} starts at {at}; try again then"),
+        )
+        .sku(sku);
+        e.body.starts_at = Some(at);
+        e
+    }
+
+    /// 409: the SKU's drop has ended.
+    pub fn ended(sku: &str, ended_at_ms: i64) -> Self {
+        let at = crate::http::rfc3339(ended_at_ms).unwrap_or_default();
+        let mut e = Self::new(
+            ErrorCode::Ended,
+            format!("the drop selling {sku} ended at {at}"),
+        )
+        .sku(sku);
+        e.body.ended_at = Some(at);
         e
     }
 

@@ -14,3 +14,9 @@ pub mod server_fns;
 pub mod site;
 pub mod socket;
 pub mod write_deadline;
+
+/// Unix milliseconds as the API writes times: RFC 3339, UTC, to the millisecond.
+pub fn rfc3339(ms: i64) -> Option<String> {
+    chrono::DateTime::from_timestamp_millis(ms)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+}

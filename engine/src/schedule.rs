@@ -1,0 +1,144 @@
+//! A drop's schedule: when its SKUs start and stop selling, to the second and the
+//! same on every server.
+//!
+//! The start and end live in PostgreSQL (`drops.starts_at`, `ends_at`) and in
+//! each SKU's Redis counter (`opens`, `closes`, Unix ms), where `reserve.lua`
+//! compares them with Redis' own clock (`TIME`): every server flips at the same
+//! instant whatever its own clock says, and nobody gets in early through a
+//! skewed one. Warm-up writes them with the counter (so they survive a Redis
+//! loss); [`schedule_drop`] changes them at once for every SKU of a drop.
+//!
+//! A SKU in several drops sells while any of them is open: it opens at the
+//! earliest start (none if any of its drops has none) and closes at the latest
+//! end (none if any has none). A SKU in no drop always sells.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgPool;
+
+use crate::{Engine, EngineError};
+
+/// The SQL columns `opens_ms` and `closes_ms` (Unix ms, 0 for none) of the SKU
+/// aliased `s`, by the rule above. The one place that rule is written.
+pub(crate) const WINDOW_COLUMNS: &str = "
+    COALESCE((SELECT CASE WHEN bool_or(d.starts_at IS NULL) THEN 0
+                          ELSE (extract(epoch FROM min(d.starts_at)) * 1000)::bigint END
+                FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
+               WHERE ds.sku = s.sku), 0) AS opens_ms,
+    COALESCE((SELECT CASE WHEN bool_or(d.ends_at IS NULL) THEN 0
+                          ELSE (extract(epoch FROM max(d.ends_at)) * 1000)::bigint END
+                FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
+               WHERE ds.sku = s.sku), 0) AS closes_ms";
+
+/// When a drop sells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct DropSchedule {
+    /// Reservations before this instant answer `not_started`; `None`: at once.
+    pub starts_at: Option<DateTime<Utc>>,
+    /// Reservations from this instant answer `ended`; `None`: never.
+    pub ends_at: Option<DateTime<Utc>>,
+}
+
+impl DropSchedule {
+    /// Why this schedule cannot be used, if it cannot.
+    pub fn problem(&self) -> Option<&'static str> {
+        match (self.starts_at, self.ends_at) {
+            (Some(s), Some(e)) if e <= s => Some("the end must come after the start"),
+            (Some(s), _) if s.timestamp() < 0 => Some("the start must be after 1970"),
+            (_, Some(e)) if e.timestamp() < 0 => Some("the end must be after 1970"),
+            _ => None,
+        }
+    }
+}
+
+/// What [`schedule_drop`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ScheduleOutcome {
+    /// Recorded, and every warmed counter of the drop's SKUs follows it now.
+    Scheduled {
+        /// Counters updated in Redis.
+        counters: u64,
+        /// SKUs without a counter yet (warm-up writes their schedule).
+        not_warmed: u64,
+    },
+    /// No drop has that code.
+    UnknownDrop,
+    /// The schedule cannot be used (the end before the start, …); nothing changed.
+    Invalid(&'static str),
+}
+
+/// The schedule of drop `code`; `None` when there is no such drop.
+pub async fn drop_schedule(pg: &PgPool, code: &str) -> Result<Option<DropSchedule>, EngineError> {
+    type Bounds = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let row: Option<Bounds> =
+        sqlx::query_as("SELECT starts_at, ends_at FROM drops WHERE code = $1")
+            .bind(code)
+            .fetch_optional(pg)
+            .await?;
+    Ok(row.map(|(starts_at, ends_at)| DropSchedule { starts_at, ends_at }))
+}
+
+/// Sets drop `code`'s schedule in PostgreSQL, then in the counter of each of its
+/// SKUs, so it takes effect on every server at once. Run again after a failure
+/// half-way (Redis unreachable): it converges.
+pub async fn schedule_drop(
+    engine: &Engine,
+    pg: &PgPool,
+    code: &str,
+    schedule: DropSchedule,
+) -> Result<ScheduleOutcome, EngineError> {
+    if let Some(problem) = schedule.problem() {
+        return Ok(ScheduleOutcome::Invalid(problem));
+    }
+    let updated = sqlx::query("UPDATE drops SET starts_at = $2, ends_at = $3 WHERE code = $1")
+        .bind(code)
+        .bind(schedule.starts_at)
+        .bind(schedule.ends_at)
+        .execute(pg)
+        .await?
+        .rows_affected();
+    if updated == 0 {
+        return Ok(ScheduleOutcome::UnknownDrop);
+    }
+    // Each SKU's window, by the rule (it may be in other drops too).
+    let windows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
+        "SELECT s.sku, {WINDOW_COLUMNS}
+           FROM skus s JOIN drop_skus x ON x.sku = s.sku
+          WHERE x.drop_code = $1 ORDER BY s.sku"
+    ))
+    .bind(code)
+    .fetch_all(pg)
+    .await?;
+    let (mut counters, mut not_warmed) = (0, 0);
+    // A pipeline runs EVALSHA only: the script is loaded first (as warm-up does).
+    engine
+        .scripts
+        .schedule
+        .prepare_invoke()
+        .load_async(&mut engine.conn.clone())
+        .await?;
+    for chunk in windows.chunks(500) {
+        let mut pipe = redis::pipe();
+        for (sku, opens, closes) in chunk {
+            pipe.invoke_script(
+                engine
+                    .scripts
+                    .schedule
+                    .key(engine.keys.sku(sku))
+                    .arg(opens)
+                    .arg(closes),
+            );
+        }
+        let set: Vec<i64> = pipe.query_async(&mut engine.conn.clone()).await?;
+        for one in set {
+            if one == 1 {
+                counters += 1;
+            } else {
+                not_warmed += 1;
+            }
+        }
+    }
+    Ok(ScheduleOutcome::Scheduled {
+        counters,
+        not_warmed,
+    })
+}
