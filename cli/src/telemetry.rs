@@ -99,10 +99,26 @@ fn otlp_settings(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Otlp>, S
     if set("OTEL_SDK_DISABLED").is_some_and(|v| v.eq_ignore_ascii_case("true")) {
         return Ok(None);
     }
+    let exporter = set("OTEL_TRACES_EXPORTER").map(|v| v.to_ascii_lowercase());
+    if exporter.as_deref() == Some("none") {
+        return Ok(None);
+    }
+    // The exporter reads the endpoint variables as they are: one with blanks
+    // around it would silently go to the default address instead.
+    for name in [
+        "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+        "OTEL_EXPORTER_OTLP_ENDPOINT",
+    ] {
+        if let Some(raw) = env(name)
+            && !raw.trim().is_empty()
+            && raw.trim() != raw
+        {
+            return Err(format!("{name} has blanks around it: {raw:?}"));
+        }
+    }
     let endpoint =
         set("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT").or_else(|| set("OTEL_EXPORTER_OTLP_ENDPOINT"));
-    match set("OTEL_TRACES_EXPORTER").as_deref() {
-        Some("none") => return Ok(None),
+    match exporter.as_deref() {
         Some("otlp") => {}
         Some(other) => {
             return Err(format!(
@@ -122,7 +138,7 @@ fn otlp_settings(env: &dyn Fn(&str) -> Option<String>) -> Result<Option<Otlp>, S
     }
     let protocol = set("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL")
         .or_else(|| set("OTEL_EXPORTER_OTLP_PROTOCOL"))
-        .unwrap_or_else(|| "http/protobuf".to_owned());
+        .map_or_else(|| "http/protobuf".to_owned(), |p| p.to_ascii_lowercase());
     let json = match protocol.as_str() {
         "http/protobuf" => false,
         "http/json" => true,
@@ -148,8 +164,12 @@ fn build_provider(otlp: Otlp) -> Result<SdkTracerProvider, String> {
         .build()
         .map_err(|e| format!("cannot set up the OTLP exporter: {e}"))?;
     let mut resource = Resource::builder();
-    let named = std::env::var("OTEL_SERVICE_NAME").is_ok()
-        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| a.contains("service.name="));
+    let named = std::env::var("OTEL_SERVICE_NAME").is_ok_and(|n| !n.trim().is_empty())
+        || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|a| {
+            a.split(',')
+                .filter_map(|kv| kv.split_once('='))
+                .any(|(k, v)| k.trim() == "service.name" && !v.trim().is_empty())
+        });
     if !named {
         resource = resource.with_service_name("holdfast");
     }
@@ -214,8 +234,25 @@ mod tests {
     }
 
     #[test]
+    fn names_are_read_as_the_specification_spells_them() {
+        assert_eq!(settings(&[("OTEL_TRACES_EXPORTER", "NONE")]), Ok(None));
+        assert_eq!(
+            settings(&[("OTEL_TRACES_EXPORTER", "OTLP")]),
+            Ok(Some(Otlp { json: false }))
+        );
+        assert_eq!(
+            settings(&[
+                ("OTEL_TRACES_EXPORTER", "otlp"),
+                ("OTEL_EXPORTER_OTLP_PROTOCOL", "HTTP/JSON")
+            ]),
+            Ok(Some(Otlp { json: true }))
+        );
+    }
+
+    #[test]
     fn what_it_cannot_honour_is_refused() {
         for vars in [
+            &[("OTEL_EXPORTER_OTLP_ENDPOINT", " http://127.0.0.1:4318")][..],
             &[("OTEL_TRACES_EXPORTER", "zipkin")][..],
             &[("OTEL_EXPORTER_OTLP_ENDPOINT", "https://collector:4318")][..],
             &[

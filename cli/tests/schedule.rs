@@ -108,6 +108,7 @@ async fn two_servers_with_skewed_clocks_open_a_drop_at_redis_instant(
     let skew = date(skewed_url.clone()).await - date(honest_url.clone()).await;
     assert!((3_590..=3_610).contains(&skew), "skew {skew} s");
     let mut first_sale = [None, None];
+    let mut refused_key: Option<(String, String)> = None;
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut n = 0;
     while first_sale.iter().any(Option::is_none) {
@@ -125,6 +126,7 @@ async fn two_servers_with_skewed_clocks_open_a_drop_at_redis_instant(
             match status {
                 StatusCode::CREATED => first_sale[i] = Some(now),
                 StatusCode::CONFLICT => {
+                    refused_key.get_or_insert_with(|| (base.clone(), format!("k-{i}-{n}")));
                     assert_eq!(body["code"], "not_started", "{body}");
                     assert_eq!(body["starts_at"], starts_at.as_str(), "{body}");
                     assert!(
@@ -143,6 +145,11 @@ async fn two_servers_with_skewed_clocks_open_a_drop_at_redis_instant(
         assert!(sold >= starts, "server {i} sold at {sold}, before {starts}");
         assert!(sold < starts + 2_000, "server {i} sold only at {sold}");
     }
+
+    // A key refused as not started is not kept: the same request gets in now.
+    let (base, key) = refused_key.expect("some request came before the start");
+    let (status, body) = reserve(&http, &base, &token, &key).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
 
     let (ok, out, _) = common::holdfast(&["drop", "show", "winter-launch"], &redis.url(), &pg_url);
     assert!(ok && out.contains("ends none"), "{out}");

@@ -133,8 +133,21 @@ pub async fn begin(
     })
 }
 
+/// Whether an answer is stored for repeats of its request. Not our failures
+/// (5xx) nor rate limits (429), whose effect or cause passes, and not answers
+/// that depend on the moment: a drop not started yet or ended (a client keeping
+/// one key per order must get in once the drop opens, or is rescheduled).
+fn replayable(status: u16, body: &serde_json::Value) -> bool {
+    let timely = [
+        holdfast_domain::ErrorCode::NotStarted,
+        holdfast_domain::ErrorCode::Ended,
+    ];
+    let code = body.get("code").and_then(|c| c.as_str());
+    status < 500 && status != 429 && !timely.iter().any(|t| code == Some(t.as_str()))
+}
+
 /// Stores the answer to `key` (`status` and `body`), or, when the answer invites
-/// a retry (5xx, 429), marks the key as failed so the retry runs again and asks
+/// a retry (see `replayable`), marks the key as failed so the retry runs again and asks
 /// Redis itself. A failure to store is logged, not returned: the caller's answer
 /// stands, and a retry will simply run again.
 pub async fn finish(
@@ -147,7 +160,7 @@ pub async fn finish(
 ) {
     let mut conn = engine.connection();
     let k = Keyspace::idempotency(token_id, key);
-    let result = if status >= 500 || status == 429 {
+    let result = if !replayable(status, body) {
         let failed = Stored {
             fp: fp.to_owned(),
             status: None,

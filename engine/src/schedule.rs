@@ -8,9 +8,10 @@
 //! skewed one. Warm-up writes them with the counter (so they survive a Redis
 //! loss); [`schedule_drop`] changes them at once for every SKU of a drop.
 //!
-//! A SKU in several drops sells while any of them is open: it opens at the
-//! earliest start (none if any of its drops has none) and closes at the latest
-//! end (none if any has none). A SKU in no drop always sells.
+//! A SKU follows at most one scheduled drop: [`schedule_drop`] refuses a
+//! schedule for a drop sharing a SKU with another scheduled drop (the SKU would
+//! otherwise sell in the gap between them). A SKU in a scheduled drop and in
+//! unscheduled ones follows the schedule; in no scheduled drop it always sells.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -18,14 +19,14 @@ use sqlx::PgPool;
 use crate::{Engine, EngineError};
 
 /// The SQL columns `opens_ms` and `closes_ms` (Unix ms, 0 for none) of the SKU
-/// aliased `s`, by the rule above. The one place that rule is written.
+/// aliased `s`, by the rule above: the latest start and the earliest end of its
+/// drops, so a SKU put in several scheduled drops by hand (SQL) sells only
+/// where all of them are open, never in a gap. The one place that rule is written.
 pub(crate) const WINDOW_COLUMNS: &str = "
-    COALESCE((SELECT CASE WHEN bool_or(d.starts_at IS NULL) THEN 0
-                          ELSE (extract(epoch FROM min(d.starts_at)) * 1000)::bigint END
+    COALESCE((SELECT (extract(epoch FROM max(d.starts_at)) * 1000)::bigint
                 FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
                WHERE ds.sku = s.sku), 0) AS opens_ms,
-    COALESCE((SELECT CASE WHEN bool_or(d.ends_at IS NULL) THEN 0
-                          ELSE (extract(epoch FROM max(d.ends_at)) * 1000)::bigint END
+    COALESCE((SELECT (extract(epoch FROM min(d.ends_at)) * 1000)::bigint
                 FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
                WHERE ds.sku = s.sku), 0) AS closes_ms";
 
@@ -43,8 +44,9 @@ impl DropSchedule {
     pub fn problem(&self) -> Option<&'static str> {
         match (self.starts_at, self.ends_at) {
             (Some(s), Some(e)) if e <= s => Some("the end must come after the start"),
-            (Some(s), _) if s.timestamp() < 0 => Some("the start must be after 1970"),
-            (_, Some(e)) if e.timestamp() < 0 => Some("the end must be after 1970"),
+            // 0 means "no bound" in Redis: 1970-01-01T00:00:00Z itself is refused too.
+            (Some(s), _) if s.timestamp_millis() <= 0 => Some("the start must be after 1970"),
+            (_, Some(e)) if e.timestamp_millis() <= 0 => Some("the end must be after 1970"),
             _ => None,
         }
     }
@@ -62,8 +64,9 @@ pub enum ScheduleOutcome {
     },
     /// No drop has that code.
     UnknownDrop,
-    /// The schedule cannot be used (the end before the start, …); nothing changed.
-    Invalid(&'static str),
+    /// The schedule cannot be used (the end before the start, a SKU in another
+    /// scheduled drop, …); nothing changed.
+    Invalid(String),
 }
 
 /// The schedule of drop `code`; `None` when there is no such drop.
@@ -87,7 +90,33 @@ pub async fn schedule_drop(
     schedule: DropSchedule,
 ) -> Result<ScheduleOutcome, EngineError> {
     if let Some(problem) = schedule.problem() {
-        return Ok(ScheduleOutcome::Invalid(problem));
+        return Ok(ScheduleOutcome::Invalid(problem.to_owned()));
+    }
+    // One window per SKU: a SKU whose other drop is scheduled too would sell in
+    // the gap between the two (its window spans both), so it is refused.
+    if schedule.starts_at.is_some() || schedule.ends_at.is_some() {
+        let shared: Vec<(String, String)> = sqlx::query_as(
+            "SELECT x.sku, o.drop_code
+               FROM drop_skus x
+               JOIN drop_skus o ON o.sku = x.sku AND o.drop_code <> x.drop_code
+               JOIN drops d ON d.code = o.drop_code
+              WHERE x.drop_code = $1 AND (d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL)
+              ORDER BY x.sku, o.drop_code LIMIT 5",
+        )
+        .bind(code)
+        .fetch_all(pg)
+        .await?;
+        if !shared.is_empty() {
+            let list: Vec<String> = shared
+                .iter()
+                .map(|(sku, other)| format!("{sku} (in {other})"))
+                .collect();
+            return Ok(ScheduleOutcome::Invalid(format!(
+                "a SKU can follow one scheduled drop only, and these are in another \
+                 scheduled drop: {}; clear that drop's schedule or take them out of it",
+                list.join(", ")
+            )));
+        }
     }
     let updated = sqlx::query("UPDATE drops SET starts_at = $2, ends_at = $3 WHERE code = $1")
         .bind(code)

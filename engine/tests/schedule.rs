@@ -189,17 +189,52 @@ async fn the_schedule_survives_a_redis_loss_and_bad_schedules_change_nothing(poo
         }
     );
 
-    // An end before the start, or an unknown drop: refused, nothing changed.
-    let backwards = DropSchedule {
-        starts_at: at(starts),
-        ends_at: at(starts - 1_000),
-    };
-    assert!(matches!(
-        schedule::schedule_drop(&b.engine, &b.pg, DEMO_DROP, backwards)
+    // An end before the start, the epoch (0 means "none" in Redis), a SKU shared
+    // with another scheduled drop, or an unknown drop: refused, nothing changed.
+    sqlx::query("INSERT INTO drops (code, name) VALUES ('spring', 'Spring')")
+        .execute(&b.pg)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO drop_skus (drop_code, sku) VALUES ('spring', 'DROP-003')")
+        .execute(&b.pg)
+        .await
+        .unwrap();
+    for (code, bad) in [
+        (
+            DEMO_DROP,
+            DropSchedule {
+                starts_at: at(starts),
+                ends_at: at(starts - 1_000),
+            },
+        ),
+        (
+            DEMO_DROP,
+            DropSchedule {
+                starts_at: None,
+                ends_at: at(0),
+            },
+        ),
+        (
+            "spring",
+            DropSchedule {
+                starts_at: at(starts + 86_400_000),
+                ends_at: None,
+            },
+        ),
+    ] {
+        let outcome = schedule::schedule_drop(&b.engine, &b.pg, code, bad)
             .await
-            .unwrap(),
-        ScheduleOutcome::Invalid(_)
-    ));
+            .unwrap();
+        assert!(
+            matches!(outcome, ScheduleOutcome::Invalid(_)),
+            "{bad:?}: {outcome:?}"
+        );
+    }
+    assert_eq!(
+        schedule::drop_schedule(&b.pg, "spring").await.unwrap(),
+        Some(DropSchedule::default()),
+        "the shared SKU kept spring unscheduled"
+    );
     assert_eq!(
         schedule::schedule_drop(&b.engine, &b.pg, "no-such-drop", later)
             .await

@@ -504,12 +504,15 @@ impl Application {
         let stats = Arc::new(WorkerStats::new());
         let workers =
             Workers::start(&backends, &global.redis_url, worker_config(&args), &stats).await?;
-        let state = AppState::build(
-            leptos_options(&args.site_root, addr),
-            backends,
-            stats,
-            options,
-        );
+        // With the site embedded nothing is served from disk: a file under a
+        // `target/site` in the working directory (or an old bundle there) must
+        // not be reachable. The root names a path that cannot exist.
+        let site_root = if crate::http::site::embedded() {
+            crate::http::site::NO_DISK_ROOT
+        } else {
+            args.site_root.as_str()
+        };
+        let state = AppState::build(leptos_options(site_root, addr), backends, stats, options);
         Ok(Self {
             listener,
             addr,

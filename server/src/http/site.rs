@@ -13,6 +13,11 @@ type File = (&'static str, &'static [u8], &'static str);
 /// Every embedded file, sorted by URL path.
 static FILES: &[File] = include!(concat!(env!("OUT_DIR"), "/site_files.rs"));
 
+/// The Leptos site root of a binary carrying the site: a path under a file
+/// (`/dev/null`), so it can never exist and Leptos' file handler finds nothing
+/// on disk, whatever the working directory holds.
+pub const NO_DISK_ROOT: &str = "/dev/null/holdfast-site-is-embedded";
+
 /// Whether this binary carries the site.
 pub fn embedded() -> bool {
     !FILES.is_empty()
@@ -31,7 +36,12 @@ pub fn serve(method: &Method, path: &str, headers: &HeaderMap) -> Option<Respons
     let fresh = headers
         .get(header::IF_NONE_MATCH)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|tags| tags.split(',').any(|t| t.trim() == etag || t.trim() == "*"));
+        // Weak comparison (RFC 9110): a proxy that compresses marks tags weak.
+        .is_some_and(|tags| {
+            tags.split(',')
+                .map(|t| t.trim().trim_start_matches("W/"))
+                .any(|t| t == etag || t == "*")
+        });
     let builder = Response::builder()
         .header(header::ETAG, HeaderValue::from_static(etag))
         .header(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
