@@ -112,6 +112,16 @@ run_e2e() {
         || die "the release binary does not serve an embedded site (log: $out/server.log)"
     [ -z "$(ls -A "$empty")" ] || die "the server wrote into its working directory: $(ls -A "$empty")"
     check_site "http://127.0.0.1:$web_port"
+    # Nothing from disk: a file under target/site where it runs stays unreachable.
+    mkdir -p "$empty/target/site" && echo private >"$empty/target/site/notes.txt"
+    [ "$(curl -s -o /dev/null -w '%{http_code}' "http://127.0.0.1:$web_port/notes.txt")" = 404 ] \
+        || die "the release binary served a file from its working directory"
+    rm -rf "$empty/target"
+    # Weak comparison: a proxy that compresses turns the ETag weak; still a 304.
+    local etag
+    etag=$(curl -fsSI "http://127.0.0.1:$web_port/widget.js" | tr -d '\r' | sed -n 's/^[Ee][Tt][Aa][Gg]: //p')
+    [ "$(curl -s -o /dev/null -w '%{http_code}' -H "If-None-Match: W/$etag" "http://127.0.0.1:$web_port/widget.js")" = 304 ] \
+        || die "a weak ETag ($etag) did not revalidate /widget.js"
     local token
     token=$(DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_LOG=warn \
         "$bin" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)
