@@ -37,7 +37,8 @@
 --   {'mismatch'}                the keys given do not match the hold's lines
 local rid, tomb, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
-if not h[1] then return {'unknown'} end
+-- A refused request's record (reserve.lua) is no hold.
+if not h[1] or h[1] == 'refused' then return {'unknown'} end
 if h[1] == 'confirmed' then return {'already_confirmed'} end
 
 local t = redis.call('TIME')

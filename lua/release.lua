@@ -24,7 +24,8 @@
 --   {'busy'}               a cart's confirmation is deciding this part: nothing moves
 local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
-if not h[1] then return {'unknown'} end
+-- A refused request's record (reserve.lua) is no hold.
+if not h[1] or h[1] == 'refused' then return {'unknown'} end
 if h[1] == 'confirming' then return {'busy'} end
 if h[1] ~= 'held' then return {'gone', h[1]} end
 

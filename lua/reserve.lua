@@ -18,7 +18,17 @@
 -- ARGV[7] the cart's parts: '' for a hold in one shard; otherwise the shards of
 --         every part, comma-separated, the first being the home part (see
 --         docs/stock-rules.md, "Carts across shards")
--- ARGV[8..] sku, qty pairs, one per line, in KEYS order
+-- ARGV[8] how long a refusal is remembered, ms (the tombstone lifetime); 0: not
+--         at all (a cart's part: the cart's caller keeps the cart's answer)
+-- ARGV[9..] sku, qty pairs, one per line, in KEYS order
+--
+-- The hold hash is also the request's idempotency record, so a checkout call is
+-- one round trip: a retry (same id, same fingerprint) gets the first answer back,
+-- whether it held units (the deadline and each line's `available` right after
+-- are kept in the hold) or was refused for stock or the buyer's limit (kept as a
+-- 'refused' record for ARGV[8] ms, which no other script treats as a hold).
+-- Answers that depend on the moment or on warm-up (not_started, ended,
+-- not_warmed) and invalid numbers are not kept: a retry asks again.
 --
 -- Every number is checked here too, before anything is written: a caller that
 -- skipped validation cannot raise `available` with a qty of 0 or less, nor write
@@ -26,10 +36,15 @@
 --
 -- Returns one of:
 --   {'reserved', deadline_ms, available_after_1, ..., available_after_n}
---   {'retry', state, deadline_ms}     same id, same request: nothing moves
+--   {'retry', state, deadline_ms, after, lines}  same id, same request: nothing
+--                                     moves; `after` is the first answer's available
+--                                     counts, comma-separated, in the order of the
+--                                     hold's `lines` (sku=qty,...)
+--   {'replayed', refusal...}          same id, same request, refused before: that
+--                                     refusal again (e.g. {'replayed', 'sold_out', sku, 3})
 --   {'conflict'}                      same id, different request: nothing moves
 --   {'not_warmed', sku}               a counter is missing (never "sold out")
---   {'sold_out', sku, available}
+--   {'sold_out', sku, available}      (kept for a retry, as are the next two)
 --   {'limit', sku, limit, already}    the per-buyer limit would be exceeded
 --   {'buyer_required', sku, limit}    the SKU has a per-buyer limit and no buyer was named
 --   {'not_started', sku, opens_ms}    Redis' clock is before the drop's start
@@ -45,26 +60,46 @@ local buyer_ttl = whole(ARGV[5])
 if not ttl then return {'invalid', 'ttl_ms', 'the hold time must be a whole number of milliseconds, at least 1'} end
 if not buyer_ttl then return {'invalid', 'ttl_ms', 'the buyer counter lifetime must be a whole number of milliseconds'} end
 local fixed_deadline, parts = tonumber(ARGV[6]) or 0, ARGV[7] or ''
-if (#ARGV - 7) % 2 ~= 0 or #ARGV < 9 or #KEYS ~= 3 + 3 * (#ARGV - 7) / 2 then
+local remember = tonumber(ARGV[8])
+if not remember or remember < 0 or remember ~= math.floor(remember) then
+  return {'invalid', 'ttl_ms', 'the refusal lifetime must be a whole number of milliseconds'}
+end
+if (#ARGV - 8) % 2 ~= 0 or #ARGV < 10 or #KEYS ~= 3 + 3 * (#ARGV - 8) / 2 then
   return {'invalid', 'lines', 'every line needs a sku and a qty, with its keys'}
 end
-local n = (#ARGV - 7) / 2
+local n = (#ARGV - 8) / 2
 local seen = {}
 for i = 1, n do
-  if not whole(ARGV[7 + 2 * i]) then
-    return {'invalid', 'qty', ARGV[6 + 2 * i] .. ': qty must be a whole number of at least 1'}
+  if not whole(ARGV[8 + 2 * i]) then
+    return {'invalid', 'qty', ARGV[7 + 2 * i] .. ': qty must be a whole number of at least 1'}
   end
   -- Each line is checked against `available` alone: a SKU twice would pass twice.
-  if seen[ARGV[6 + 2 * i]] then
-    return {'invalid', 'sku', ARGV[6 + 2 * i] .. ' appears twice; combine the lines'}
+  if seen[ARGV[7 + 2 * i]] then
+    return {'invalid', 'sku', ARGV[7 + 2 * i] .. ' appears twice; combine the lines'}
   end
-  seen[ARGV[6 + 2 * i]] = true
+  seen[ARGV[7 + 2 * i]] = true
 end
 
-local existing = redis.call('HMGET', KEYS[1], 'fp', 'state', 'deadline')
+local existing = redis.call('HMGET', KEYS[1], 'fp', 'state', 'deadline', 'after',
+  'refusal', 'r1', 'r2', 'r3')
 if existing[1] then
-  if existing[1] == fp then return {'retry', existing[2], tonumber(existing[3])} end
-  return {'conflict'}
+  if existing[1] ~= fp then return {'conflict'} end
+  if existing[2] == 'refused' then
+    local answer = {'replayed', existing[5], existing[6], tonumber(existing[7])}
+    if existing[8] then answer[5] = tonumber(existing[8]) end
+    return answer
+  end
+  local first = redis.call('HGET', KEYS[1], 'lines')
+  return {'retry', existing[2], tonumber(existing[3]), existing[4] or '', first or ''}
+end
+
+-- A refusal is the request's answer for as long as a retry may come.
+local function refuse(tag, sku, a, b)
+  if remember == 0 then return {tag, sku, a, b} end
+  redis.call('HSET', KEYS[1], 'state', 'refused', 'fp', fp, 'refusal', tag, 'r1', sku, 'r2', a)
+  if b then redis.call('HSET', KEYS[1], 'r3', b) end
+  redis.call('PEXPIRE', KEYS[1], remember)
+  return {tag, sku, a, b}
 end
 
 -- Redis' clock, not the caller's: every server flips at the same instant of a
@@ -74,7 +109,7 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 
 -- Check every line before changing anything: all or nothing.
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[6 + 2 * i], tonumber(ARGV[7 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[7 + 2 * i], tonumber(ARGV[8 + 2 * i])
   local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit', 'opens', 'closes')
   if not c[1] then return {'not_warmed', sku} end
   local opens, closes = tonumber(c[3] or '0') or 0, tonumber(c[4] or '0') or 0
@@ -84,21 +119,21 @@ for i = 1, n do
   local limit = tonumber(c[2] or '0')
   if limit > 0 and buyer == '' then
     -- Without a buyer the limit could not be counted: anyone could skip it.
-    return {'buyer_required', sku, limit}
+    return refuse('buyer_required', sku, limit)
   end
   if limit > 0 then
     local already = tonumber(redis.call('GET', KEYS[b + 3]) or '0')
-    if already + qty > limit then return {'limit', sku, limit, already} end
+    if already + qty > limit then return refuse('limit', sku, limit, already) end
   end
-  if available < qty then return {'sold_out', sku, available} end
+  if available < qty then return refuse('sold_out', sku, available) end
 end
 
 local deadline = now + ttl
 if fixed_deadline > 0 then deadline = fixed_deadline end
 local reply = {'reserved', deadline}
-local lines = {}
+local lines, after = {}, {}
 for i = 1, n do
-  local b, sku, qty = 3 + 3 * (i - 1), ARGV[6 + 2 * i], tonumber(ARGV[7 + 2 * i])
+  local b, sku, qty = 3 + 3 * (i - 1), ARGV[7 + 2 * i], tonumber(ARGV[8 + 2 * i])
   local available = redis.call('HINCRBY', KEYS[b + 1], 'available', -qty)
   local reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', qty)
   local pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
@@ -109,12 +144,13 @@ for i = 1, n do
   end
   lines[#lines + 1] = sku .. '=' .. qty
   reply[#reply + 1] = available
+  after[#after + 1] = available
   redis.call('XADD', KEYS[3], '*', 'kind', 'reserved', 'sku', sku,
     'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
     'sold_pending', pending, 'buyer', buyer, 'ts', now)
 end
 redis.call('HSET', KEYS[1], 'state', 'held', 'fp', fp, 'buyer', buyer, 'deadline', deadline,
-  'created', now, 'lines', table.concat(lines, ','))
+  'created', now, 'lines', table.concat(lines, ','), 'after', table.concat(after, ','))
 if parts ~= '' then redis.call('HSET', KEYS[1], 'parts', parts) end
 redis.call('ZADD', KEYS[2], deadline, rid)
 return reply

@@ -54,7 +54,10 @@ ensure_rust_tools() {
         mkdir -p "$DATA_DIR"
         say "installing wasm-bindgen-cli $want (must match Cargo.lock) in the background while Holdfast compiles (once; about 4 min on 2 cores)"
         # Not --locked: the CLI's own lockfile pins a crate the registry no longer has.
-        cargo install wasm-bindgen-cli --version "$want" --force >"$DATA_DIR/wasm-bindgen-install.log" 2>&1 &
+        # Only the `wasm-bindgen` binary, without the TLS its test runner uses to
+        # download browsers (no rustls or ring to compile: about a minute less).
+        cargo install wasm-bindgen-cli --version "$want" --force --no-default-features \
+            --bin wasm-bindgen >"$DATA_DIR/wasm-bindgen-install.log" 2>&1 &
         WASM_BINDGEN_INSTALL=$!
     fi
 }

@@ -124,6 +124,27 @@ impl ErrorCode {
         }
     }
 
+    /// Whether an answer with this code is kept for its `Idempotency-Key`, so a
+    /// retry with the key gets it again. Not kept: what passes (a moment's
+    /// contention or rate limit, a backend outage, our fault, a counter not yet
+    /// warmed, a drop not open yet or ended): the same request may succeed
+    /// later. `lua/reserve.lua` keeps its refusals by the same rule.
+    pub fn kept_for_replay(self) -> bool {
+        !matches!(
+            self,
+            Self::RequestInProgress
+                | Self::Busy
+                | Self::RequestTimeout
+                | Self::RateLimited
+                | Self::LaneFull
+                | Self::NotWarmed
+                | Self::NotStarted
+                | Self::Ended
+                | Self::Unavailable
+                | Self::Internal
+        )
+    }
+
     /// Seconds after which a retry may succeed, sent as `Retry-After`; `None`
     /// when retrying the same request will not help. (A rate limit names its own
     /// wait, which overrides this.)

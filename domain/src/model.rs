@@ -128,13 +128,22 @@ pub enum ReserveOutcome {
         state: HoldState,
         /// Its deadline, Unix time in milliseconds.
         expires_at_ms: i64,
+        /// What the first answer said: each line's SKU with its `available` count
+        /// right after the hold was made (empty where it is not known: a cart over
+        /// several shards, or a hold made before these were kept).
+        available_after: Vec<(String, i64)>,
     },
     /// Not enough units of `sku` are available.
     SoldOut {
         /// The SKU that ran out.
         sku: String,
-        /// Units still available (fewer than asked, possibly 0).
+        /// Units still available (fewer than asked, possibly 0), when the
+        /// request was first refused.
         available: i64,
+        /// A retry of a request refused before: `available` is that earlier
+        /// figure, not news about stock now.
+        #[serde(default)]
+        replayed: bool,
     },
     /// The counter of `sku` is missing in Redis (not warmed, or Redis lost it).
     NotWarmed {

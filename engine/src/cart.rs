@@ -72,6 +72,7 @@ impl Engine {
                     .find(|s| *s != HoldState::Held)
                     .unwrap_or(HoldState::Held),
                 expires_at_ms: home.expires_at_ms,
+                available_after: Vec::new(),
             });
         }
         let mut deadline = existing.first().map_or(0, |p| p.hold.expires_at_ms);

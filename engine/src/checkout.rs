@@ -38,8 +38,14 @@ pub fn made_by(id: &str, token_id: i64) -> bool {
 /// means it was confirmed before Redis lost it ([`ConfirmOutcome::AlreadyConfirmed`]);
 /// a hold PostgreSQL saw made means Redis lost it: no stock is taken and a
 /// remediation with its buyer and lines is recorded ([`ConfirmOutcome::Lost`]).
-pub async fn confirm_payment(b: &Backends, id: &str) -> Result<ConfirmOutcome, EngineError> {
-    let outcome = b.engine.confirm(id).await?;
+///
+/// The reservation as it stands afterwards comes with the outcome when Redis
+/// knows it (read in the same calls).
+pub async fn confirm_payment(
+    b: &Backends,
+    id: &str,
+) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
+    let (outcome, shown) = b.engine.confirm_showing(id).await?;
     match &outcome {
         ConfirmOutcome::Expired { state } => {
             // Kept in Redis' stream first, so PostgreSQL being down loses nothing:
@@ -54,10 +60,12 @@ pub async fn confirm_payment(b: &Backends, id: &str) -> Result<ConfirmOutcome, E
                     "late payment kept in the event stream; the write-behind records it");
             }
         }
-        ConfirmOutcome::Unknown => return remediation::confirm_unknown(&b.pg, id).await,
+        ConfirmOutcome::Unknown => {
+            return Ok((remediation::confirm_unknown(&b.pg, id).await?, None));
+        }
         _ => {}
     }
-    Ok(outcome)
+    Ok((outcome, shown))
 }
 
 impl Backends {

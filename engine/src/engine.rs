@@ -93,6 +93,9 @@ pub fn valid_sku(s: &str) -> bool {
 }
 
 /// The fields of a hold hash that [`parse_hold`] reads, in its order.
+/// The `state` of a refused request's record in a hold hash (`reserve.lua`).
+const REFUSED: &str = "refused";
+
 const HOLD_FIELDS: [&str; 7] = [
     "state",
     "lines",
@@ -242,9 +245,11 @@ impl Engine {
         self.reserve_cart(req, &groups, ttl, &fp).await
     }
 
-    /// A one-shard hold: the script, with the id looked for in every other shard
-    /// in the same round trip (a cart elsewhere may hold it). Found elsewhere, the
-    /// id is a conflict, and a hold this call made is undone.
+    /// A one-shard hold: the script, then the id looked for in every other shard,
+    /// in one round trip (a pipeline). Found elsewhere, the id is a conflict, and
+    /// whatever this call wrote (a hold, a refusal's record) is undone. Looking
+    /// after the script, not before, means of two concurrent attempts with one id
+    /// in two shards at least one sees the other (each writes, then reads).
     async fn reserve_alone(
         &self,
         shard: u16,
@@ -254,7 +259,6 @@ impl Engine {
         fp: &str,
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = &req.reservation_id;
-        let others: Vec<u16> = (0..self.keys.shards()).filter(|s| *s != shard).collect();
         let call = PartCall {
             shard,
             req,
@@ -266,10 +270,10 @@ impl Engine {
         };
         let inv = self.reserve_invocation(&call);
         let mut pipe = redis::pipe();
-        for other in &others {
-            pipe.cmd("EXISTS").arg(self.keys.hold(*other, rid));
-        }
         pipe.invoke_script(&inv);
+        for other in (0..self.keys.shards()).filter(|s| *s != shard) {
+            pipe.cmd("EXISTS").arg(self.keys.hold(other, rid));
+        }
         let mut replies: Vec<Value> = match pipe.query_async(&mut self.conn.clone()).await {
             Ok(replies) => replies,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
@@ -279,24 +283,47 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
-        let Some(Value::Array(script_reply)) = replies.pop() else {
+        if replies.is_empty() {
             return Err(EngineError::UnexpectedReply(
                 "reserve: no script reply in the pipeline".into(),
+            ));
+        }
+        let Value::Array(script_reply) = replies.remove(0) else {
+            return Err(EngineError::UnexpectedReply(
+                "reserve: the script's reply is not an array".into(),
             ));
         };
         let elsewhere = replies
             .iter()
             .any(|v| redis::from_redis_value_ref::<i64>(v).is_ok_and(|n| n > 0));
-        let outcome = self.reserve_outcome(req, lines, &Reply::new(script_reply))?;
+        let (reply, replayed) = Reply::new(script_reply).unwrap_replay();
+        let outcome = self.reserve_outcome(req, lines, &reply, replayed)?;
         if !elsewhere {
             return Ok(outcome);
         }
-        if matches!(outcome, ReserveOutcome::Reserved { .. }) {
-            self.undo_part(shard, rid, lines).await?;
+        match outcome {
+            ReserveOutcome::Reserved { .. } => self.undo_part(shard, rid, lines).await?,
+            ReserveOutcome::SoldOut { .. }
+            | ReserveOutcome::LimitExceeded { .. }
+            | ReserveOutcome::BuyerRequired { .. }
+                if !replayed =>
+            {
+                redis::cmd("DEL")
+                    .arg(self.keys.hold(shard, rid))
+                    .query_async::<()>(&mut self.conn.clone())
+                    .await?;
+            }
+            _ => {}
         }
         Ok(ReserveOutcome::Conflict {
             reservation_id: rid.clone(),
         })
+    }
+
+    /// Whether `lines` fall in more than one shard: such a cart takes a script
+    /// per shard (and its caller an idempotency claim), one shard takes one script.
+    pub fn spans_shards(&self, lines: &[Line]) -> bool {
+        self.group_by_shard(lines).len() > 1
     }
 
     pub(crate) fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {
@@ -333,11 +360,12 @@ impl Engine {
         call: &PartCall<'_>,
     ) -> Result<ReserveOutcome, EngineError> {
         let inv = self.reserve_invocation(call);
-        let reply = Reply::new(
+        let (reply, replayed) = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
-        );
-        self.reserve_outcome(call.req, call.lines, &reply)
+        )
+        .unwrap_replay();
+        self.reserve_outcome(call.req, call.lines, &reply, replayed)
     }
 
     /// `reserve.lua`'s invocation for `call`.
@@ -362,19 +390,28 @@ impl Engine {
             .arg(fp)
             .arg(self.config.buyer_ttl.as_millis() as u64)
             .arg(deadline_ms)
-            .arg(parts);
+            .arg(parts)
+            // A cart's part keeps no refusal: the cart frees its id when a part
+            // is refused, and its caller keeps the cart's answer.
+            .arg(if parts.is_empty() {
+                self.config.tombstone_ttl.as_millis() as u64
+            } else {
+                0
+            });
         for line in lines {
             inv.arg(&line.sku).arg(line.qty);
         }
         inv
     }
 
-    /// Reads `reserve.lua`'s reply for `lines` of `req`.
+    /// Reads `reserve.lua`'s reply for `lines` of `req` (`replayed`: a refusal
+    /// kept from an earlier attempt, see [`Reply::unwrap_replay`]).
     fn reserve_outcome(
         &self,
         req: &ReserveRequest,
         lines: &[Line],
         reply: &Reply,
+        replayed: bool,
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = req.reservation_id.clone();
         Ok(match reply.tag()?.as_str() {
@@ -391,6 +428,7 @@ impl Engine {
                 reservation_id: rid,
                 state: reply.state(1)?,
                 expires_at_ms: reply.int(2)?,
+                available_after: first_answer(&reply.text(4)?, &reply.text(3)?),
             },
             "conflict" => ReserveOutcome::Conflict {
                 reservation_id: rid,
@@ -401,6 +439,7 @@ impl Engine {
             "sold_out" => ReserveOutcome::SoldOut {
                 sku: reply.text(1)?,
                 available: reply.int(2)?,
+                replayed,
             },
             "limit" => ReserveOutcome::LimitExceeded {
                 sku: reply.text(1)?,
@@ -495,28 +534,42 @@ impl Engine {
 
     /// One reservation, with its lines from every shard; `None` when unknown.
     pub async fn hold(&self, rid: &str) -> Result<Option<Hold>, EngineError> {
-        let mut parts = self.locate(rid).await?.into_iter();
-        let Some((_, mut hold)) = parts.next() else {
-            return Ok(None);
-        };
-        for (_, part) in parts {
-            hold.lines.extend(part.lines);
-        }
-        Ok(Some(hold))
+        Ok(whole(self.locate(rid).await?.into_iter().map(|(_, h)| h)))
     }
 
     /// Confirms reservation `rid` (payment captured): its units become sold. A
     /// cart over several shards is sold whole or not at all ([`crate::cart`]).
     pub async fn confirm(&self, rid: &str) -> Result<ConfirmOutcome, EngineError> {
+        Ok(self.confirm_showing(rid).await?.0)
+    }
+
+    /// [`Engine::confirm`], with the reservation as it stands afterwards (`None`
+    /// when Redis does not know it), read in the same calls: no second look.
+    pub async fn confirm_showing(
+        &self,
+        rid: &str,
+    ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         let parts = self.locate_parts(rid).await?;
-        match parts.as_slice() {
-            [] => Ok(ConfirmOutcome::Unknown),
+        let shown = whole(parts.iter().map(|p| p.hold.clone()));
+        let outcome = match parts.as_slice() {
+            [] => ConfirmOutcome::Unknown,
             [part] if part.cart.is_empty() => {
                 let reply = self.confirm_step(part, ConfirmMode::Direct).await?;
-                self.confirm_reply(rid, &reply)
+                self.confirm_reply(rid, &reply)?
             }
-            _ => self.confirm_cart(rid, parts).await,
-        }
+            _ => self.confirm_cart(rid, parts).await?,
+        };
+        let after = match outcome {
+            ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
+                Some(HoldState::Confirmed)
+            }
+            ConfirmOutcome::Expired { state } => Some(state),
+            ConfirmOutcome::Unknown | ConfirmOutcome::Lost => None,
+        };
+        Ok((
+            outcome,
+            after.zip(shown).map(|(state, h)| Hold { state, ..h }),
+        ))
     }
 
     /// Reads `confirm.lua`'s reply (logging any oversell it reports).
@@ -569,9 +622,36 @@ impl Engine {
     /// released whole; while its confirmation is being decided, nothing moves and
     /// the answer is [`EngineError::Busy`].
     pub async fn release(&self, rid: &str) -> Result<ReleaseOutcome, EngineError> {
+        Ok(self.release_showing(rid).await?.0)
+    }
+
+    /// [`Engine::release`], with the reservation as it stands afterwards (`None`
+    /// when Redis does not know it), read in the same calls: no second look.
+    pub async fn release_showing(
+        &self,
+        rid: &str,
+    ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
+        let (outcome, shown) = self.release_parts(rid).await?;
+        let after = match outcome {
+            ReleaseOutcome::Released => Some(HoldState::Released),
+            ReleaseOutcome::AlreadyGone { state } => Some(state),
+            ReleaseOutcome::Unknown => None,
+        };
+        Ok((
+            outcome,
+            after.zip(shown).map(|(state, h)| Hold { state, ..h }),
+        ))
+    }
+
+    /// Releases every part of `rid`; the reservation as it was found.
+    async fn release_parts(
+        &self,
+        rid: &str,
+    ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
         let parts = self.locate(rid).await?;
+        let shown = whole(parts.iter().map(|(_, h)| h.clone()));
         if parts.is_empty() {
-            return Ok(ReleaseOutcome::Unknown);
+            return Ok((ReleaseOutcome::Unknown, None));
         }
         if parts.iter().any(|(_, h)| h.state == HoldState::Confirming) {
             return Err(EngineError::Busy(format!(
@@ -590,7 +670,7 @@ impl Engine {
                 (_, p) => Some(p),
             };
         }
-        Ok(outcome.unwrap_or(ReleaseOutcome::Unknown))
+        Ok((outcome.unwrap_or(ReleaseOutcome::Unknown), shown))
     }
 
     /// Runs `release.lua` on one shard's part of `hold`. `reason` is `Released` or
@@ -969,9 +1049,31 @@ impl Part {
 }
 
 /// A hold from `HMGET state lines buyer deadline created`; `None` when absent.
+/// One reservation from its parts (one per shard it has lines in): the first
+/// part with every part's lines; `None` without parts.
+fn whole(parts: impl Iterator<Item = Hold>) -> Option<Hold> {
+    parts.reduce(|mut hold, part| {
+        hold.lines.extend(part.lines);
+        hold
+    })
+}
+
+/// A retried hold's first answer: each line's SKU (from the hold's `lines`,
+/// `sku=qty,...`) with its `available` count right after it was made (`after`, in
+/// the same order). Holds made before `after` was kept answer none.
+fn first_answer(lines: &str, after: &str) -> Vec<(String, i64)> {
+    lines
+        .split(',')
+        .filter_map(|pair| pair.split_once('=').map(|(sku, _)| sku))
+        .zip(after.split(',').map_while(|a| a.parse::<i64>().ok()))
+        .map(|(sku, a)| (sku.to_owned(), a))
+        .collect()
+}
+
 fn parse_hold(rid: &str, row: &[Option<String>]) -> Result<Option<Hold>, EngineError> {
     let field = |i: usize| row.get(i).cloned().flatten();
-    let Some(state) = field(0) else {
+    // A refused request's record (reserve.lua keeps it for retries) is no hold.
+    let Some(state) = field(0).filter(|s| s != REFUSED) else {
         return Ok(None);
     };
     let state = HoldState::parse(&state)

@@ -3,9 +3,15 @@
 //! key is claimed while its first request runs. Keys are scoped to the API token
 //! and kept 24 hours in Redis ([`Keyspace::idempotency`]).
 //!
-//! Answers that invite a retry (5xx, 429) are not stored: a client that follows
-//! `Retry-After` with the same key gets the real outcome (for example a 201 once a
-//! not-warmed SKU has been warmed), never a replay of the temporary failure.
+//! Answers that invite a retry (5xx, 429, a drop not open: see
+//! [`holdfast_domain::ErrorCode::kept_for_replay`]) are not stored: a client that
+//! follows `Retry-After` with the same key gets the real outcome (for example a
+//! 201 once a not-warmed SKU has been warmed), never a replay of the temporary
+//! failure.
+//!
+//! A reservation in one shard needs none of this: `lua/reserve.lua` keeps its
+//! answer in the hold itself (one round trip). The store serves carts over
+//! several shards, and confirm and release when a key is sent.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -133,22 +139,9 @@ pub async fn begin(
     })
 }
 
-/// Whether an answer is stored for repeats of its request. Not our failures
-/// (5xx) nor rate limits (429), whose effect or cause passes, and not answers
-/// that depend on the moment: a drop not started yet or ended (a client keeping
-/// one key per order must get in once the drop opens, or is rescheduled).
-fn replayable(status: u16, body: &serde_json::Value) -> bool {
-    let timely = [
-        holdfast_domain::ErrorCode::NotStarted,
-        holdfast_domain::ErrorCode::Ended,
-    ];
-    let code = body.get("code").and_then(|c| c.as_str());
-    status < 500 && status != 429 && !timely.iter().any(|t| code == Some(t.as_str()))
-}
-
-/// Stores the answer to `key` (`status` and `body`), or, when the answer invites
-/// a retry (see `replayable`), marks the key as failed so the retry runs again and asks
-/// Redis itself. A failure to store is logged, not returned: the caller's answer
+/// Stores the answer to `key` (`status` and `body`) when it is `kept` (see
+/// [`holdfast_domain::ErrorCode::kept_for_replay`]); otherwise marks the key as
+/// failed so the retry runs again and asks Redis itself. A failure to store is logged, not returned: the caller's answer
 /// stands, and a retry will simply run again.
 pub async fn finish(
     engine: &Engine,
@@ -157,10 +150,11 @@ pub async fn finish(
     fp: &str,
     status: u16,
     body: &serde_json::Value,
+    kept: bool,
 ) {
     let mut conn = engine.connection();
     let k = Keyspace::idempotency(token_id, key);
-    let result = if !replayable(status, body) {
+    let result = if !kept {
         let failed = Stored {
             fp: fp.to_owned(),
             status: None,

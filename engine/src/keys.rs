@@ -11,13 +11,13 @@
 //! | `hf:{hfN}:sku:<sku>` | hash | `available`, `reserved`, `sold_pending`, `sold`, `limit`, `version` |
 //! | `hf:{hfN}:holds:<sku>` | zset | open holds on the SKU, scored by deadline (ms) |
 //! | `hf:{hfN}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
-//! | `hf:{hfN}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp` |
+//! | `hf:{hfN}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp`, `after` (the first answer); or a refused request's record (`state` `refused`, kept 24 h) |
 //! | `hf:{hfN}:due` | zset | the shard's open holds by deadline, for the reaper |
 //! | `hf:{hfN}:due:aside` | zset | holds the reaper could not read or end, set aside for an operator |
 //! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
-//! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h) |
+//! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
 //! | `hf:feed:{<source>}:<event id>` | string | the fingerprint of a feed event id's first payload (24 h) |

@@ -13,6 +13,19 @@ impl Reply {
         Self(values)
     }
 
+    /// A replayed answer (`{'replayed', tag, …}`) as the answer itself, and
+    /// whether it was one.
+    pub(crate) fn unwrap_replay(self) -> (Self, bool) {
+        let replayed = self.0.first().is_some_and(|v| {
+            redis::from_redis_value_ref::<String>(v).is_ok_and(|t| t == "replayed")
+        });
+        if replayed {
+            (Self(self.0.into_iter().skip(1).collect()), true)
+        } else {
+            (self, false)
+        }
+    }
+
     fn get(&self, i: usize) -> Result<&Value, EngineError> {
         self.0.get(i).ok_or_else(|| {
             EngineError::UnexpectedReply(format!("reply has no element {i}: {:?}", self.0))

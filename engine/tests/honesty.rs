@@ -202,7 +202,7 @@ async fn confirming_an_owed_unit_is_an_oversell_support_sees(pg: PgPool) {
         .await
         .unwrap();
     assert_eq!(
-        checkout::confirm_payment(&b, "paid-late").await.unwrap(),
+        checkout::confirm_payment(&b, "paid-late").await.unwrap().0,
         ConfirmOutcome::Confirmed,
         "the shopper paid: the sale stands"
     );
@@ -290,7 +290,7 @@ async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines
         .await
         .unwrap();
     assert_eq!(
-        checkout::confirm_payment(&b, "lost-hold").await.unwrap(),
+        checkout::confirm_payment(&b, "lost-hold").await.unwrap().0,
         ConfirmOutcome::Lost
     );
     let (kind, reason): (String, String) =
@@ -304,12 +304,12 @@ async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines
         "{reason}"
     );
     assert_eq!(
-        checkout::confirm_payment(&b, "sold-hold").await.unwrap(),
+        checkout::confirm_payment(&b, "sold-hold").await.unwrap().0,
         ConfirmOutcome::AlreadyConfirmed,
         "a recorded order stands"
     );
     assert_eq!(
-        checkout::confirm_payment(&b, "never-made").await.unwrap(),
+        checkout::confirm_payment(&b, "never-made").await.unwrap().0,
         ConfirmOutcome::Unknown
     );
 }
@@ -687,7 +687,7 @@ async fn a_late_payment_is_kept_in_the_stream_for_the_write_behind(pg: PgPool) {
         .unwrap();
     // Recorded directly; remove that row to see the stream's copy do it too.
     assert!(matches!(
-        checkout::confirm_payment(&b, "lp").await.unwrap(),
+        checkout::confirm_payment(&b, "lp").await.unwrap().0,
         ConfirmOutcome::Expired { .. }
     ));
     sqlx::query("DELETE FROM remediations")

@@ -39,6 +39,9 @@ struct Model {
     reserved: i64,
     sold: i64,
     holds: HashMap<u8, (i64, HoldState)>,
+    /// Ids refused for stock: qty asked and the `available` answered (a retry
+    /// gets the same answer, whatever stock did since).
+    refused: HashMap<u8, (i64, i64)>,
 }
 
 impl Model {
@@ -129,13 +132,35 @@ async fn run_case(
                         matches!(got, ReserveOutcome::Conflict { .. }),
                         "step {step}: {got:?}"
                     ),
-                    None if m.available < qty => prop_assert_eq!(
-                        got,
-                        ReserveOutcome::SoldOut {
-                            sku: SKU.into(),
-                            available: m.available
+                    None if m.refused.contains_key(&id) => {
+                        let (asked, answered) = m.refused[&id];
+                        if asked == qty {
+                            prop_assert_eq!(
+                                got,
+                                ReserveOutcome::SoldOut {
+                                    sku: SKU.into(),
+                                    available: answered,
+                                    replayed: true,
+                                }
+                            );
+                        } else {
+                            prop_assert!(
+                                matches!(got, ReserveOutcome::Conflict { .. }),
+                                "step {step}: {got:?}"
+                            );
                         }
-                    ),
+                    }
+                    None if m.available < qty => {
+                        m.refused.insert(id, (qty, m.available));
+                        prop_assert_eq!(
+                            got,
+                            ReserveOutcome::SoldOut {
+                                sku: SKU.into(),
+                                available: m.available,
+                                replayed: false,
+                            }
+                        );
+                    }
                     None => {
                         m.available -= qty;
                         m.reserved += qty;

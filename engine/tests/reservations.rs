@@ -100,7 +100,9 @@ async fn a_retry_moves_nothing_and_a_changed_request_is_a_conflict() {
             reservation_id: "order-1".into(),
             state: HoldState::Held,
             expires_at_ms,
-        }
+            available_after: vec![("SKU-A".to_owned(), 8)],
+        },
+        "a retry answers what the first call did"
     );
     let f = engine.figures("SKU-A").await.unwrap().unwrap();
     assert_eq!((f.available, f.reserved), (8, 2), "a retry moves nothing");
@@ -150,7 +152,8 @@ async fn not_warmed_and_sold_out_are_different_answers() {
         empty,
         ReserveOutcome::SoldOut {
             sku: "EMPTY-1".into(),
-            available: 0
+            available: 0,
+            replayed: false,
         }
     );
 
@@ -163,7 +166,8 @@ async fn not_warmed_and_sold_out_are_different_answers() {
         few,
         ReserveOutcome::SoldOut {
             sku: "FEW-1".into(),
-            available: 2
+            available: 2,
+            replayed: false,
         },
         "says what is left"
     );
@@ -352,7 +356,8 @@ async fn a_cart_in_one_shard_is_all_or_nothing() {
         failed,
         ReserveOutcome::SoldOut {
             sku: b.clone(),
-            available: 1
+            available: 1,
+            replayed: false,
         }
     );
     assert_eq!(
@@ -403,7 +408,8 @@ async fn a_cart_across_shards_compensates_and_can_be_retried() {
         failed,
         ReserveOutcome::SoldOut {
             sku: c.clone(),
-            available: 0
+            available: 0,
+            replayed: false,
         }
     );
     let fa = engine.figures(&a).await.unwrap().unwrap();
@@ -460,4 +466,131 @@ async fn a_sku_without_holds_lists_none() {
         .unwrap();
     engine.release("q1").await.unwrap();
     assert!(engine.holds_of("QUIET-1", 50).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn one_id_raced_into_two_shards_holds_at_most_once() {
+    let redis = TestRedis::start();
+    // Two engines: two connections, so the two attempts' commands interleave.
+    let (left, right) = (redis.engine().await, redis.engine().await);
+    let (a, _, c) = skus_same_and_other_shard(&left);
+    stock(&left, &a, 1_000).await;
+    stock(&left, &c, 1_000).await;
+    let mut held = 0;
+    for i in 0..300 {
+        let id = format!("race-{i}");
+        let (to_a, to_c) = (
+            ReserveRequest::single(&id, &a, 1),
+            ReserveRequest::single(&id, &c, 1),
+        );
+        let (x, y) = tokio::join!(left.reserve(&to_a), right.reserve(&to_c));
+        let made = [x.unwrap(), y.unwrap()]
+            .into_iter()
+            .filter(|o| matches!(o, ReserveOutcome::Reserved { .. }))
+            .count();
+        assert!(made <= 1, "{id}: one id, two holds");
+        held += made as i64;
+        // Whatever was answered, Redis keeps at most one hold for the id.
+        let hold = left.hold(&id).await.unwrap();
+        assert!(
+            hold.as_ref().is_none_or(|h| h.lines.len() == 1),
+            "{id}: {hold:?}"
+        );
+    }
+    let (fa, fc) = (
+        left.figures(&a).await.unwrap().unwrap(),
+        left.figures(&c).await.unwrap().unwrap(),
+    );
+    assert_eq!(
+        fa.reserved + fc.reserved,
+        held,
+        "every unit held is a hold answered"
+    );
+    assert_eq!(fa.available + fa.reserved, 1_000);
+    assert_eq!(fc.available + fc.reserved, 1_000);
+}
+
+#[tokio::test]
+async fn a_refusal_is_the_answer_for_its_id_and_never_blocks_the_first_request() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, _, c) = skus_same_and_other_shard(&engine);
+    stock(&engine, &a, 1).await;
+    stock(&engine, &c, 0).await;
+    let sold_out = engine
+        .reserve(&ReserveRequest::single("ref-1", &a, 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        sold_out,
+        ReserveOutcome::SoldOut {
+            sku: a.clone(),
+            available: 1,
+            replayed: false,
+        }
+    );
+    stock(&engine, &a, 5).await;
+    assert_eq!(
+        engine
+            .reserve(&ReserveRequest::single("ref-1", &a, 2))
+            .await
+            .unwrap(),
+        ReserveOutcome::SoldOut {
+            sku: a.clone(),
+            available: 1,
+            replayed: true,
+        },
+        "the same request gets the same answer"
+    );
+    assert!(
+        matches!(
+            engine
+                .reserve(&ReserveRequest::single("ref-1", &a, 1))
+                .await
+                .unwrap(),
+            ReserveOutcome::Conflict { .. }
+        ),
+        "another request under the id"
+    );
+    assert_eq!(
+        engine.hold("ref-1").await.unwrap(),
+        None,
+        "a refusal is no hold"
+    );
+    assert_eq!(
+        engine.release("ref-1").await.unwrap(),
+        holdfast_engine::ReleaseOutcome::Unknown
+    );
+    assert_eq!(
+        engine.confirm("ref-1").await.unwrap(),
+        holdfast_engine::ConfirmOutcome::Unknown
+    );
+
+    // A hold, then its id sent for a sold-out SKU in another shard: a conflict
+    // that leaves nothing behind, so the hold's own retry still replays.
+    let first = engine
+        .reserve(&ReserveRequest::single("ref-2", &a, 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, ReserveOutcome::Reserved { .. }),
+        "{first:?}"
+    );
+    assert!(matches!(
+        engine
+            .reserve(&ReserveRequest::single("ref-2", &c, 1))
+            .await
+            .unwrap(),
+        ReserveOutcome::Conflict { .. }
+    ));
+    assert!(
+        matches!(
+            engine
+                .reserve(&ReserveRequest::single("ref-2", &a, 1))
+                .await
+                .unwrap(),
+            ReserveOutcome::AlreadyReserved { .. }
+        ),
+        "the first request's retry is not blocked by the conflicting one"
+    );
 }

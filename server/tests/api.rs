@@ -55,10 +55,24 @@ impl Api {
 }
 
 async fn setup(pool: PgPool, scopes: &[Scope]) -> (Api, TestRedis, holdfast_engine::Engine) {
+    setup_with(pool, scopes, true).await
+}
+
+/// [`setup`], with or without the live event feed (whose reads of the figures
+/// after each event would blur a count of one request's Redis calls).
+async fn setup_with(
+    pool: PgPool,
+    scopes: &[Scope],
+    live: bool,
+) -> (Api, TestRedis, holdfast_engine::Engine) {
     let redis = TestRedis::start();
     let backends = common::backends(pool.clone(), &redis.url()).await;
     let engine = backends.engine.clone();
-    let server = common::spawn_live(backends, &redis.url()).await;
+    let server = if live {
+        common::spawn_live(backends, &redis.url()).await
+    } else {
+        common::spawn(backends).await
+    };
     let token = tokens::create(&pool, "test-checkout", scopes)
         .await
         .unwrap()
@@ -488,7 +502,7 @@ async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
-async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
+async fn a_reservation_is_its_own_idempotency_record_for_24_hours(pool: PgPool) {
     let (api, redis, engine) = setup(pool, &[Scope::Checkout]).await;
     stock(&engine, "E-1", 5).await;
     let (s, first, _) = api
@@ -499,10 +513,11 @@ async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
         )
         .await;
     assert_eq!(s, 201);
+    let id = first["id"].as_str().unwrap().to_owned();
 
-    // The key's 24 hours pass (its Redis entry lapses).
+    // No separate key store: the hold itself is the record.
     let mut admin = redis.connection().await;
-    let (_, keys): (u64, Vec<String>) = redis::cmd("SCAN")
+    let (_, stored): (u64, Vec<String>) = redis::cmd("SCAN")
         .arg(0)
         .arg("MATCH")
         .arg("hf:idem:*")
@@ -511,20 +526,37 @@ async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
         .query_async(&mut admin)
         .await
         .unwrap();
-    assert_eq!(keys.len(), 1, "one stored key");
+    assert_eq!(
+        stored,
+        Vec::<String>::new(),
+        "a one-shard hold keeps no key of its own"
+    );
+
+    // Released, the hold is remembered 24 hours, and so is the key's answer.
+    let (s, _, _) = api
+        .post(
+            &format!("/api/v1/reservations/{id}/release"),
+            None,
+            json!({}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::OK);
+    let (_, holds): (u64, Vec<String>) = redis::cmd("SCAN")
+        .arg(0)
+        .arg("MATCH")
+        .arg("hf:*:hold:*")
+        .arg("COUNT")
+        .arg(1_000)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert_eq!(holds.len(), 1, "one hold record");
     let ttl: i64 = redis::cmd("TTL")
-        .arg(&keys[0])
+        .arg(&holds[0])
         .query_async(&mut admin)
         .await
         .unwrap();
     assert!(ttl > 86_000 && ttl <= 86_400, "kept 24 hours: {ttl}");
-    redis::cmd("DEL")
-        .arg(&keys[0])
-        .query_async::<()>(&mut admin)
-        .await
-        .unwrap();
-
-    // The same request again: the reservation itself remembers it; nothing moves.
     let (s, again, _) = api
         .post(
             "/api/v1/reservations",
@@ -533,15 +565,15 @@ async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
         )
         .await;
     assert_eq!(
-        (s, again["id"].clone(), again["state"].as_str()),
-        (StatusCode::OK, first["id"].clone(), Some("held"))
+        (s, &again),
+        (StatusCode::CREATED, &first),
+        "a retry gets the first answer, whatever became of the hold"
     );
     assert_eq!(
         engine.figures("E-1").await.unwrap().unwrap().available,
-        3,
-        "held once"
+        5,
+        "held once, released once"
     );
-    // A different request under the lapsed key is refused by the reservation's own record.
     let (s, e, _) = api
         .post(
             "/api/v1/reservations",
@@ -556,6 +588,27 @@ async fn an_expired_idempotency_key_never_holds_stock_twice(pool: PgPool) {
             Some("idempotency_key_reused")
         )
     );
+    // The same key for a SKU in another shard is still the same key.
+    let other = (0..100)
+        .map(|i| format!("E-{i}"))
+        .find(|s| engine.keyspace().shard_of(s) != engine.keyspace().shard_of("E-1"))
+        .unwrap();
+    stock(&engine, &other, 5).await;
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("exp-1"),
+            json!({"sku": other, "qty": 2}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
+    assert_eq!(engine.figures(&other).await.unwrap().unwrap().available, 5);
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
@@ -632,6 +685,107 @@ async fn redis_round_trips(api: &Api) -> f64 {
         .sum()
 }
 
+/// What `request` answered and the Redis round trips it cost: the count from
+/// `/metrics` before and after, less a scrape's own (scraped until two in a
+/// row cost the same: the live side has caught up with earlier events).
+async fn round_trips<T>(api: &Api, request: impl Future<Output = T>) -> (T, f64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let mut before = redis_round_trips(api).await;
+    let mut cost = -1.0;
+    loop {
+        let now = redis_round_trips(api).await;
+        let spent = now - before;
+        before = now;
+        if spent == cost || std::time::Instant::now() > deadline {
+            break;
+        }
+        cost = spent;
+    }
+    let answer = request.await;
+    let after = redis_round_trips(api).await;
+    (answer, after - before - cost)
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn checkout_calls_cost_one_redis_round_trip(pool: PgPool) {
+    let (api, _redis, engine) = setup_with(pool, &[Scope::Checkout], false).await;
+    let act = |id: &str, action: &str| {
+        let path = format!("/api/v1/reservations/{id}/{action}");
+        let api = &api;
+        async move { api.post(&path, None, json!({})).await }
+    };
+    stock(&engine, "O-1", 3).await;
+    stock(&engine, "O-0", 1).await;
+    // Redis learns the scripts first (a NOSCRIPT costs a load and a resend).
+    let (s, first, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("o0"),
+            json!({"sku": "O-0", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    let id = first["id"].as_str().unwrap();
+    for action in ["confirm", "release"] {
+        assert_eq!(act(id, action).await.0, StatusCode::OK);
+    }
+    let hold = json!({"sku": "O-1", "qty": 2});
+    let ((s, first, _), trips) = round_trips(
+        &api,
+        api.post("/api/v1/reservations", Some("o1"), hold.clone()),
+    )
+    .await;
+    assert_eq!((s, trips), (StatusCode::CREATED, 1.0), "a hold: {first}");
+    let ((s, again, _), trips) = round_trips(
+        &api,
+        api.post("/api/v1/reservations", Some("o1"), hold.clone()),
+    )
+    .await;
+    assert_eq!(
+        (s, &again, trips),
+        (StatusCode::CREATED, &first, 1.0),
+        "a retry"
+    );
+    let ((s, refused, _), trips) = round_trips(
+        &api,
+        api.post("/api/v1/reservations", Some("o2"), hold.clone()),
+    )
+    .await;
+    assert_eq!(
+        (s, trips),
+        (StatusCode::CONFLICT, 1.0),
+        "sold out: {refused}"
+    );
+    let ((s, again, _), trips) =
+        round_trips(&api, api.post("/api/v1/reservations", Some("o2"), hold)).await;
+    assert_eq!(
+        (s, &again, trips),
+        (StatusCode::CONFLICT, &refused, 1.0),
+        "a refusal's retry"
+    );
+    // Confirm and release find the hold's shard, then run their script: two.
+    let id = first["id"].as_str().unwrap();
+    let ((s, confirmed, _), trips) = round_trips(&api, act(id, "confirm")).await;
+    assert_eq!(
+        (s, confirmed["state"].as_str(), trips),
+        (StatusCode::OK, Some("confirmed"), 2.0)
+    );
+    let (s, other, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("o3"),
+            json!({"sku": "O-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let other = other["id"].as_str().unwrap();
+    let ((s, released, _), trips) = round_trips(&api, act(other, "release")).await;
+    assert_eq!(
+        (s, released["state"].as_str(), trips),
+        (StatusCode::OK, Some("released"), 2.0)
+    );
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn many_skus_are_read_in_one_redis_round_trip(pool: PgPool) {
     let (api, _redis, engine) = setup(pool, &[Scope::Read]).await;
@@ -640,29 +794,16 @@ async fn many_skus_are_read_in_one_redis_round_trip(pool: PgPool) {
     }
     let (s, _) = api.get("/api/v1/stock?skus=M-1").await;
     assert_eq!(s, StatusCode::OK, "the token is known before counting");
-    // A scrape's own round trips: scrape until two in a row cost the same (the
-    // live side has caught up with the warm-up's events).
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let mut before = redis_round_trips(&api).await;
-    let mut cost = -1.0;
-    loop {
-        let now = redis_round_trips(&api).await;
-        let spent = now - before;
-        before = now;
-        if spent == cost || std::time::Instant::now() > deadline {
-            break;
-        }
-        cost = spent;
-    }
-    let (s, got) = api
-        .get("/api/v1/stock?skus=M-1,M-2,M-3,M-4,M-5,NOPE-9")
-        .await;
-    let after = redis_round_trips(&api).await;
+    let ((s, got), trips) = round_trips(
+        &api,
+        api.get("/api/v1/stock?skus=M-1,M-2,M-3,M-4,M-5,NOPE-9"),
+    )
+    .await;
     assert_eq!(s, StatusCode::OK);
     assert_eq!(
         got.as_array().unwrap().len(),
         5,
         "the unwarmed one is left out"
     );
-    assert_eq!(after - before - cost, 1.0, "six SKUs, one round trip");
+    assert_eq!(trips, 1.0, "six SKUs, one round trip");
 }

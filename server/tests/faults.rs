@@ -178,7 +178,7 @@ async fn a_redis_that_stops_answering_gets_503_within_the_deadline(pool: PgPool)
     sleeper.await.unwrap();
 
     // Retrying with the same key as Retry-After says, once Redis answers again,
-    // gets the real outcome (the abandoned attempt's claim lapses within seconds).
+    // gets the real outcome: the hold (made late, or now).
     let started = Instant::now();
     let (s, body) = loop {
         let (s, body, retry) = post(
@@ -195,9 +195,70 @@ async fn a_redis_that_stops_answering_gets_503_within_the_deadline(pool: PgPool)
         let wait = retry.and_then(|r| r.parse().ok()).unwrap_or(1);
         tokio::time::sleep(Duration::from_secs(wait)).await;
     };
-    assert!(
-        s == StatusCode::CREATED || s == StatusCode::OK,
-        "{s} {body}"
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    assert_eq!(body["state"], "held");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_hold_redis_made_after_a_503_is_what_its_retry_gets(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    stock(&backends.engine, "P-1", 2).await;
+    let server = common::spawn(backends).await;
+    let (http, token) = (Client::new(), token(&pool).await);
+    let reserve = |key: &'static str| {
+        post(
+            &http,
+            server.url("/api/v1/reservations"),
+            &token,
+            key,
+            json!({"sku": "P-1", "qty": 1}),
+        )
+    };
+    // The token is known and Redis has the script before the fault.
+    let (s, body, _) = reserve("first-1").await;
+    assert_eq!(s, StatusCode::CREATED, "{body}");
+    // Redis holds every write for 4 s: the hold is made after the API gave up.
+    let mut admin = redis.connection().await;
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4_000)
+        .arg("WRITE")
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let (s, body, _) = reserve("late-1").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    let made = Instant::now() + Duration::from_secs(10);
+    loop {
+        let available: Option<i64> = redis::cmd("HGET")
+            .arg(holdfast_engine::keys::Keyspace::default().sku("P-1"))
+            .arg("available")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        if available == Some(0) {
+            break;
+        }
+        assert!(
+            Instant::now() < made,
+            "the paused attempt never ran: {available:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The next shopper's sold-out answer teaches this server's memory ...
+    let (s, body, _) = reserve("other-1").await;
+    assert_eq!(
+        (s, body["code"].as_str(), body["available"].as_i64()),
+        (StatusCode::CONFLICT, Some("sold_out"), Some(0))
+    );
+    // ... which never answers the retry of the attempt that failed here: Redis
+    // does, with the hold it made.
+    let (s, body, _) = reserve("late-1").await;
+    assert_eq!(
+        (s, body["state"].as_str()),
+        (StatusCode::CREATED, Some("held")),
+        "{body}"
     );
 }
 
@@ -212,7 +273,16 @@ async fn a_retry_after_a_failed_attempt_is_never_answered_from_memory() {
             after_failure: false
         }
     );
-    idempotency::finish(&engine, 7, "k", "fp", 503, &json!({"code": "unavailable"})).await;
+    idempotency::finish(
+        &engine,
+        7,
+        "k",
+        "fp",
+        503,
+        &json!({"code": "unavailable"}),
+        false,
+    )
+    .await;
     assert_eq!(
         idempotency::begin(&engine, 7, "k", "fp").await.unwrap(),
         Begin::Fresh {
@@ -225,7 +295,7 @@ async fn a_retry_after_a_failed_attempt_is_never_answered_from_memory() {
         Begin::InProgress,
         "claimed by that retry"
     );
-    idempotency::finish(&engine, 7, "k", "fp", 201, &json!({"id": "t7-k"})).await;
+    idempotency::finish(&engine, 7, "k", "fp", 201, &json!({"id": "t7-k"}), true).await;
     assert_eq!(
         idempotency::begin(&engine, 7, "k", "fp").await.unwrap(),
         Begin::Replay(201, json!({"id": "t7-k"}))

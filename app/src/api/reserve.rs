@@ -44,7 +44,7 @@ pub async fn manual_reserve(
                 "Held {qty} of {sku} as {rid}; it expires in {secs} s unless confirmed or released."
             )
         }
-        ReserveOutcome::SoldOut { sku, available } => {
+        ReserveOutcome::SoldOut { sku, available, .. } => {
             return refused(
                 StatusCode::CONFLICT,
                 format!("Not enough stock: {sku} has {available} available."),

@@ -1,6 +1,8 @@
 //! `Idempotency-Key` over HTTP: the header's validation and running a handler's
-//! work under a key, answering a repeat from the engine's store
-//! ([`holdfast_engine::idempotency`]).
+//! work under a key. Work that is one script in one shard keeps its own record
+//! (the hold, see `lua/reserve.lua`): [`run_atomic`], one Redis round trip.
+//! Other work answers a repeat from the engine's store
+//! ([`holdfast_engine::idempotency`]): [`run`], a claim before and a record after.
 
 use std::future::Future;
 
@@ -10,6 +12,7 @@ use holdfast_domain::ErrorCode;
 use holdfast_engine::idempotency::{self, Begin};
 
 use super::ApiState;
+use crate::http::deadline::Deadline;
 use crate::http::error::{ApiError, respond};
 
 /// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
@@ -76,21 +79,51 @@ where
         }
         Ok(Begin::Fresh { after_failure }) => after_failure,
     };
-    // The work gets a little less than the request's deadline, so that a slow
-    // attempt is marked failed (its retry then asks Redis) rather than cut off
-    // with its key still claimed.
-    let bounded = tokio::time::timeout(deadline.work(), work(after_failure)).await;
-    let (status, body, retry) = match bounded {
-        Ok(Ok((s, b))) => (s, b, None),
-        Ok(Err(e)) => (e.status(), e.body_json(), e.retry_after),
-        Err(_) => {
-            let e = ApiError::new(
-                ErrorCode::Unavailable,
-                "the request could not be completed in time; retry shortly with the same Idempotency-Key",
-            );
-            (e.status(), e.body_json(), e.retry_after)
-        }
-    };
-    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &body).await;
+    let (status, body, retry, kept) = bounded(deadline, work(after_failure)).await;
+    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &body, kept).await;
     respond(status, body, retry)
+}
+
+/// Runs `work` for reservation `rid`, whose script is its own idempotency record:
+/// a retry is answered by the script itself, in the same round trip. `work` is
+/// told whether an earlier attempt for `rid` failed on this server (its effect is
+/// then uncertain and only Redis may answer); a failure now is remembered so.
+pub async fn run_atomic<W, F>(api: &ApiState, rid: &str, work: W) -> Response
+where
+    W: FnOnce(bool) -> F,
+    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+{
+    let after_failure = api.sold_out.distrusts(rid);
+    let (status, body, retry, _) = bounded(api.deadline, work(after_failure)).await;
+    if status.is_server_error() {
+        api.sold_out.distrust(rid);
+    }
+    respond(status, body, retry)
+}
+
+/// `work`'s answer within the request's deadline (status, body, `Retry-After`,
+/// and whether it is kept for the key). The work gets a little less than the
+/// deadline, so that a slow attempt is answered (and its key marked failed: the
+/// retry then asks Redis) rather than cut off.
+async fn bounded<F>(
+    deadline: Deadline,
+    work: F,
+) -> (StatusCode, serde_json::Value, Option<u64>, bool)
+where
+    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+{
+    let e = match tokio::time::timeout(deadline.work(), work).await {
+        Ok(Ok((s, b))) => return (s, b, None, true),
+        Ok(Err(e)) => e,
+        Err(_) => ApiError::new(
+            ErrorCode::Unavailable,
+            "the request could not be completed in time; retry shortly with the same Idempotency-Key",
+        ),
+    };
+    (
+        e.status(),
+        e.body_json(),
+        e.retry_after,
+        e.code.kept_for_replay(),
+    )
 }

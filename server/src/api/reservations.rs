@@ -47,14 +47,14 @@ fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_
     (status, serde_json::to_value(body).unwrap_or_default())
 }
 
-/// `POST /api/v1/reservations`: 201 held, 200 for a retry, 409 sold out, 503 not warmed.
+/// `POST /api/v1/reservations`: 201 held (a retry gets the same 201 and body), 409
+/// sold out, 503 not warmed.
 #[utoipa::path(
     post, path = "/api/v1/reservations", tag = "reservations",
     request_body = CreateReservation,
-    params(("Idempotency-Key" = String, Header, description = "Names the reservation; a retry with the same key and body returns the stored answer")),
+    params(("Idempotency-Key" = String, Header, description = "Names the reservation; a retry with the same key and request gets the first answer again (status and body), for 24 hours")),
     responses(
-        (status = 201, description = "Held", body = ReservationView),
-        (status = 200, description = "A retry of the same reservation", body = ReservationView),
+        (status = 201, description = "Held (or a retry of the request that held it: the same answer)", body = ReservationView),
         (status = 400, description = "No Idempotency-Key, or malformed JSON", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token lacks the scope", body = ErrorBody),
@@ -87,21 +87,27 @@ pub async fn create(
         }
         Err(e) => return e.into_response(),
     };
-    let fp = fingerprint("POST", "/api/v1/reservations", &body);
     let rid = checkout::reservation_id(caller.0.id, &key);
-    let work = |after_failure| create_inner(&state, rid, body, after_failure);
+    let request = match parse(&body, rid) {
+        Ok(request) => request,
+        Err(e) => return e.into_response(),
+    };
+    if !state.backends.engine.spans_shards(&request.lines) {
+        // One shard: the script's hold record is the key's record (one round trip).
+        let rid = request.reservation_id.clone();
+        let work = |after_failure| reserve(&state, request, after_failure);
+        return idempotent::run_atomic(&state, &rid, work).await;
+    }
+    // A cart over several shards takes a script per shard: the key is claimed
+    // first, so a second attempt cannot race the first between its parts.
+    let fp = fingerprint("POST", "/api/v1/reservations", &body);
+    let work = |after_failure| reserve(&state, request, after_failure);
     idempotent::run(&state, caller.0.id, Some(key), fp, work).await
 }
 
-/// Creates the reservation. `after_failure`: an earlier attempt with this key
-/// failed and may have reserved, so the sold-out cache must not answer for it.
-async fn create_inner(
-    state: &ApiState,
-    rid: String,
-    body: Bytes,
-    after_failure: bool,
-) -> Result<(StatusCode, serde_json::Value), ApiError> {
-    let req: CreateReservation = serde_json::from_slice(&body).map_err(|e| {
+/// The reservation `body` asks for, named `rid`.
+fn parse(body: &[u8], rid: String) -> Result<ReserveRequest, ApiError> {
+    let req: CreateReservation = serde_json::from_slice(body).map_err(|e| {
         ApiError::new(
             ErrorCode::BadRequest,
             format!("the body is not a valid reservation request: {e}"),
@@ -128,21 +134,42 @@ async fn create_inner(
             ));
         }
     };
+    Ok(ReserveRequest {
+        reservation_id: rid,
+        lines,
+        buyer: req.buyer,
+        ttl_ms: req.ttl_ms,
+    })
+}
+
+/// Makes the reservation. `after_failure`: an earlier attempt with this key
+/// failed and may have reserved, so the sold-out cache must not answer for it.
+async fn reserve(
+    state: &ApiState,
+    request: ReserveRequest,
+    after_failure: bool,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
     // Shed load after a sell-out: answer from memory while the SKU is known empty.
-    if let Some(line) = lines
+    if let Some(line) = request
+        .lines
         .iter()
         .find(|l| !after_failure && state.sold_out.is_sold_out(&l.sku))
     {
         return Err(ApiError::sold_out(&line.sku, 0));
     }
-    let request = ReserveRequest {
-        reservation_id: rid,
-        lines,
-        buyer: req.buyer,
-        ttl_ms: req.ttl_ms,
-    };
     match state.backends.engine.reserve(&request).await? {
-        ReserveOutcome::Reserved { reservation_id, expires_at_ms, available_after } => {
+        // A retry answers what the first attempt did, from the hold's record.
+        ReserveOutcome::Reserved {
+            reservation_id,
+            expires_at_ms,
+            available_after,
+        }
+        | ReserveOutcome::AlreadyReserved {
+            reservation_id,
+            expires_at_ms,
+            available_after,
+            ..
+        } => {
             let hold = Hold {
                 reservation_id,
                 state: HoldState::Held,
@@ -153,13 +180,13 @@ async fn create_inner(
             };
             Ok(json(StatusCode::CREATED, &view(&hold, &available_after)))
         }
-        ReserveOutcome::AlreadyReserved { reservation_id, .. } => {
-            let hold = state.backends.engine.hold(&reservation_id).await?;
-            let hold = hold.ok_or_else(|| ApiError::not_found("that reservation has ended and is forgotten"))?;
-            Ok(json(StatusCode::OK, &view(&hold, &[])))
-        }
-        ReserveOutcome::SoldOut { sku, available } => {
-            if available == 0 {
+        ReserveOutcome::SoldOut {
+            sku,
+            available,
+            replayed,
+        } => {
+            // An earlier refusal replayed says nothing about stock now.
+            if available == 0 && !replayed {
                 state.sold_out.mark(&sku);
             }
             Err(ApiError::sold_out(&sku, available))
@@ -206,8 +233,16 @@ fn action_guard(
     ))
 }
 
-/// The reservation as it is now, answered with 200.
-async fn current(state: &ApiState, id: &str) -> Result<(StatusCode, serde_json::Value), ApiError> {
+/// The reservation as the action left it (`shown`, read in the action's own
+/// calls), or else as the system of record has it, answered with 200.
+async fn shown_or_current(
+    state: &ApiState,
+    id: &str,
+    shown: Option<Hold>,
+) -> Result<(StatusCode, serde_json::Value), ApiError> {
+    if let Some(hold) = shown {
+        return Ok(json(StatusCode::OK, &view(&hold, &[])));
+    }
     let hold = checkout::find_reservation(&state.backends, id).await?;
     let hold = hold.ok_or_else(|| ApiError::not_found(format!("no reservation {id}")))?;
     Ok(json(StatusCode::OK, &view(&hold, &[])))
@@ -274,10 +309,10 @@ pub async fn confirm(
     };
     let work = async {
         match checkout::confirm_payment(&state.backends, &id).await? {
-            ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
-                current(&state, &id).await
+            (ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed, shown) => {
+                shown_or_current(&state, &id, shown).await
             }
-            ConfirmOutcome::Expired { state: ended } => Err(ApiError::new(
+            (ConfirmOutcome::Expired { state: ended }, _) => Err(ApiError::new(
                 ErrorCode::HoldExpired,
                 format!(
                     "the hold was {} before payment was confirmed; no stock was taken. \
@@ -285,8 +320,10 @@ pub async fn confirm(
                     ended.as_str()
                 ),
             )),
-            ConfirmOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
-            ConfirmOutcome::Lost => Err(ApiError::new(
+            (ConfirmOutcome::Unknown, _) => {
+                Err(ApiError::not_found(format!("no reservation {id}")))
+            }
+            (ConfirmOutcome::Lost, _) => Err(ApiError::new(
                 ErrorCode::ReservationLost,
                 format!(
                     "reservation {id} was lost by the stock store before payment was confirmed; \
@@ -322,11 +359,13 @@ pub async fn release(
     };
     let work = async {
         let engine = &state.backends.engine;
-        match engine.release(&id).await? {
-            ReleaseOutcome::Released | ReleaseOutcome::AlreadyGone { .. } => {
-                current(&state, &id).await
+        match engine.release_showing(&id).await? {
+            (ReleaseOutcome::Released | ReleaseOutcome::AlreadyGone { .. }, shown) => {
+                shown_or_current(&state, &id, shown).await
             }
-            ReleaseOutcome::Unknown => Err(ApiError::not_found(format!("no reservation {id}"))),
+            (ReleaseOutcome::Unknown, _) => {
+                Err(ApiError::not_found(format!("no reservation {id}")))
+            }
         }
     };
     idempotent::run(&state, caller.0.id, key, fp, |_| work).await

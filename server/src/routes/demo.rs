@@ -306,7 +306,7 @@ async fn end_hold(
     let answer = match end {
         End::Pay => checkout::confirm_payment(&shop.backends, id)
             .await
-            .map(|o| {
+            .map(|(o, _)| {
                 let ok = matches!(
                     o,
                     ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed
