@@ -18,8 +18,7 @@
 -- ARGV[7] the cart's parts: '' for a hold in one shard; otherwise the shards of
 --         every part, comma-separated, the first being the home part (see
 --         docs/stock-rules.md, "Carts across shards")
--- ARGV[8] how long a refusal is remembered, ms (the tombstone lifetime); 0: not
---         at all (a cart's part: the cart's caller keeps the cart's answer)
+-- ARGV[8] how long a refusal is remembered, ms (the tombstone lifetime)
 -- ARGV[9..] sku, qty pairs, one per line, in KEYS order
 --
 -- The hold hash is also the request's idempotency record, so a checkout call is
@@ -60,10 +59,8 @@ local buyer_ttl = whole(ARGV[5])
 if not ttl then return {'invalid', 'ttl_ms', 'the hold time must be a whole number of milliseconds, at least 1'} end
 if not buyer_ttl then return {'invalid', 'ttl_ms', 'the buyer counter lifetime must be a whole number of milliseconds'} end
 local fixed_deadline, parts = tonumber(ARGV[6]) or 0, ARGV[7] or ''
-local remember = tonumber(ARGV[8])
-if not remember or remember < 0 or remember ~= math.floor(remember) then
-  return {'invalid', 'ttl_ms', 'the refusal lifetime must be a whole number of milliseconds'}
-end
+local remember = whole(ARGV[8])
+if not remember then return {'invalid', 'ttl_ms', 'the refusal lifetime must be a whole number of milliseconds'} end
 if (#ARGV - 8) % 2 ~= 0 or #ARGV < 10 or #KEYS ~= 3 + 3 * (#ARGV - 8) / 2 then
   return {'invalid', 'lines', 'every line needs a sku and a qty, with its keys'}
 end
@@ -95,7 +92,6 @@ end
 
 -- A refusal is the request's answer for as long as a retry may come.
 local function refuse(tag, sku, a, b)
-  if remember == 0 then return {tag, sku, a, b} end
   redis.call('HSET', KEYS[1], 'state', 'refused', 'fp', fp, 'refusal', tag, 'r1', sku, 'r2', a)
   if b then redis.call('HSET', KEYS[1], 'r3', b) end
   redis.call('PEXPIRE', KEYS[1], remember)

@@ -122,6 +122,11 @@ run_e2e() {
     etag=$(curl -fsSI "http://127.0.0.1:$web_port/widget.js" | tr -d '\r' | sed -n 's/^[Ee][Tt][Aa][Gg]: //p')
     [ "$(curl -s -o /dev/null -w '%{http_code}' -H "If-None-Match: W/$etag" "http://127.0.0.1:$web_port/widget.js")" = 304 ] \
         || die "a weak ETag ($etag) did not revalidate /widget.js"
+    # An embedded file takes GET and HEAD only: anything else is 405 with Allow.
+    local refused
+    refused=$(curl -s -o /dev/null -D - -X POST "http://127.0.0.1:$web_port/widget.js" | tr -d '\r')
+    [[ "$refused" == *" 405"* && "${refused,,}" == *"allow: get, head"* ]] \
+        || die "POST /widget.js was not refused with 405 and Allow: $refused"
     local token
     token=$(DATABASE_URL="$db_url" REDIS_URL="redis://127.0.0.1:$redis_port" HOLDFAST_LOG=warn \
         "$bin" token create --name e2e --scopes checkout,read 2>/dev/null | sed -n 2p)

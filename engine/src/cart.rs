@@ -121,6 +121,26 @@ impl Engine {
                 }
             }
         }
+        // Looked for again after writing, in the shards the cart is not in: a
+        // one-shard attempt with this id (or its refusal's record) that ran
+        // meanwhile makes this a conflict. Each side writes, then looks, so of
+        // two such attempts at least one sees the other.
+        let others: Vec<u16> = (0..self.keys.shards())
+            .filter(|s| !groups.iter().any(|(g, _)| g == s))
+            .collect();
+        if !others.is_empty() {
+            let mut pipe = redis::pipe();
+            for other in &others {
+                pipe.cmd("EXISTS").arg(self.keys.hold(*other, rid));
+            }
+            let found: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
+            if found.iter().any(|n| *n > 0) {
+                self.undo_parts(rid, &made).await;
+                return Ok(ReserveOutcome::Conflict {
+                    reservation_id: rid.clone(),
+                });
+            }
+        }
         Ok(ReserveOutcome::Reserved {
             reservation_id: rid.clone(),
             expires_at_ms: deadline,

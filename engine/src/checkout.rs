@@ -11,9 +11,12 @@ use crate::{Backends, catalog, remediation};
 
 /// The reservation id for `Idempotency-Key` `key` under API token `token_id`:
 /// scoped per token, so two clients' keys never collide, and usable in Redis keys
-/// and URLs (a key that is not is hashed).
+/// and URLs (a key that is not is hashed, and so is a key that looks like a
+/// hashed one, so that no key can name another key's reservation).
 pub fn reservation_id(token_id: i64, key: &str) -> String {
-    if key.len() <= 100 && valid_key_part(key) {
+    let looks_hashed =
+        key.len() == 33 && key.starts_with('h') && key[1..].bytes().all(|b| b.is_ascii_hexdigit());
+    if key.len() <= 100 && valid_key_part(key) && !looks_hashed {
         format!("t{token_id}-{key}")
     } else {
         format!(
@@ -168,5 +171,9 @@ mod tests {
         assert!(made_by("t7-order-1", 7));
         assert!(!made_by("t71-order-1", 7));
         assert!(!made_by("t7-", 7));
+        // A key spelled like a long key's hash is hashed too: no collision.
+        let long = "a".repeat(255);
+        let spelled = reservation_id(7, &long)["t7-".len()..].to_owned();
+        assert_ne!(reservation_id(7, &spelled), reservation_id(7, &long));
     }
 }

@@ -298,16 +298,18 @@ impl Engine {
             .any(|v| redis::from_redis_value_ref::<i64>(v).is_ok_and(|n| n > 0));
         let (reply, replayed) = Reply::new(script_reply).unwrap_replay();
         let outcome = self.reserve_outcome(req, lines, &reply, replayed)?;
-        if !elsewhere {
+        // A retry of what this shard already holds or refused stands: a record
+        // elsewhere is a conflicting attempt in flight, which sees this one and
+        // undoes itself.
+        let repeat = replayed || matches!(outcome, ReserveOutcome::AlreadyReserved { .. });
+        if !elsewhere || repeat {
             return Ok(outcome);
         }
         match outcome {
             ReserveOutcome::Reserved { .. } => self.undo_part(shard, rid, lines).await?,
             ReserveOutcome::SoldOut { .. }
             | ReserveOutcome::LimitExceeded { .. }
-            | ReserveOutcome::BuyerRequired { .. }
-                if !replayed =>
-            {
+            | ReserveOutcome::BuyerRequired { .. } => {
                 redis::cmd("DEL")
                     .arg(self.keys.hold(shard, rid))
                     .query_async::<()>(&mut self.conn.clone())
@@ -318,6 +320,18 @@ impl Engine {
         Ok(ReserveOutcome::Conflict {
             reservation_id: rid.clone(),
         })
+    }
+
+    /// Whether Redis keeps anything under reservation id `rid` in any shard (a
+    /// hold, its tombstone, or a refused request's record): one pipelined look.
+    /// An answer from memory (the sold-out cache) is only for ids it does not.
+    pub async fn id_in_use(&self, rid: &str) -> Result<bool, EngineError> {
+        let mut pipe = redis::pipe();
+        for shard in 0..self.keys.shards() {
+            pipe.cmd("EXISTS").arg(self.keys.hold(shard, rid));
+        }
+        let found: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(found.iter().any(|n| *n > 0))
     }
 
     /// Whether `lines` fall in more than one shard: such a cart takes a script
@@ -391,13 +405,7 @@ impl Engine {
             .arg(self.config.buyer_ttl.as_millis() as u64)
             .arg(deadline_ms)
             .arg(parts)
-            // A cart's part keeps no refusal: the cart frees its id when a part
-            // is refused, and its caller keeps the cart's answer.
-            .arg(if parts.is_empty() {
-                self.config.tombstone_ttl.as_millis() as u64
-            } else {
-                0
-            });
+            .arg(self.config.tombstone_ttl.as_millis() as u64);
         for line in lines {
             inv.arg(&line.sku).arg(line.qty);
         }
@@ -963,9 +971,10 @@ impl Engine {
     }
 }
 
-/// The request's identity for retries: lines and buyer (not the TTL, which is
-/// policy rather than what was asked for).
-fn fingerprint(req: &ReserveRequest) -> String {
+/// What makes two reservation requests the same request (so a retry, not a
+/// conflict): the buyer and the lines, in any order. Not `ttl_ms` (policy rather
+/// than what was asked for), nor how the body was written.
+pub fn fingerprint(req: &ReserveRequest) -> String {
     let mut lines: Vec<String> = req
         .lines
         .iter()

@@ -114,7 +114,7 @@ pub mod users;
 pub mod verify;
 pub mod warmup;
 
-pub use engine::{Engine, EngineConfig};
+pub use engine::{Engine, EngineConfig, fingerprint as request_fingerprint};
 pub use error::{EngineError, redact_url};
 pub use model::*;
 

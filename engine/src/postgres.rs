@@ -138,6 +138,23 @@ pub struct PoolUse {
     pub max: u32,
 }
 
+/// How long a caller waits for one of `pool`'s connections now: a connection is
+/// taken and handed straight back. The pool library does not count its waiting
+/// callers, so this probe stands for them: near zero while a connection is
+/// free, rising when every connection is busy, and `limit` when none came
+/// within it (the pool is exhausted).
+pub async fn acquire_wait(pool: &PgPool, limit: Duration) -> Duration {
+    let started = std::time::Instant::now();
+    match tokio::time::timeout(limit, pool.acquire()).await {
+        Ok(Ok(conn)) => {
+            drop(conn);
+            started.elapsed()
+        }
+        // No connection (PostgreSQL down, or none freed in time): the whole wait.
+        Ok(Err(_)) | Err(_) => limit,
+    }
+}
+
 /// `pool`'s use now (no I/O).
 pub fn pool_use(pool: &PgPool) -> PoolUse {
     PoolUse {

@@ -149,6 +149,22 @@ pub async fn stock_with_limit(engine: &crate::Engine, sku: &str, available: i64,
     engine.warm(&spec, true).await.expect("warm a test counter");
 }
 
+/// `n` SKU codes (`<prefix>-<i>`) that fall in `n` different shards.
+pub fn skus_in_distinct_shards(engine: &crate::Engine, prefix: &str, n: usize) -> Vec<String> {
+    let ks = engine.keyspace();
+    let mut skus: Vec<String> = Vec::with_capacity(n);
+    for i in 0.. {
+        if skus.len() == n {
+            break;
+        }
+        let sku = format!("{prefix}-{i}");
+        if skus.iter().all(|s| ks.shard_of(s) != ks.shard_of(&sku)) {
+            skus.push(sku);
+        }
+    }
+    skus
+}
+
 /// Two SKU codes that fall in the same shard, and one that falls in another.
 pub fn skus_same_and_other_shard(engine: &crate::Engine) -> (String, String, String) {
     let ks = engine.keyspace();

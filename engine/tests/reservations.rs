@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
-use holdfast_engine::testkit::{TestRedis, skus_same_and_other_shard, stock, stock_with_limit};
+use holdfast_engine::testkit::{
+    TestRedis, skus_in_distinct_shards, skus_same_and_other_shard, stock, stock_with_limit,
+};
 use holdfast_engine::{HoldState, Line, ReserveOutcome, ReserveRequest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -421,10 +423,24 @@ async fn a_cart_across_shards_compensates_and_can_be_retried() {
     assert_eq!(
         engine.hold("x-cart").await.unwrap(),
         None,
-        "the failed id is free again"
+        "the failed id holds nothing"
     );
 
     stock(&engine, &c, 3).await;
+    assert_eq!(
+        engine.reserve(&cart).await.unwrap(),
+        ReserveOutcome::SoldOut {
+            sku: c.clone(),
+            available: 0,
+            replayed: true,
+        },
+        "the same cart gets its first answer"
+    );
+    assert_eq!(engine.figures(&a).await.unwrap().unwrap().available, 5);
+    let cart = ReserveRequest {
+        reservation_id: "x-cart-2".into(),
+        ..cart
+    };
     let ok = engine.reserve(&cart).await.unwrap();
     assert!(matches!(ok, ReserveOutcome::Reserved { .. }), "{ok:?}");
     let retry = engine.reserve(&cart).await.unwrap();
@@ -439,7 +455,7 @@ async fn a_cart_across_shards_compensates_and_can_be_retried() {
         "{retry:?}"
     );
     assert_eq!(
-        engine.confirm("x-cart").await.unwrap(),
+        engine.confirm("x-cart-2").await.unwrap(),
         holdfast_engine::ConfirmOutcome::Confirmed
     );
     assert_eq!(engine.figures(&a).await.unwrap().unwrap().sold_pending, 1);
@@ -592,5 +608,162 @@ async fn a_refusal_is_the_answer_for_its_id_and_never_blocks_the_first_request()
             ReserveOutcome::AlreadyReserved { .. }
         ),
         "the first request's retry is not blocked by the conflicting one"
+    );
+}
+
+#[tokio::test]
+async fn one_id_raced_as_a_cart_and_as_a_one_shard_hold_holds_at_most_once() {
+    let redis = TestRedis::start();
+    let (left, right) = (redis.engine().await, redis.engine().await);
+    // Three SKUs in three different shards: a cart over two, a hold in the third.
+    let skus = skus_in_distinct_shards(&left, "TRI", 3);
+    for sku in &skus {
+        stock(&left, sku, 1_000).await;
+    }
+    let line = |sku: &String| Line {
+        sku: sku.clone(),
+        qty: 1,
+    };
+    let mut held = 0;
+    for i in 0..200 {
+        let id = format!("tri-{i}");
+        let cart = ReserveRequest {
+            reservation_id: id.clone(),
+            lines: vec![line(&skus[0]), line(&skus[1])],
+            buyer: None,
+            ttl_ms: None,
+        };
+        let single = ReserveRequest::single(&id, &skus[2], 1);
+        let (x, y) = tokio::join!(left.reserve(&cart), right.reserve(&single));
+        let (x, y) = (x.unwrap(), y.unwrap());
+        let made = [&x, &y]
+            .iter()
+            .filter(|o| matches!(o, ReserveOutcome::Reserved { .. }))
+            .count();
+        assert!(made <= 1, "{id}: {x:?} and {y:?}");
+        let lines = left.hold(&id).await.unwrap().map_or(0, |h| h.lines.len());
+        assert!(
+            lines == 0
+                || (made == 1
+                    && lines
+                        == if matches!(x, ReserveOutcome::Reserved { .. }) {
+                            2
+                        } else {
+                            1
+                        }),
+            "{id}: {lines} lines held after {x:?} and {y:?}"
+        );
+        held += lines as i64;
+    }
+    let reserved: i64 = {
+        let mut sum = 0;
+        for sku in &skus {
+            sum += left.figures(sku).await.unwrap().unwrap().reserved;
+        }
+        sum
+    };
+    assert_eq!(
+        reserved, held,
+        "every unit reserved belongs to a hold answered"
+    );
+}
+
+#[tokio::test]
+async fn a_refusal_in_either_path_keeps_the_id_from_another_request() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = skus_in_distinct_shards(&engine, "REF", 3);
+    stock(&engine, &skus[0], 5).await;
+    stock(&engine, &skus[1], 5).await;
+    stock(&engine, &skus[2], 0).await;
+    let cart = |id: &str, a: &String, b: &String| ReserveRequest {
+        reservation_id: id.into(),
+        lines: vec![
+            Line {
+                sku: a.clone(),
+                qty: 1,
+            },
+            Line {
+                sku: b.clone(),
+                qty: 1,
+            },
+        ],
+        buyer: None,
+        ttl_ms: None,
+    };
+    // A one-shard refusal, then a cart over two other shards under its id.
+    let refused = engine
+        .reserve(&ReserveRequest::single("r-1", &skus[2], 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, ReserveOutcome::SoldOut { .. }),
+        "{refused:?}"
+    );
+    let again = engine
+        .reserve(&cart("r-1", &skus[0], &skus[1]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::Conflict { .. }),
+        "{again:?}"
+    );
+    // A cart refused, then a one-shard hold under its id.
+    let refused = engine
+        .reserve(&cart("r-2", &skus[0], &skus[2]))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, ReserveOutcome::SoldOut { .. }),
+        "{refused:?}"
+    );
+    let again = engine
+        .reserve(&ReserveRequest::single("r-2", &skus[1], 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::Conflict { .. }),
+        "{again:?}"
+    );
+    for sku in &skus[..2] {
+        let f = engine.figures(sku).await.unwrap().unwrap();
+        assert_eq!((f.available, f.reserved), (5, 0), "{sku}: nothing moved");
+    }
+}
+
+#[tokio::test]
+async fn a_retry_stands_while_a_conflicting_attempt_is_in_flight() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, _, c) = skus_same_and_other_shard(&engine);
+    stock(&engine, &a, 5).await;
+    let first = engine
+        .reserve(&ReserveRequest::single("fly-1", &a, 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(first, ReserveOutcome::Reserved { .. }),
+        "{first:?}"
+    );
+    // Another request's attempt under the id, caught between its write and its
+    // look (it will see the first hold and undo itself).
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    redis::cmd("HSET")
+        .arg(ks.hold(ks.shard_of(&c), "fly-1"))
+        .arg("state")
+        .arg("held")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    assert!(
+        matches!(
+            engine
+                .reserve(&ReserveRequest::single("fly-1", &a, 1))
+                .await
+                .unwrap(),
+            ReserveOutcome::AlreadyReserved { .. }
+        ),
+        "the retry of the hold that stands"
     );
 }

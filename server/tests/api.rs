@@ -446,6 +446,34 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
         after, before,
         "rejections after a sell-out never reached Redis' scripts"
     );
+    // Never for an id Redis knows: the first shopper's retry (its 201 lost on
+    // the way) gets its hold again, and another request under its key a 422.
+    let (s, again, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("first"),
+            json!({"sku": "HOT-9", "qty": 1}),
+        )
+        .await;
+    assert_eq!(
+        (s, &again),
+        (StatusCode::CREATED, &b),
+        "the first answer again"
+    );
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("first"),
+            json!({"sku": "HOT-9", "qty": 2}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
 
     // Stock comes back: the event stream clears the cache at once.
     let (s, _, _) = api
@@ -499,6 +527,30 @@ async fn a_cart_is_all_or_nothing_over_http(pool: PgPool) {
         (s, e["field"].as_str()),
         (StatusCode::UNPROCESSABLE_ENTITY, Some("lines"))
     );
+    // A cart over two shards: its retry is the same request however written
+    // (lines in another order, another ttl_ms), as for a one-shard hold.
+    let ks = engine.keyspace();
+    let other = (3..100)
+        .map(|i| format!("C-{i}"))
+        .find(|s| ks.shard_of(s) != ks.shard_of("C-1"))
+        .unwrap();
+    stock(&engine, &other, 5).await;
+    let (s, first, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("cart-3"),
+            json!({"lines": [{"sku": "C-1", "qty": 1}, {"sku": other, "qty": 1}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{first}");
+    let (s, again, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("cart-3"),
+            json!({"ttl_ms": 5000, "lines": [{"sku": other, "qty": 1}, {"sku": "C-1", "qty": 1}]}),
+        )
+        .await;
+    assert_eq!((s, &again), (StatusCode::CREATED, &first));
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

@@ -46,6 +46,34 @@ async fn metrics_expose_health_lag_and_lanes(pool: PgPool) {
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_postgres_pool_with_every_connection_busy_shows_in_the_wait(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = common::spawn(common::backends(pool.clone(), &redis.url()).await).await;
+    let wait = || async {
+        let text = reqwest::get(server.url("/metrics"))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix("holdfast_postgres_pool_acquire_wait_seconds "))
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or_else(|| panic!("no pool wait in:\n{text}"))
+    };
+    let free = wait().await;
+    assert!(free < 0.25, "a free connection is taken at once: {free}");
+    // Every connection of the pool busy: the scrape waits its whole limit.
+    let mut busy = Vec::new();
+    for _ in 0..pool.options().get_max_connections() {
+        busy.push(pool.acquire().await.unwrap());
+    }
+    assert_eq!(wait().await, 0.25, "an exhausted pool");
+    drop(busy);
+    assert!(wait().await < 0.25, "free again");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn with_a_scrape_token_only_the_scraper_reads_metrics(pool: PgPool) {
     use holdfast_server::routes::metrics::MetricsAccess;
     use holdfast_server::state::StateOptions;
@@ -170,6 +198,7 @@ async fn after_a_short_sale_every_metric_is_exported_with_its_type(pool: PgPool)
         ("holdfast_redis_server_changes", "counter"),
         ("holdfast_postgres_pool_connections", "gauge"),
         ("holdfast_postgres_pool_max_connections", "gauge"),
+        ("holdfast_postgres_pool_acquire_wait_seconds", "gauge"),
         ("holdfast_write_behind_lag_seconds", "gauge"),
     ] {
         let line = format!("# TYPE {name} {kind}");

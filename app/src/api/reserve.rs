@@ -57,23 +57,15 @@ pub async fn manual_reserve(
             );
         }
         ReserveOutcome::NotStarted { sku, starts_at_ms } => {
-            let at = chrono::DateTime::from_timestamp_millis(starts_at_ms).unwrap_or_default();
             return refused(
                 StatusCode::CONFLICT,
-                format!(
-                    "The drop selling {sku} starts at {} UTC.",
-                    at.format("%Y-%m-%d %H:%M:%S")
-                ),
+                format!("The drop selling {sku} starts at {}.", utc(starts_at_ms)),
             );
         }
         ReserveOutcome::Ended { sku, ended_at_ms } => {
-            let at = chrono::DateTime::from_timestamp_millis(ended_at_ms).unwrap_or_default();
             return refused(
                 StatusCode::CONFLICT,
-                format!(
-                    "The drop selling {sku} ended at {} UTC.",
-                    at.format("%Y-%m-%d %H:%M:%S")
-                ),
+                format!("The drop selling {sku} ended at {}.", utc(ended_at_ms)),
             );
         }
         ReserveOutcome::LimitExceeded { sku, limit, .. } => {
@@ -115,4 +107,11 @@ pub async fn manual_reserve(
 fn uuid_like() -> String {
     let secret = holdfast_engine::users::random_secret();
     secret[..12].to_owned()
+}
+
+/// Unix milliseconds as a person reads them: `2026-12-01 09:00:00 UTC`.
+#[cfg(feature = "ssr")]
+fn utc(ms: i64) -> String {
+    let at = chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default();
+    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }

@@ -84,20 +84,14 @@ where
     respond(status, body, retry)
 }
 
-/// Runs `work` for reservation `rid`, whose script is its own idempotency record:
-/// a retry is answered by the script itself, in the same round trip. `work` is
-/// told whether an earlier attempt for `rid` failed on this server (its effect is
-/// then uncertain and only Redis may answer); a failure now is remembered so.
-pub async fn run_atomic<W, F>(api: &ApiState, rid: &str, work: W) -> Response
+/// Runs `work`, whose script is its own idempotency record: a retry is answered
+/// by the script itself, in the same round trip. Nothing is claimed or stored
+/// here; only the deadline applies.
+pub async fn run_atomic<F>(api: &ApiState, work: F) -> Response
 where
-    W: FnOnce(bool) -> F,
     F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
 {
-    let after_failure = api.sold_out.distrusts(rid);
-    let (status, body, retry, _) = bounded(api.deadline, work(after_failure)).await;
-    if status.is_server_error() {
-        api.sold_out.distrust(rid);
-    }
+    let (status, body, retry, _) = bounded(api.deadline, work).await;
     respond(status, body, retry)
 }
 

@@ -9,6 +9,7 @@ use holdfast_app::dto::api::{CreateReservation, ErrorBody, LineView, Reservation
 use holdfast_domain::{ErrorCode, Scope};
 use holdfast_engine::checkout;
 use holdfast_engine::idempotency::fingerprint;
+use holdfast_engine::request_fingerprint;
 use holdfast_engine::{
     ConfirmOutcome, Hold, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
 };
@@ -94,13 +95,13 @@ pub async fn create(
     };
     if !state.backends.engine.spans_shards(&request.lines) {
         // One shard: the script's hold record is the key's record (one round trip).
-        let rid = request.reservation_id.clone();
-        let work = |after_failure| reserve(&state, request, after_failure);
-        return idempotent::run_atomic(&state, &rid, work).await;
+        return idempotent::run_atomic(&state, reserve(&state, request, false)).await;
     }
     // A cart over several shards takes a script per shard: the key is claimed
-    // first, so a second attempt cannot race the first between its parts.
-    let fp = fingerprint("POST", "/api/v1/reservations", &body);
+    // first, so a second attempt cannot race the first between its parts. The
+    // same request is what the script counts as one (lines and buyer).
+    let same = request_fingerprint(&request);
+    let fp = fingerprint("POST", "/api/v1/reservations", same.as_bytes());
     let work = |after_failure| reserve(&state, request, after_failure);
     idempotent::run(&state, caller.0.id, Some(key), fp, work).await
 }
@@ -149,15 +150,22 @@ async fn reserve(
     request: ReserveRequest,
     after_failure: bool,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
-    // Shed load after a sell-out: answer from memory while the SKU is known empty.
-    if let Some(line) = request
+    let engine = &state.backends.engine;
+    // Shed load after a sell-out: answer from memory while the SKU is known
+    // empty, but only for an id Redis keeps nothing under (one cheap look):
+    // an id that holds units, or was refused, gets its own answer from Redis,
+    // whichever server made it and however its first answer was lost.
+    let known_empty = request
         .lines
         .iter()
-        .find(|l| !after_failure && state.sold_out.is_sold_out(&l.sku))
+        .find(|l| !after_failure && state.sold_out.is_sold_out(&l.sku));
+    if let Some(line) = known_empty
+        && !engine.id_in_use(&request.reservation_id).await?
     {
+        state.sold_out.answered();
         return Err(ApiError::sold_out(&line.sku, 0));
     }
-    match state.backends.engine.reserve(&request).await? {
+    match engine.reserve(&request).await? {
         // A retry answers what the first attempt did, from the hold's record.
         ReserveOutcome::Reserved {
             reservation_id,

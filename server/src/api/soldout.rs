@@ -1,13 +1,12 @@
 //! Hot-key shedding: a per-process memory of SKUs that just sold out, so a flood
-//! of shoppers after the sell-out is answered 409 without a Redis round trip. An
-//! entry lasts a short time and is cleared as soon as the event stream shows stock
-//! coming back (a release, an expiry, a receipt).
+//! of shoppers after the sell-out is answered 409 without running the reserve
+//! script. An entry lasts a short time and is cleared as soon as the event
+//! stream shows stock coming back (a release, an expiry, a receipt).
 //!
-//! It also remembers the reservations whose last attempt failed here (a 5xx):
-//! that attempt may have held units, so its retry must ask Redis (which answers
-//! with the hold) and never this memory. A retry that reaches another server
-//! while the SKU is known sold out there is answered 409; the units the failed
-//! attempt held come back when its hold expires.
+//! It answers only for reservation ids Redis keeps nothing under (one pipelined
+//! `EXISTS`, `Engine::id_in_use`, far cheaper than the script): a retry of a
+//! hold whose answer was lost, or of an attempt that failed, on any server,
+//! gets that hold or that refusal from Redis.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
@@ -18,18 +17,9 @@ use std::time::{Duration, Instant};
 pub struct SoldOutCache {
     entries: Mutex<HashMap<String, Instant>>,
     ttl: Duration,
-    /// Attempts answered sold out from memory, without Redis.
+    /// Attempts answered sold out from memory, without the reserve script.
     pub hits: prometheus_client::metrics::counter::Counter,
-    /// Reservations whose last attempt failed here, with when.
-    distrusted: Mutex<HashMap<String, Instant>>,
 }
-
-/// How long a failed attempt's reservation bypasses the cache: past the longest
-/// hold, whatever it held has come back.
-const DISTRUST_FOR: Duration = Duration::from_secs(3_600);
-/// Failed attempts remembered at most (a Redis outage fails every request; past
-/// this the oldest are forgotten, and with them only the bypass).
-const DISTRUST_CAP: usize = 100_000;
 
 impl SoldOutCache {
     /// A cache whose entries last `ttl`; a zero `ttl` turns it off.
@@ -38,45 +28,20 @@ impl SoldOutCache {
             entries: Mutex::new(HashMap::new()),
             ttl,
             hits: Default::default(),
-            distrusted: Mutex::new(HashMap::new()),
         }
     }
 
-    /// Remembers that an attempt at reservation `rid` failed: its retries bypass
-    /// the cache.
-    pub fn distrust(&self, rid: &str) {
-        if let Ok(mut d) = self.distrusted.lock() {
-            if d.len() >= DISTRUST_CAP {
-                d.retain(|_, at| at.elapsed() < DISTRUST_FOR);
-                if d.len() >= DISTRUST_CAP
-                    && let Some(oldest) =
-                        d.iter().min_by_key(|(_, at)| **at).map(|(k, _)| k.clone())
-                {
-                    d.remove(&oldest);
-                }
-            }
-            d.insert(rid.to_owned(), Instant::now());
-        }
-    }
-
-    /// Whether an attempt at reservation `rid` failed here lately.
-    pub fn distrusts(&self, rid: &str) -> bool {
-        self.distrusted
-            .lock()
-            .is_ok_and(|d| d.get(rid).is_some_and(|at| at.elapsed() < DISTRUST_FOR))
-    }
-
-    /// Whether `sku` sold out less than `ttl` ago and has not come back since
-    /// (counted in [`SoldOutCache::hits`] when it did).
+    /// Whether `sku` sold out less than `ttl` ago and has not come back since.
+    /// An answer given on it is counted with [`SoldOutCache::answered`].
     pub fn is_sold_out(&self, sku: &str) -> bool {
-        let hit = self
-            .entries
+        self.entries
             .lock()
-            .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl));
-        if hit {
-            self.hits.inc();
-        }
-        hit
+            .is_ok_and(|e| e.get(sku).is_some_and(|at| at.elapsed() < self.ttl))
+    }
+
+    /// Counts an attempt answered sold out from this memory.
+    pub fn answered(&self) {
+        self.hits.inc();
     }
 
     /// Remembers that `sku` has nothing left (unless the cache is off: a zero `ttl`).

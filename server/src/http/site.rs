@@ -23,15 +23,19 @@ pub fn embedded() -> bool {
     !FILES.is_empty()
 }
 
-/// The embedded file at `path` for a GET or HEAD, or `None` to let the pages
-/// (and their "not found") answer. Revalidated on every use (`no-cache` with an
-/// ETag) because the names carry no hash: a new binary must never leave a
-/// browser running an old bundle against a new server.
+/// The embedded file at `path` for a GET or HEAD (405 for another method), or
+/// `None` to let the pages (and their "not found") answer. Revalidated on every
+/// use (`no-cache` with an ETag) because the names carry no hash: a new binary
+/// must never leave a browser running an old bundle against a new server.
 pub fn serve(method: &Method, path: &str, headers: &HeaderMap) -> Option<Response> {
-    if method != Method::GET && method != Method::HEAD {
-        return None;
-    }
     let index = FILES.binary_search_by(|(p, _, _)| (*p).cmp(path)).ok()?;
+    if method != Method::GET && method != Method::HEAD {
+        let refused = Response::builder()
+            .status(StatusCode::METHOD_NOT_ALLOWED)
+            .header(header::ALLOW, HeaderValue::from_static("GET, HEAD"))
+            .body(Body::empty());
+        return Some(refused.expect("static headers are valid"));
+    }
     let (_, bytes, etag) = FILES[index];
     let fresh = headers
         .get(header::IF_NONE_MATCH)

@@ -182,6 +182,9 @@ impl Scrape {
     }
 }
 
+/// Longest a scrape waits for a PostgreSQL connection to measure the wait.
+const POOL_WAIT_LIMIT: Duration = Duration::from_millis(250);
+
 async fn metrics(
     State(src): State<MetricsSources>,
     headers: axum::http::HeaderMap,
@@ -218,7 +221,7 @@ async fn metrics(
     backends.engine.telemetry().register(&mut out.0);
     out.0.register(
         "holdfast_sold_out_cache_hits",
-        "Reservation attempts answered sold out from memory, without Redis",
+        "Reservation attempts answered sold out from memory, without the reserve script",
         src.sold_out.hits.clone(),
     );
     out.0.register(
@@ -257,6 +260,13 @@ async fn metrics(
         "holdfast_postgres_pool_max_connections",
         "Most PostgreSQL connections this server opens",
         i64::from(pool.max),
+    );
+    // The pool does not count its waiting callers; the scrape waits once itself.
+    let wait = postgres::acquire_wait(&backends.pg, POOL_WAIT_LIMIT).await;
+    out.fraction(
+        "holdfast_postgres_pool_acquire_wait_seconds",
+        "How long this scrape waited for a PostgreSQL connection from this server's pool (the stand-in for callers waiting; 0.25 when none came in time)",
+        wait.as_secs_f64(),
     );
 
     let figures = src.live.drop_figures(MAX_SKU_SERIES);
