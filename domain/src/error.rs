@@ -127,12 +127,16 @@ impl ErrorCode {
     /// Whether an answer with this code is kept for its `Idempotency-Key`, so a
     /// retry with the key gets it again. Not kept: what passes (a moment's
     /// contention or rate limit, a backend outage, our fault, a counter not yet
-    /// warmed, a drop not open yet or ended): the same request may succeed
-    /// later. `lua/reserve.lua` keeps its refusals by the same rule.
+    /// warmed, a drop not open yet or ended), and a malformed or invalid request
+    /// (corrected, it may be the same request: `ttl_ms` is not part of what
+    /// makes a request the same). `lua/reserve.lua` keeps its refusals by the
+    /// same rule.
     pub fn kept_for_replay(self) -> bool {
         !matches!(
             self,
-            Self::RequestInProgress
+            Self::BadRequest
+                | Self::Invalid
+                | Self::RequestInProgress
                 | Self::Busy
                 | Self::RequestTimeout
                 | Self::RateLimited

@@ -49,6 +49,16 @@ impl Engine {
             .map(|(s, _)| s.to_string())
             .collect::<Vec<_>>()
             .join(",");
+        // The id is claimed for this request first (see `reserve_alone`): owned
+        // by another, nothing is written.
+        let mut pipe = redis::pipe();
+        self.claim_into(&mut pipe, rid, fp);
+        let (owner,): (Option<String>,) = pipe.query_async(&mut self.conn.clone()).await?;
+        if owner.is_some_and(|o| crate::engine::Claim::parse(&o).fp != fp) {
+            return Ok(ReserveOutcome::Conflict {
+                reservation_id: rid.clone(),
+            });
+        }
         // What an earlier attempt left: a retry completes it; anything else with
         // this id anywhere is a conflict (detected across every shard).
         let existing = self.locate_parts(rid).await?;
@@ -119,26 +129,6 @@ impl Engine {
                         other => other,
                     };
                 }
-            }
-        }
-        // Looked for again after writing, in the shards the cart is not in: a
-        // one-shard attempt with this id (or its refusal's record) that ran
-        // meanwhile makes this a conflict. Each side writes, then looks, so of
-        // two such attempts at least one sees the other.
-        let others: Vec<u16> = (0..self.keys.shards())
-            .filter(|s| !groups.iter().any(|(g, _)| g == s))
-            .collect();
-        if !others.is_empty() {
-            let mut pipe = redis::pipe();
-            for other in &others {
-                pipe.cmd("EXISTS").arg(self.keys.hold(*other, rid));
-            }
-            let found: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
-            if found.iter().any(|n| *n > 0) {
-                self.undo_parts(rid, &made).await;
-                return Ok(ReserveOutcome::Conflict {
-                    reservation_id: rid.clone(),
-                });
             }
         }
         Ok(ReserveOutcome::Reserved {

@@ -93,6 +93,32 @@ pub fn valid_sku(s: &str) -> bool {
 }
 
 /// The fields of a hold hash that [`parse_hold`] reads, in its order.
+/// In a claim (`hf:claim:{<rid>}`), between the request's fingerprint and the
+/// SKU it was answered sold out of from memory.
+const FROM_MEMORY: &str = "|sold_out_from_memory:";
+
+/// A reservation id's claim: the owning request's fingerprint, and the SKU when
+/// that request was answered sold out from memory.
+pub(crate) struct Claim<'a> {
+    pub(crate) fp: &'a str,
+    pub(crate) from_memory: Option<&'a str>,
+}
+
+impl<'a> Claim<'a> {
+    pub(crate) fn parse(value: &'a str) -> Self {
+        match value.split_once(FROM_MEMORY) {
+            Some((fp, sku)) => Self {
+                fp,
+                from_memory: Some(sku),
+            },
+            None => Self {
+                fp: value,
+                from_memory: None,
+            },
+        }
+    }
+}
+
 /// The `state` of a refused request's record in a hold hash (`reserve.lua`).
 const REFUSED: &str = "refused";
 
@@ -245,11 +271,13 @@ impl Engine {
         self.reserve_cart(req, &groups, ttl, &fp).await
     }
 
-    /// A one-shard hold: the script, then the id looked for in every other shard,
-    /// in one round trip (a pipeline). Found elsewhere, the id is a conflict, and
-    /// whatever this call wrote (a hold, a refusal's record) is undone. Looking
-    /// after the script, not before, means of two concurrent attempts with one id
-    /// in two shards at least one sees the other (each writes, then reads).
+    /// A one-shard hold in one round trip: a pipeline that claims the id for this
+    /// request (`SET NX` of its fingerprint, then reads who owns it) and runs the
+    /// script. The claim is where every attempt under the id meets, whichever
+    /// shard its lines are in: when another request owns it, whatever this call
+    /// wrote (a hold, a refusal's record) is undone and the answer is a conflict.
+    /// Only a request that does not own the id ever undoes, so a hold once
+    /// answered 201 to its owner stands.
     async fn reserve_alone(
         &self,
         shard: u16,
@@ -270,11 +298,12 @@ impl Engine {
         };
         let inv = self.reserve_invocation(&call);
         let mut pipe = redis::pipe();
+        self.claim_into(&mut pipe, rid, fp);
         pipe.invoke_script(&inv);
-        for other in (0..self.keys.shards()).filter(|s| *s != shard) {
-            pipe.cmd("EXISTS").arg(self.keys.hold(other, rid));
-        }
-        let mut replies: Vec<Value> = match pipe.query_async(&mut self.conn.clone()).await {
+        let (owner, script_reply): (Option<String>, Vec<Value>) = match pipe
+            .query_async(&mut self.conn.clone())
+            .await
+        {
             Ok(replies) => replies,
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
                 // Redis restarted and forgot the script: load it, then once more.
@@ -283,33 +312,26 @@ impl Engine {
             }
             Err(e) => return Err(e.into()),
         };
-        if replies.is_empty() {
-            return Err(EngineError::UnexpectedReply(
-                "reserve: no script reply in the pipeline".into(),
-            ));
-        }
-        let Value::Array(script_reply) = replies.remove(0) else {
-            return Err(EngineError::UnexpectedReply(
-                "reserve: the script's reply is not an array".into(),
-            ));
-        };
-        let elsewhere = replies
-            .iter()
-            .any(|v| redis::from_redis_value_ref::<i64>(v).is_ok_and(|n| n > 0));
         let (reply, replayed) = Reply::new(script_reply).unwrap_replay();
         let outcome = self.reserve_outcome(req, lines, &reply, replayed)?;
-        // A retry of what this shard already holds or refused stands: a record
-        // elsewhere is a conflicting attempt in flight, which sees this one and
-        // undoes itself.
-        let repeat = replayed || matches!(outcome, ReserveOutcome::AlreadyReserved { .. });
-        if !elsewhere || repeat {
-            return Ok(outcome);
-        }
+        let claim = owner.as_deref().map(Claim::parse);
+        // Another request owns the id: a conflict. This request was answered
+        // from memory before: that answer stands. Otherwise the script's does.
+        let refused_before = match claim {
+            Some(c) if c.fp != fp => None,
+            Some(Claim {
+                from_memory: Some(sku),
+                ..
+            }) => Some(sku),
+            _ => return Ok(outcome),
+        };
         match outcome {
             ReserveOutcome::Reserved { .. } => self.undo_part(shard, rid, lines).await?,
             ReserveOutcome::SoldOut { .. }
             | ReserveOutcome::LimitExceeded { .. }
-            | ReserveOutcome::BuyerRequired { .. } => {
+            | ReserveOutcome::BuyerRequired { .. }
+                if !replayed =>
+            {
                 redis::cmd("DEL")
                     .arg(self.keys.hold(shard, rid))
                     .query_async::<()>(&mut self.conn.clone())
@@ -317,21 +339,71 @@ impl Engine {
             }
             _ => {}
         }
-        Ok(ReserveOutcome::Conflict {
-            reservation_id: rid.clone(),
+        // This request was answered sold out from memory before: that stands.
+        Ok(match refused_before {
+            Some(sku) => ReserveOutcome::SoldOut {
+                sku: sku.to_owned(),
+                available: 0,
+                replayed: true,
+            },
+            None => ReserveOutcome::Conflict {
+                reservation_id: rid.clone(),
+            },
         })
     }
 
-    /// Whether Redis keeps anything under reservation id `rid` in any shard (a
-    /// hold, its tombstone, or a refused request's record): one pipelined look.
-    /// An answer from memory (the sold-out cache) is only for ids it does not.
-    pub async fn id_in_use(&self, rid: &str) -> Result<bool, EngineError> {
-        let mut pipe = redis::pipe();
-        for shard in 0..self.keys.shards() {
-            pipe.cmd("EXISTS").arg(self.keys.hold(shard, rid));
-        }
-        let found: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
-        Ok(found.iter().any(|n| *n > 0))
+    /// Adds to `pipe` the claim of reservation id `rid` for the request
+    /// fingerprinted `fp` (kept as long as a tombstone) and the read of its
+    /// owner, whose reply is the pipeline's first.
+    pub(crate) fn claim_into(&self, pipe: &mut redis::Pipeline, rid: &str, fp: &str) {
+        let claim = self.keys.claim(rid);
+        pipe.cmd("SET")
+            .arg(&claim)
+            .arg(fp)
+            .arg("NX")
+            .arg("PX")
+            .arg(self.config.tombstone_ttl.as_millis() as u64)
+            .ignore();
+        pipe.cmd("GET").arg(&claim);
+    }
+
+    /// Answers `req` sold out (of `sku`) from memory, if its id lets it: the id
+    /// is claimed for the request with that answer in one command (`SET NX GET`),
+    /// so a retry gets the same answer even once stock returns. `None`: Redis
+    /// must decide (the id already belongs to this request, which holds units or
+    /// was refused by the script). A claim by another request is a conflict.
+    pub async fn refuse_from_memory(
+        &self,
+        req: &ReserveRequest,
+        sku: &str,
+    ) -> Result<Option<ReserveOutcome>, EngineError> {
+        let rid = &req.reservation_id;
+        let fp = fingerprint(req);
+        let before: Option<String> = redis::cmd("SET")
+            .arg(self.keys.claim(rid))
+            .arg(format!("{fp}{FROM_MEMORY}{sku}"))
+            .arg("NX")
+            .arg("GET")
+            .arg("PX")
+            .arg(self.config.tombstone_ttl.as_millis() as u64)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let sold_out = |sku: &str| ReserveOutcome::SoldOut {
+            sku: sku.to_owned(),
+            available: 0,
+            replayed: true,
+        };
+        Ok(match before.as_deref().map(Claim::parse) {
+            None => Some(sold_out(sku)),
+            Some(claim) if claim.fp != fp => Some(ReserveOutcome::Conflict {
+                reservation_id: rid.clone(),
+            }),
+            Some(Claim {
+                from_memory: Some(first),
+                ..
+            }) => Some(sold_out(first)),
+            Some(_) => None,
+        })
     }
 
     /// Whether `lines` fall in more than one shard: such a cart takes a script

@@ -17,6 +17,7 @@
 //! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
+//! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (24 h); every path checks it, so one id is never held for two requests |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
@@ -55,6 +56,12 @@ impl Keyspace {
 
     fn tag(shard: u16) -> String {
         format!("hf:{{hf{shard}}}")
+    }
+
+    /// Which request owns reservation id `rid` (its fingerprint): the one place
+    /// every attempt under the id meets, whichever shards its lines are in.
+    pub fn claim(&self, rid: &str) -> String {
+        format!("hf:claim:{{{rid}}}")
     }
 
     /// Where the answer to `Idempotency-Key` `key` of API token `token_id` is kept

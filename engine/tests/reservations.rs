@@ -767,3 +767,59 @@ async fn a_retry_stands_while_a_conflicting_attempt_is_in_flight() {
         "the retry of the hold that stands"
     );
 }
+
+#[tokio::test]
+async fn copies_of_two_requests_under_one_id_are_told_201_only_for_the_hold_that_stays() {
+    let redis = TestRedis::start();
+    let engines = [
+        redis.engine().await,
+        redis.engine().await,
+        redis.engine().await,
+    ];
+    let (a, _, c) = skus_same_and_other_shard(&engines[0]);
+    stock(&engines[0], &a, 10_000).await;
+    stock(&engines[0], &c, 10_000).await;
+    let mut held = 0;
+    for i in 0..150 {
+        let id = format!("dup-{i}");
+        let (to_a, to_c) = (
+            ReserveRequest::single(&id, &a, 1),
+            ReserveRequest::single(&id, &c, 1),
+        );
+        // Three copies of each request, interleaved over three connections.
+        let (a1, c1, a2, c2, a3, c3) = tokio::join!(
+            engines[0].reserve(&to_a),
+            engines[1].reserve(&to_c),
+            engines[2].reserve(&to_a),
+            engines[0].reserve(&to_c),
+            engines[1].reserve(&to_a),
+            engines[2].reserve(&to_c),
+        );
+        let told = |o: &ReserveOutcome| {
+            matches!(
+                o,
+                ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. }
+            )
+        };
+        let a_told = [a1.unwrap(), a2.unwrap(), a3.unwrap()].iter().any(told);
+        let c_told = [c1.unwrap(), c2.unwrap(), c3.unwrap()].iter().any(told);
+        assert!(
+            !(a_told && c_told),
+            "{id}: both requests were told they hold"
+        );
+        let hold = engines[0].hold(&id).await.unwrap();
+        let held_sku = hold.as_ref().map(|h| h.lines[0].sku.clone());
+        let want = if a_told {
+            Some(a.clone())
+        } else if c_told {
+            Some(c.clone())
+        } else {
+            None
+        };
+        assert_eq!(held_sku, want, "{id}: the hold is the one answered");
+        held += i64::from(hold.is_some());
+    }
+    let reserved = engines[0].figures(&a).await.unwrap().unwrap().reserved
+        + engines[0].figures(&c).await.unwrap().unwrap().reserved;
+    assert_eq!(reserved, held);
+}

@@ -500,6 +500,19 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(reserved, "a released unit is sold again within a second");
+    // A memory answer is kept for its key like any other: the retry of a
+    // shopper turned away from memory is still refused, stock or not.
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("flood-0"),
+            json!({"sku": "HOT-9", "qty": 1}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["code"].as_str(), e["available"].as_i64()),
+        (StatusCode::CONFLICT, Some("sold_out"), Some(0))
+    );
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

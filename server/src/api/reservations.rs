@@ -102,7 +102,9 @@ pub async fn create(
     // same request is what the script counts as one (lines and buyer).
     let same = request_fingerprint(&request);
     let fp = fingerprint("POST", "/api/v1/reservations", same.as_bytes());
-    let work = |after_failure| reserve(&state, request, after_failure);
+    // Never answered from memory: the store keeps a cart's answer for its key,
+    // and a memory answer would claim nothing in Redis.
+    let work = |_| reserve(&state, request, true);
     idempotent::run(&state, caller.0.id, Some(key), fp, work).await
 }
 
@@ -143,29 +145,34 @@ fn parse(body: &[u8], rid: String) -> Result<ReserveRequest, ApiError> {
     })
 }
 
-/// Makes the reservation. `after_failure`: an earlier attempt with this key
-/// failed and may have reserved, so the sold-out cache must not answer for it.
+/// Makes the reservation. `ask_redis`: the sold-out cache must not answer.
 async fn reserve(
     state: &ApiState,
     request: ReserveRequest,
-    after_failure: bool,
+    ask_redis: bool,
 ) -> Result<(StatusCode, serde_json::Value), ApiError> {
     let engine = &state.backends.engine;
     // Shed load after a sell-out: answer from memory while the SKU is known
-    // empty, but only for an id Redis keeps nothing under (one cheap look):
-    // an id that holds units, or was refused, gets its own answer from Redis,
-    // whichever server made it and however its first answer was lost.
+    // empty, without the reserve script. The answer is kept in the id's claim
+    // (one command), so a retry gets it again; an id this request already holds
+    // or was refused under gets its own answer from Redis, whichever server
+    // made it and however that answer was lost.
     let known_empty = request
         .lines
         .iter()
-        .find(|l| !after_failure && state.sold_out.is_sold_out(&l.sku));
-    if let Some(line) = known_empty
-        && !engine.id_in_use(&request.reservation_id).await?
-    {
-        state.sold_out.answered();
-        return Err(ApiError::sold_out(&line.sku, 0));
-    }
-    match engine.reserve(&request).await? {
+        .find(|l| !ask_redis && state.sold_out.is_sold_out(&l.sku));
+    let from_memory = match known_empty {
+        Some(line) => engine.refuse_from_memory(&request, &line.sku).await?,
+        None => None,
+    };
+    let outcome = match from_memory {
+        Some(outcome) => {
+            state.sold_out.answered();
+            outcome
+        }
+        None => engine.reserve(&request).await?,
+    };
+    match outcome {
         // A retry answers what the first attempt did, from the hold's record.
         ReserveOutcome::Reserved {
             reservation_id,

@@ -3,10 +3,10 @@
 //! script. An entry lasts a short time and is cleared as soon as the event
 //! stream shows stock coming back (a release, an expiry, a receipt).
 //!
-//! It answers only for reservation ids Redis keeps nothing under (one pipelined
-//! `EXISTS`, `Engine::id_in_use`, far cheaper than the script): a retry of a
-//! hold whose answer was lost, or of an attempt that failed, on any server,
-//! gets that hold or that refusal from Redis.
+//! Each such answer claims the reservation id for its request with the answer
+//! (`Engine::refuse_from_memory`, one `SET NX GET`, far cheaper than the
+//! script), so a retry gets it again; an id already claimed by its request (a
+//! hold, a refusal, an attempt whose answer was lost) is answered by Redis.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
