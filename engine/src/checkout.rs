@@ -63,6 +63,9 @@ pub async fn confirm_payment(
                     "late payment kept in the event stream; the write-behind records it");
             }
         }
+        // Redis still remembers who owns the id, so it did not lose the hold:
+        // there was none for its owner (a refusal, or an undone conflict).
+        ConfirmOutcome::Unknown if b.engine.id_claimed(id).await? => {}
         ConfirmOutcome::Unknown => {
             return Ok((remediation::confirm_unknown(&b.pg, id).await?, None));
         }

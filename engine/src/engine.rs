@@ -122,7 +122,7 @@ impl<'a> Claim<'a> {
 /// The `state` of a refused request's record in a hold hash (`reserve.lua`).
 const REFUSED: &str = "refused";
 
-const HOLD_FIELDS: [&str; 7] = [
+const HOLD_FIELDS: [&str; 8] = [
     "state",
     "lines",
     "buyer",
@@ -130,7 +130,11 @@ const HOLD_FIELDS: [&str; 7] = [
     "created",
     "parts",
     "preparing",
+    "fp",
 ];
+
+/// Where the request fingerprint is in a row of [`HOLD_FIELDS`].
+const FP_FIELD: usize = 7;
 
 /// Whether `s` may be a reservation id or a buyer: both become part of Redis keys,
 /// so printable ASCII without spaces or braces, 1 to 128 characters.
@@ -326,7 +330,11 @@ impl Engine {
             _ => return Ok(outcome),
         };
         match outcome {
-            ReserveOutcome::Reserved { .. } => self.undo_part(shard, rid, lines).await?,
+            // This request's hold here, made now or left by an attempt whose
+            // undo was cut short: never the owner's, so it goes.
+            ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. } => {
+                self.undo_part(shard, rid, lines).await?
+            }
             ReserveOutcome::SoldOut { .. }
             | ReserveOutcome::LimitExceeded { .. }
             | ReserveOutcome::BuyerRequired { .. }
@@ -362,9 +370,25 @@ impl Engine {
             .arg(fp)
             .arg("NX")
             .arg("PX")
-            .arg(self.config.tombstone_ttl.as_millis() as u64)
+            .arg(self.claim_ttl_ms())
             .ignore();
         pipe.cmd("GET").arg(&claim);
+    }
+
+    /// How long a claim is kept: past the longest hold and its tombstone, so an
+    /// id is owned for as long as anything under it is remembered.
+    fn claim_ttl_ms(&self) -> u64 {
+        (self.config.tombstone_ttl + self.config.max_hold_ttl).as_millis() as u64
+    }
+
+    /// Whether a request owns reservation id `rid` (its claim is kept as long as
+    /// anything under the id is remembered, see `claim_into`).
+    pub async fn id_claimed(&self, rid: &str) -> Result<bool, EngineError> {
+        let found: i64 = redis::cmd("EXISTS")
+            .arg(self.keys.claim(rid))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(found > 0)
     }
 
     /// Answers `req` sold out (of `sku`) from memory, if its id lets it: the id
@@ -377,6 +401,9 @@ impl Engine {
         req: &ReserveRequest,
         sku: &str,
     ) -> Result<Option<ReserveOutcome>, EngineError> {
+        if let Err(inv) = self.validate(req) {
+            return Ok(Some(ReserveOutcome::Invalid(inv)));
+        }
         let rid = &req.reservation_id;
         let fp = fingerprint(req);
         let before: Option<String> = redis::cmd("SET")
@@ -385,7 +412,7 @@ impl Engine {
             .arg("NX")
             .arg("GET")
             .arg("PX")
-            .arg(self.config.tombstone_ttl.as_millis() as u64)
+            .arg(self.claim_ttl_ms())
             .query_async(&mut self.conn.clone())
             .await?;
         let sold_out = |sku: &str| ReserveOutcome::SoldOut {
@@ -592,9 +619,24 @@ impl Engine {
                 .arg(self.keys.hold(shard, rid))
                 .arg(&HOLD_FIELDS);
         }
-        let rows: Vec<Vec<Option<String>>> = pipe.query_async(&mut self.conn.clone()).await?;
+        pipe.cmd("GET").arg(self.keys.claim(rid));
+        let mut replies: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+        let owner: Option<String> = match replies.pop() {
+            Some(v) => redis::from_redis_value_ref(&v)
+                .map_err(|e| EngineError::UnexpectedReply(format!("claim of {rid}: {e}")))?,
+            None => None,
+        };
+        let owner = owner.as_deref().map(|o| Claim::parse(o).fp);
         let mut found = Vec::new();
-        for (shard, row) in rows.into_iter().enumerate() {
+        for (shard, reply) in replies.iter().enumerate() {
+            let row: Vec<Option<String>> = redis::from_redis_value_ref(reply)
+                .map_err(|e| EngineError::UnexpectedReply(format!("hold {rid}: {e}")))?;
+            // What a request that does not own the id left (an undo cut short)
+            // is not part of the owner's reservation.
+            let fp = row.get(FP_FIELD).cloned().flatten();
+            if owner.is_some_and(|o| fp.as_deref().is_some_and(|f| f != o)) {
+                continue;
+            }
             if let Some(hold) = parse_hold(rid, &row)? {
                 found.push(Part::new(shard as u16, hold, &row));
             }

@@ -702,3 +702,50 @@ async fn a_late_payment_is_kept_in_the_stream_for_the_write_behind(pg: PgPool) {
             .unwrap();
     assert_eq!(kind, "late_payment");
 }
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_confirm_for_an_id_whose_owner_never_held_is_unknown_not_lost(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("OWN-1", 0), ("OWN-2", 10)]).await;
+    let ks = b.engine.keyspace();
+    // Two SKUs in different shards (or the test proves nothing).
+    assert_ne!(ks.shard_of("OWN-1"), ks.shard_of("OWN-2"));
+    let mut w = writer(&b, redis.connection().await);
+    // The id's owner was refused (sold out) ...
+    let refused = b
+        .engine
+        .reserve(&ReserveRequest::single("own-1", "OWN-1", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(refused, ReserveOutcome::SoldOut { .. }),
+        "{refused:?}"
+    );
+    // ... and another request under it held, saw the owner's claim and undid
+    // its hold, which the write-behind still records as a hold made.
+    let other = b
+        .engine
+        .reserve(&ReserveRequest::single("own-1", "OWN-2", 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, ReserveOutcome::Conflict { .. }),
+        "{other:?}"
+    );
+    drain(&b, &mut w).await;
+    let recorded: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM holds WHERE reservation_id = 'own-1'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(recorded, 1, "the undone hold is in the system of record");
+    assert_eq!(
+        checkout::confirm_payment(&b, "own-1").await.unwrap().0,
+        ConfirmOutcome::Unknown,
+        "Redis lost nothing: no remediation"
+    );
+    let remediations: i64 = sqlx::query_scalar("SELECT count(*) FROM remediations")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert_eq!(remediations, 0);
+}

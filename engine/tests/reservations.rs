@@ -823,3 +823,74 @@ async fn copies_of_two_requests_under_one_id_are_told_201_only_for_the_hold_that
         + engines[0].figures(&c).await.unwrap().unwrap().reserved;
     assert_eq!(reserved, held);
 }
+
+#[tokio::test]
+async fn a_request_refused_from_memory_stays_refused_and_holds_nothing() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "MEM-1", 0).await;
+    let req = ReserveRequest::single("mem-1", "MEM-1", 1);
+    let refused = ReserveOutcome::SoldOut {
+        sku: "MEM-1".into(),
+        available: 0,
+        replayed: true,
+    };
+    assert_eq!(
+        engine.refuse_from_memory(&req, "MEM-1").await.unwrap(),
+        Some(refused.clone())
+    );
+    // Stock comes back; the same request reaches the script: still refused,
+    // and the hold the script made is undone.
+    stock(&engine, "MEM-1", 3).await;
+    assert_eq!(engine.reserve(&req).await.unwrap(), refused);
+    let f = engine.figures("MEM-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (3, 0));
+    assert_eq!(engine.hold("mem-1").await.unwrap(), None);
+    // Another request under the id: a conflict, from memory or not.
+    let other = ReserveRequest::single("mem-1", "MEM-1", 2);
+    assert!(matches!(
+        engine.refuse_from_memory(&other, "MEM-1").await.unwrap(),
+        Some(ReserveOutcome::Conflict { .. })
+    ));
+    assert!(matches!(
+        engine.reserve(&other).await.unwrap(),
+        ReserveOutcome::Conflict { .. }
+    ));
+}
+
+#[tokio::test]
+async fn what_another_request_left_under_an_id_is_not_part_of_the_owners_hold() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, _, c) = skus_same_and_other_shard(&engine);
+    stock(&engine, &a, 5).await;
+    let made = engine
+        .reserve(&ReserveRequest::single("own-1", &a, 1))
+        .await
+        .unwrap();
+    assert!(matches!(made, ReserveOutcome::Reserved { .. }), "{made:?}");
+    // A non-owner's undo cut short left a released hash in another shard.
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    redis::cmd("HSET")
+        .arg(ks.hold(ks.shard_of(&c), "own-1"))
+        .arg(&[
+            "state",
+            "released",
+            "lines",
+            &format!("{c}=1"),
+            "fp",
+            "|other",
+            "deadline",
+            "0",
+        ])
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let hold = engine.hold("own-1").await.unwrap().unwrap();
+    assert_eq!(hold.lines.len(), 1, "only the owner's line: {hold:?}");
+    assert_eq!(
+        engine.confirm("own-1").await.unwrap(),
+        holdfast_engine::ConfirmOutcome::Confirmed
+    );
+}

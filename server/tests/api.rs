@@ -446,6 +446,18 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
         after, before,
         "rejections after a sell-out never reached Redis' scripts"
     );
+    // An invalid request is refused as invalid, never from memory.
+    let (s, e, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("bad-0"),
+            json!({"sku": "HOT-9", "qty": 0}),
+        )
+        .await;
+    assert_eq!(
+        (s, e["field"].as_str()),
+        (StatusCode::UNPROCESSABLE_ENTITY, Some("qty"))
+    );
     // Never for an id Redis knows: the first shopper's retry (its 201 lost on
     // the way) gets its hold again, and another request under its key a 422.
     let (s, again, _) = api

@@ -6,7 +6,9 @@
 //! Each such answer claims the reservation id for its request with the answer
 //! (`Engine::refuse_from_memory`, one `SET NX GET`, far cheaper than the
 //! script), so a retry gets it again; an id already claimed by its request (a
-//! hold, a refusal, an attempt whose answer was lost) is answered by Redis.
+//! hold, a refusal) is answered by Redis. Whatever Redis recorded first for an
+//! attempt is what its retries get, even when the attempt itself was answered
+//! 503 (Redis ran it late).
 
 use std::collections::HashMap;
 use std::sync::Mutex;
