@@ -17,7 +17,7 @@
 //! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
-//! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (24 h); every path checks it, so one id is never held for two requests |
+//! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (kept as long as the longest hold and its tombstone: 25 h by default); every path checks it, so one id is never held for two requests |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |

@@ -50,12 +50,7 @@ async fn a_postgres_pool_with_every_connection_busy_shows_in_the_wait(pool: PgPo
     let redis = TestRedis::start();
     let server = common::spawn(common::backends(pool.clone(), &redis.url()).await).await;
     let wait = || async {
-        let text = reqwest::get(server.url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = scrape(&server).await;
         text.lines()
             .find_map(|l| l.strip_prefix("holdfast_postgres_pool_acquire_wait_seconds "))
             .and_then(|v| v.parse::<f64>().ok())
@@ -157,12 +152,7 @@ async fn after_a_short_sale_every_metric_is_exported_with_its_type(pool: PgPool)
     // The live hub catches up with the sale.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
     let text = loop {
-        let text = reqwest::get(server.url("/metrics"))
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let text = scrape(&server).await;
         if text.contains(&format!("holdfast_sku_available{{sku=\"{sku}\"}} 0"))
             || std::time::Instant::now() > deadline
         {
@@ -288,4 +278,14 @@ fn queried_metrics() -> std::collections::BTreeSet<String> {
         }
     }
     names
+}
+
+/// The text of one `/metrics` scrape of `server`.
+async fn scrape(server: &common::TestServer) -> String {
+    reqwest::get(server.url("/metrics"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap()
 }
