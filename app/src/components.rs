@@ -7,7 +7,7 @@ use crate::dto::live::Sample;
 use crate::dto::ops::{JobState, JobView};
 use crate::dto::people::Me;
 use crate::live::{Conn, Live};
-use holdfast_domain::Role;
+use holdfast_domain::{Permission, Role};
 
 /// The message of a server-function error as the server wrote it; a network
 /// failure reads as one.
@@ -165,15 +165,15 @@ pub fn JobBar(
     }
 }
 
-/// Renders `children` only for users with at least `min`.
+/// Renders `children` only for users whose role may do `need`.
 #[component]
-pub fn IfRole(
-    /// The least role that sees the children.
-    min: Role,
+pub fn IfAllowed(
+    /// What the children let a user do.
+    need: Permission,
     /// What only those users see.
     children: ChildrenFn,
 ) -> impl IntoView {
-    let allowed = me().can(min);
+    let allowed = me().may(need);
     move || allowed.then(|| children())
 }
 

@@ -23,7 +23,7 @@ use crate::api::auth::{Logout, current_user};
 use crate::components::ConnBadge;
 use crate::dto::people::Me;
 use crate::live::Live;
-use holdfast_domain::Role;
+use holdfast_domain::Permission;
 
 /// The HTML document around the app, rendered once per request on the server.
 pub fn shell(options: LeptosOptions) -> impl IntoView {
@@ -81,23 +81,24 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/locks") view=|| view! { <Authed><pages::locks::LocksPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/reserve") view=|| view! { <Authed min=Role::Admin><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/audit") view=|| view! { <Authed min=Role::Admin><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
-                    <Route path=path!("/admin") view=|| view! { <Authed min=Role::Admin><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/reserve") view=|| view! { <Authed need=Permission::Operate><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/drops") view=|| view! { <Authed need=Permission::EditDrops><pages::drops::DropsPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/audit") view=|| view! { <Authed need=Permission::Operate><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/admin") view=|| view! { <Authed need=Permission::ManageAccess><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
                 </Routes>
             </main>
         </Router>
     }
 }
 
-/// Renders `children` for a signed-in user with at least `min`; sends others to
+/// Renders `children` for a signed-in user whose role may do `need`; sends others to
 /// the login page, and a user on a one-time password to choose their own first.
 /// Starts the tab's live connection.
 #[component]
 pub fn Authed(
-    /// The least role the page needs.
-    #[prop(default = Role::Viewer)]
-    min: Role,
+    /// What the page lets a user do.
+    #[prop(default = Permission::View)]
+    need: Permission,
     /// The page.
     children: ChildrenFn,
 ) -> impl IntoView {
@@ -110,9 +111,9 @@ pub fn Authed(
                     Ok(Some(user)) if user.must_change_password => {
                         view! { <pages::login::ChangePassword/> }.into_any()
                     }
-                    Ok(Some(user)) if !user.can(min) => view! {
+                    Ok(Some(user)) if !user.may(need) => view! {
                         <p class="notice error" role="alert">
-                            {format!("This page needs the {} role; you are {}.", min.as_str(), user.role.as_str())}
+                            {format!("This page is for {}, which your role ({}) does not allow.", need.describe(), user.role.as_str())}
                         </p>
                     }.into_any(),
                     Ok(Some(user)) => {
@@ -149,7 +150,9 @@ fn TopBar() -> impl IntoView {
                 {move || Suspend::new(async move {
                     match me.await {
                         Ok(Some(user)) if !user.must_change_password => {
-                            let admin = user.can(Role::Admin);
+                            let operate = user.may(Permission::Operate);
+                            let access = user.may(Permission::ManageAccess);
+                            let drops = user.may(Permission::EditDrops);
                             view! {
                                 <nav aria-label="Main">
                                     <A href="/">"Overview"</A>
@@ -157,11 +160,12 @@ fn TopBar() -> impl IntoView {
                                     <A href="/locks">"Locks"</A>
                                     <A href="/ingestion">"Ingestion"</A>
                                     <A href="/operations">"Reconcile & warm-up"</A>
-                                    {admin.then(|| view! {
+                                    {drops.then(|| view! { <A href="/drops">"Drops"</A> })}
+                                    {operate.then(|| view! {
                                         <A href="/reserve">"Reserve tool"</A>
                                         <A href="/audit">"Audit log"</A>
-                                        <A href="/admin">"Users & tokens"</A>
                                     })}
+                                    {access.then(|| view! { <A href="/admin">"Users & tokens"</A> })}
                                 </nav>
                                 <span class="who">
                                     <ConnBadge/>

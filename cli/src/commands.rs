@@ -297,7 +297,7 @@ async fn token(global: &GlobalArgs, cmd: TokenCommand) -> anyhow::Result<()> {
                 Scope::parse_list(scopes.iter().map(String::as_str)).map_err(anyhow::Error::msg)?;
             anyhow::ensure!(
                 !scopes.is_empty(),
-                "give at least one scope: checkout, ingest or read"
+                "give at least one scope: checkout, ingest, read or catalog"
             );
             let new = tokens::create(&pg, &name, &scopes).await?;
             note(

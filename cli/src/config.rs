@@ -195,6 +195,51 @@ pub enum DropCommand {
         #[arg(long)]
         ends_at: Option<String>,
     },
+    /// Create or update a drop from a CSV or JSON file (columns and fields in
+    /// docs/drops.md). The whole file is checked first and every problem is
+    /// printed by line and column; then it is written all or nothing. A SKU's
+    /// `stock` is the units the drop is given: a change moves stock on hand by
+    /// the difference, through the same atomic path as a feed, and importing
+    /// the same file again changes nothing.
+    Import {
+        /// The file (`.csv` or `.json`; `-` reads standard input, see --format).
+        file: String,
+        /// The file's form when its name does not say: csv or json.
+        #[arg(long)]
+        format: Option<String>,
+        /// Print what would change and change nothing.
+        #[arg(long)]
+        dry_run: bool,
+        /// Why, for the audit log and each stock change.
+        #[arg(long, default_value = "drop import")]
+        reason: String,
+    },
+    /// Arm a drop before its start: warm the counters its SKUs lack, write its
+    /// schedule and per-buyer limits into them, optionally pause the feeds lane,
+    /// then check that it is ready (counters agree with PostgreSQL, Redis'
+    /// eviction policy, write-behind, feeds lane, open holds, schedule). Exits 1
+    /// when something is not ready.
+    Arm {
+        /// The drop's code.
+        code: String,
+        /// Pause the feeds lane too, so supplier feeds wait until after the rush.
+        #[arg(long)]
+        pause_feeds: bool,
+    },
+    /// Check a drop's readiness without changing anything (what `drop arm`
+    /// checks). Exits 1 when something is not ready.
+    Ready {
+        /// The drop's code.
+        code: String,
+    },
+    /// Print a drop as a file that `drop import` takes back unchanged.
+    Export {
+        /// The drop's code.
+        code: String,
+        /// csv or json.
+        #[arg(long, default_value = "csv")]
+        format: String,
+    },
 }
 
 /// `holdfast user …`.
@@ -205,7 +250,8 @@ pub enum UserCommand {
     Add {
         /// Login name: lower-case letters, digits, '.', '_' or '-'.
         username: String,
-        /// viewer (read-only), support (may release holds) or admin.
+        /// viewer (read-only), support (may release holds), merchandiser (may set up
+        /// drops) or admin.
         #[arg(long, default_value = "viewer")]
         role: String,
         /// Read the password from standard input (one line) instead.
@@ -218,7 +264,7 @@ pub enum UserCommand {
     Role {
         /// The user.
         username: String,
-        /// viewer, support or admin.
+        /// viewer, support, merchandiser or admin.
         role: String,
     },
     /// Give a user a new one-time password (ends their sessions).
@@ -274,7 +320,7 @@ pub enum TokenCommand {
         /// A name for people, e.g. `checkout-prod`.
         #[arg(long)]
         name: String,
-        /// Comma-separated scopes: checkout, ingest, read.
+        /// Comma-separated scopes: checkout, ingest, read, catalog.
         #[arg(long, value_delimiter = ',', required = true)]
         scopes: Vec<String>,
     },

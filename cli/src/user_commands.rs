@@ -10,8 +10,9 @@ use holdfast_engine::users::{self, Role};
 use crate::config::{GlobalArgs, UserCommand};
 
 fn role(name: &str) -> anyhow::Result<Role> {
-    Role::parse(name)
-        .with_context(|| format!("unknown role '{name}': use viewer, support or admin"))
+    Role::parse(name).with_context(|| {
+        format!("unknown role '{name}': use viewer, support, merchandiser or admin")
+    })
 }
 
 /// Runs `holdfast user …`.

@@ -289,3 +289,82 @@ fn the_demo_password_is_refused_beyond_loopback() {
     assert!(!ok);
     assert!(err.contains("--demo-password"), "{err}");
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_drop_goes_out_and_back_in_as_a_file(pool: PgPoolOptions, opts: PgConnectOptions) {
+    let pg_url = common::pg_url(&opts);
+    let pg = pool.connect_with(opts).await.unwrap();
+    catalog::load_demo_drop(&pg).await.unwrap();
+    let redis = TestRedis::start();
+    let dir = tempfile::tempdir().unwrap();
+
+    let (ok, csv, err) = common::holdfast(
+        &["drop", "export", catalog::DEMO_DROP],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(ok, "{err}");
+    assert!(csv.starts_with("drop,drop_name,"), "{csv}");
+    assert_eq!(csv.lines().count(), 7, "a header and six SKUs:\n{csv}");
+    let file = dir.path().join("winter.csv");
+    std::fs::write(&file, &csv).unwrap();
+    let path = file.to_str().unwrap();
+    let (ok, out, err) = common::holdfast(&["drop", "import", path], &redis.url(), &pg_url);
+    assert!(ok, "{err}");
+    assert!(out.contains("nothing to change"), "{out}");
+
+    // A preview of an edit, then the edit: the pin set gets 8 more units.
+    let edited = csv.replace("Enamel Pin Set,12,", "Enamel Pin Set,20,");
+    assert_ne!(edited, csv);
+    std::fs::write(&file, &edited).unwrap();
+    let (ok, out, err) = common::holdfast(
+        &["drop", "import", path, "--dry-run"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("DROP-006 stock: 12 -> 20"), "{out}");
+    assert!(out.contains("dry run: nothing was written"), "{out}");
+    let (ok, out, err) = common::holdfast(
+        &["drop", "import", path, "--reason", "found a box"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("changed 1 thing(s)"), "{out}");
+    let engine = Engine::new(
+        redis_conn::connect(&redis.url()).await.unwrap(),
+        EngineConfig::default(),
+    );
+    assert_eq!(
+        engine.figures("DROP-006").await.unwrap().unwrap().available,
+        20
+    );
+    let reason: String =
+        sqlx::query_scalar("SELECT reason FROM stock_changes WHERE sku = 'DROP-006'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(reason, "found a box");
+
+    // A bad file: exit 2, each problem by line and column, nothing changed.
+    let bad = edited.replace("Enamel Pin Set,20,", "Enamel Pin Set,many,");
+    std::fs::write(&file, bad).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["drop", "import", path])
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", &pg_url)
+        .env("HOLDFAST_LOG", "warn")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("line 7, column stock: 'many' is not a whole number"),
+        "{err}"
+    );
+    assert_eq!(
+        engine.figures("DROP-006").await.unwrap().unwrap().available,
+        20
+    );
+}

@@ -2,27 +2,71 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a dashboard user may do; each role includes the ones before it.
+/// What a dashboard user may do: each server function and page needs one
+/// [`Permission`], and each role has a fixed set of them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Role {
-    /// Merchandising: reads everything, changes nothing.
+    /// Looks at everything, changes nothing.
     Viewer,
     /// Support staff: may also release holds.
     Support,
+    /// Merchandising: may also set up drops and their stock (import and export
+    /// drop files); not holds, locks, users or tokens.
+    Merchandiser,
     /// Operators: everything, including locks, warm-up, users and tokens.
     Admin,
 }
 
+/// One thing a dashboard user may be allowed to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Permission {
+    /// See every page: drops, SKUs, holds, locks, lanes, operations.
+    View,
+    /// Release a shopper's hold.
+    ReleaseHolds,
+    /// Set up drops and their stock: import and export drop files.
+    EditDrops,
+    /// Run the machinery: locks, lanes, warm-up, reconciliation, verification,
+    /// deployment checks, manual reservations, the audit log.
+    Operate,
+    /// Users and API tokens.
+    ManageAccess,
+}
+
+impl Permission {
+    /// Every permission.
+    pub const ALL: [Permission; 5] = [
+        Permission::View,
+        Permission::ReleaseHolds,
+        Permission::EditDrops,
+        Permission::Operate,
+        Permission::ManageAccess,
+    ];
+
+    /// What it allows, as a refusal names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Self::View => "viewing the dashboard",
+            Self::ReleaseHolds => "releasing holds",
+            Self::EditDrops => "setting up drops",
+            Self::Operate => "operating Holdfast",
+            Self::ManageAccess => "managing users and tokens",
+        }
+    }
+}
+
 impl Role {
-    /// Every role, lowest first.
-    pub const ALL: [Role; 3] = [Role::Viewer, Role::Support, Role::Admin];
+    /// Every role.
+    pub const ALL: [Role; 4] = [Role::Viewer, Role::Support, Role::Merchandiser, Role::Admin];
 
     /// The name stored in the database and typed on the command line.
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Viewer => "viewer",
             Self::Support => "support",
+            Self::Merchandiser => "merchandiser",
             Self::Admin => "admin",
         }
     }
@@ -32,9 +76,20 @@ impl Role {
         Self::ALL.into_iter().find(|r| r.as_str() == s)
     }
 
-    /// Whether this role may do what `needed` may.
-    pub fn can(self, needed: Role) -> bool {
-        self >= needed
+    /// What this role may do. The one place roles are given permissions.
+    pub fn permissions(self) -> &'static [Permission] {
+        use Permission::*;
+        match self {
+            Self::Viewer => &[View],
+            Self::Support => &[View, ReleaseHolds],
+            Self::Merchandiser => &[View, EditDrops],
+            Self::Admin => &Permission::ALL,
+        }
+    }
+
+    /// Whether this role may do `what`.
+    pub fn may(self, what: Permission) -> bool {
+        self.permissions().contains(&what)
     }
 }
 
@@ -48,11 +103,14 @@ pub enum Scope {
     Ingest,
     /// Read stock and reservations.
     Read,
+    /// Create and update drops and their SKUs (`PUT /api/v1/drops/{code}`), for
+    /// a PIM or ERP.
+    Catalog,
 }
 
 impl Scope {
     /// Every scope.
-    pub const ALL: [Scope; 3] = [Scope::Checkout, Scope::Ingest, Scope::Read];
+    pub const ALL: [Scope; 4] = [Scope::Checkout, Scope::Ingest, Scope::Read, Scope::Catalog];
 
     /// The name used in the database and on the command line.
     pub fn as_str(self) -> &'static str {
@@ -60,6 +118,7 @@ impl Scope {
             Self::Checkout => "checkout",
             Self::Ingest => "ingest",
             Self::Read => "read",
+            Self::Catalog => "catalog",
         }
     }
 
@@ -77,8 +136,9 @@ impl Scope {
             if name.is_empty() {
                 continue;
             }
-            let scope = Self::parse(name)
-                .ok_or_else(|| format!("unknown scope '{name}': use checkout, ingest or read"))?;
+            let scope = Self::parse(name).ok_or_else(|| {
+                format!("unknown scope '{name}': use checkout, ingest, read or catalog")
+            })?;
             if !scopes.contains(&scope) {
                 scopes.push(scope);
             }
@@ -101,9 +161,14 @@ mod tests {
     use super::*;
 
     #[test]
-    fn roles_order_and_parse() {
-        assert!(Role::Admin.can(Role::Support));
-        assert!(!Role::Viewer.can(Role::Support));
+    fn roles_permissions_and_parse() {
+        assert!(Permission::ALL.iter().all(|p| Role::Admin.may(*p)));
+        assert!(Role::Support.may(Permission::ReleaseHolds));
+        assert!(!Role::Support.may(Permission::EditDrops));
+        assert!(Role::Merchandiser.may(Permission::EditDrops));
+        assert!(!Role::Merchandiser.may(Permission::ReleaseHolds));
+        assert!(!Role::Merchandiser.may(Permission::ManageAccess));
+        assert!(Role::ALL.iter().all(|r| r.may(Permission::View)));
         for r in Role::ALL {
             assert_eq!(Role::parse(r.as_str()), Some(r));
         }

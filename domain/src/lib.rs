@@ -7,10 +7,12 @@
 //! reads "low").
 //!
 //! - [`model`]: reservations, holds, lines, figures and every outcome.
-//! - [`access`]: dashboard roles and API token scopes.
+//! - [`access`]: dashboard roles and their permissions, and API token scopes.
 //! - [`doctor`]: what a pre-drop check of a deployment found (`holdfast doctor`).
 //! - [`error`]: the codes every refusal is answered with, with status and retry hint.
 //! - [`lane`]: the ingestion lanes webhooks are queued on.
+//! - [`readiness`]: whether a drop is ready to open (armed).
+//! - [`sheet`]: a drop as a file (CSV or JSON), and what importing one changes.
 //! - [`stock`]: the conservation rule over live counters, and stock states.
 //! - [`text`]: numbers as people read them.
 //! - [`verify`]: what a truth check found.
@@ -20,11 +22,13 @@ pub mod doctor;
 pub mod error;
 pub mod lane;
 pub mod model;
+pub mod readiness;
+pub mod sheet;
 pub mod stock;
 pub mod text;
 pub mod verify;
 
-pub use access::{Role, Scope};
+pub use access::{Permission, Role, Scope};
 pub use error::ErrorCode;
 pub use lane::Lane;
 pub use model::*;

@@ -25,7 +25,7 @@ pub struct AuditEntry {
 
 /// Appends an entry.
 pub async fn record(
-    pg: &PgPool,
+    pg: impl sqlx::PgExecutor<'_>,
     actor: &str,
     action: &str,
     subject: &str,

@@ -71,6 +71,8 @@
 //! - [`scripts`]: the embedded Lua scripts, called by SHA.
 //! - [`postgres`], [`redis_conn`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
+//! - [`arm`]: arming a drop before its start, and its readiness.
+//! - [`drop_file`]: a drop as a file (CSV, JSON): import, checked and all or nothing, and export.
 //! - [`checkout`], [`idempotency`]: the API's rules: reservation ids from
 //!   idempotency keys, late payments, stored answers to retried requests.
 //! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
@@ -81,11 +83,13 @@
 //! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
+pub mod arm;
 pub mod audit;
 pub mod cart;
 pub mod catalog;
 pub mod checkout;
 pub mod doctor;
+pub mod drop_file;
 pub mod engine;
 pub mod error;
 pub mod events;

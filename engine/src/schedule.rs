@@ -92,30 +92,14 @@ pub async fn schedule_drop(
     if let Some(problem) = schedule.problem() {
         return Ok(ScheduleOutcome::Invalid(problem.to_owned()));
     }
-    // One window per SKU: a SKU whose other drop is scheduled too would sell in
-    // the gap between the two (its window spans both), so it is refused.
     if schedule.starts_at.is_some() || schedule.ends_at.is_some() {
-        let shared: Vec<(String, String)> = sqlx::query_as(
-            "SELECT x.sku, o.drop_code
-               FROM drop_skus x
-               JOIN drop_skus o ON o.sku = x.sku AND o.drop_code <> x.drop_code
-               JOIN drops d ON d.code = o.drop_code
-              WHERE x.drop_code = $1 AND (d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL)
-              ORDER BY x.sku, o.drop_code LIMIT 5",
-        )
-        .bind(code)
-        .fetch_all(pg)
-        .await?;
-        if !shared.is_empty() {
-            let list: Vec<String> = shared
-                .iter()
-                .map(|(sku, other)| format!("{sku} (in {other})"))
-                .collect();
-            return Ok(ScheduleOutcome::Invalid(format!(
-                "a SKU can follow one scheduled drop only, and these are in another \
-                 scheduled drop: {}; clear that drop's schedule or take them out of it",
-                list.join(", ")
-            )));
+        let skus: Vec<String> =
+            sqlx::query_scalar("SELECT sku FROM drop_skus WHERE drop_code = $1")
+                .bind(code)
+                .fetch_all(pg)
+                .await?;
+        if let Some(problem) = shared_with_scheduled(pg, code, &skus).await? {
+            return Ok(ScheduleOutcome::Invalid(problem));
         }
     }
     let updated = sqlx::query("UPDATE drops SET starts_at = $2, ends_at = $3 WHERE code = $1")
@@ -128,9 +112,56 @@ pub async fn schedule_drop(
     if updated == 0 {
         return Ok(ScheduleOutcome::UnknownDrop);
     }
-    // Each SKU's window, by the rule (it may be in other drops too).
-    let windows: Vec<(String, i64, i64)> = sqlx::query_as(&format!(
-        "SELECT s.sku, {WINDOW_COLUMNS}
+    let (counters, not_warmed) = push_settings(engine, pg, code).await?;
+    Ok(ScheduleOutcome::Scheduled {
+        counters,
+        not_warmed,
+    })
+}
+
+/// Why drop `code` cannot have a schedule while it holds `skus`, if it cannot:
+/// one window per SKU, so a SKU in another scheduled drop would sell in the
+/// gap between the two (its window spans both).
+pub(crate) async fn shared_with_scheduled(
+    pg: impl sqlx::PgExecutor<'_>,
+    code: &str,
+    skus: &[String],
+) -> Result<Option<String>, EngineError> {
+    let shared: Vec<(String, String)> = sqlx::query_as(
+        "SELECT o.sku, o.drop_code
+           FROM drop_skus o JOIN drops d ON d.code = o.drop_code
+          WHERE o.sku = ANY($2) AND o.drop_code <> $1
+            AND (d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL)
+          ORDER BY o.sku, o.drop_code LIMIT 5",
+    )
+    .bind(code)
+    .bind(skus)
+    .fetch_all(pg)
+    .await?;
+    if shared.is_empty() {
+        return Ok(None);
+    }
+    let list: Vec<String> = shared
+        .iter()
+        .map(|(sku, other)| format!("{sku} (in {other})"))
+        .collect();
+    Ok(Some(format!(
+        "a SKU can follow one scheduled drop only, and these are in another \
+         scheduled drop: {}; clear that drop's schedule or take them out of it",
+        list.join(", ")
+    )))
+}
+
+/// Writes what PostgreSQL says of drop `code`'s SKUs into their warmed
+/// counters: each SKU's window (by the rule above) and per-buyer limit. Returns
+/// `(counters set, SKUs without a counter)`; warm-up writes the latter's.
+pub(crate) async fn push_settings(
+    engine: &Engine,
+    pg: &PgPool,
+    code: &str,
+) -> Result<(u64, u64), EngineError> {
+    let settings: Vec<(String, i64, i64, Option<i32>)> = sqlx::query_as(&format!(
+        "SELECT s.sku, {WINDOW_COLUMNS}, s.per_buyer_limit
            FROM skus s JOIN drop_skus x ON x.sku = s.sku
           WHERE x.drop_code = $1 ORDER BY s.sku"
     ))
@@ -145,16 +176,17 @@ pub async fn schedule_drop(
         .prepare_invoke()
         .load_async(&mut engine.conn.clone())
         .await?;
-    for chunk in windows.chunks(500) {
+    for chunk in settings.chunks(500) {
         let mut pipe = redis::pipe();
-        for (sku, opens, closes) in chunk {
+        for (sku, opens, closes, limit) in chunk {
             pipe.invoke_script(
                 engine
                     .scripts
                     .schedule
                     .key(engine.keys.sku(sku))
                     .arg(opens)
-                    .arg(closes),
+                    .arg(closes)
+                    .arg(limit.unwrap_or(0)),
             );
         }
         let set: Vec<i64> = pipe.query_async(&mut engine.conn.clone()).await?;
@@ -166,8 +198,5 @@ pub async fn schedule_drop(
             }
         }
     }
-    Ok(ScheduleOutcome::Scheduled {
-        counters,
-        not_warmed,
-    })
+    Ok((counters, not_warmed))
 }

@@ -418,6 +418,7 @@ pub async fn prepare_sign_in(
         for (name, role) in [
             ("admin", Role::Admin),
             ("support", Role::Support),
+            ("merchandiser", Role::Merchandiser),
             ("viewer", Role::Viewer),
         ] {
             // An existing user (a taken name) is left as it is.

@@ -13,7 +13,9 @@
 //! 5. PostgreSQL's ledger agrees with `sold_recorded` and `fed_recorded`;
 //! 6. no event waits for PostgreSQL longer than the threshold;
 //! 7. no stream was trimmed past what a consumer group still needs;
-//! 8. every oversell has been seen by support (no open `oversold` remediation).
+//! 8. every oversell has been seen by support (no open `oversold` remediation);
+//! 9. every counter has the drop schedule and per-buyer limit PostgreSQL has
+//!    for its SKU (a half-finished import or reschedule, or another Redis).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -97,7 +99,7 @@ async fn counters_and_equation(
     options: &VerifyOptions,
     report: &mut VerifyReport,
 ) -> Result<(), EngineError> {
-    let (mut negative, mut drifted, mut not_warmed) = (0u64, 0u64, 0u64);
+    let (mut negative, mut drifted, mut not_warmed, mut unfollowed) = (0u64, 0u64, 0u64, 0u64);
     let mut after = String::new();
     loop {
         let rows = stock_page(pg, &after, 500).await?;
@@ -105,12 +107,29 @@ async fn counters_and_equation(
         after = last.sku.clone();
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let counters = read_counters(engine, &skus).await?;
-        for (row, c) in rows.iter().zip(counters) {
+        let settings = read_settings(engine, &skus).await?;
+        for ((row, c), set) in rows.iter().zip(counters).zip(settings) {
             report.checked += 1;
             let Some(available) = c.available else {
                 not_warmed += 1;
                 continue;
             };
+            let wanted = [
+                row.opens_ms,
+                row.closes_ms,
+                i64::from(row.per_buyer_limit.unwrap_or(0)),
+            ];
+            if set != wanted {
+                unfollowed += 1;
+                report.skus.push(SkuViolation {
+                    sku: row.sku.clone(),
+                    check: "counters follow the catalogue".to_owned(),
+                    figures: format!(
+                        "opens {} closes {} limit {} in Redis | {} {} {} in PostgreSQL",
+                        set[0], set[1], set[2], wanted[0], wanted[1], wanted[2]
+                    ),
+                });
+            }
             if available < 0 || c.reserved < 0 || c.sold_pending < 0 || c.owed < 0 {
                 negative += 1;
                 report
@@ -133,6 +152,14 @@ async fn counters_and_equation(
         format!("{negative} SKU(s) with a negative counter"),
     );
     report.check(
+        "counters follow the catalogue (drop schedule, per-buyer limit)",
+        unfollowed == 0,
+        format!(
+            "{unfollowed} SKU(s) whose counter has another schedule or limit than PostgreSQL \
+             (re-run the import or `holdfast drop schedule`, which write them)"
+        ),
+    );
+    report.check(
         "stock conserved (available + reserved + sold_pending - owed = on_hand)",
         drifted == 0,
         format!(
@@ -141,6 +168,27 @@ async fn counters_and_equation(
         ),
     );
     Ok(())
+}
+
+/// Each counter's `opens`, `closes` and `limit` (0 where unset), in one round trip.
+pub(crate) async fn read_settings(
+    engine: &Engine,
+    skus: &[&str],
+) -> Result<Vec<[i64; 3]>, EngineError> {
+    let mut pipe = redis::pipe();
+    for sku in skus {
+        pipe.cmd("HMGET")
+            .arg(engine.keys.sku(sku))
+            .arg(&["opens", "closes", "limit"]);
+    }
+    let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            let at = |i: usize| r.get(i).copied().flatten().unwrap_or(0);
+            [at(0), at(1), at(2)]
+        })
+        .collect())
 }
 
 fn violation(sku: &str, check: &str, c: &Counters, row: &crate::warmup::StockRow) -> SkuViolation {
@@ -165,7 +213,7 @@ fn violation(sku: &str, check: &str, c: &Counters, row: &crate::warmup::StockRow
 
 /// Whether `sku`'s drift is still there after `rereads` fresh reads a moment
 /// apart (a sale between reading Redis and PostgreSQL is not drift).
-async fn lasting_drift(
+pub(crate) async fn lasting_drift(
     engine: &Engine,
     pg: &PgPool,
     sku: &str,

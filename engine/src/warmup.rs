@@ -85,17 +85,34 @@ impl StockRow {
     }
 }
 
-/// One SKU's row; `None` when PostgreSQL does not know it.
-pub(crate) async fn stock_row(pg: &PgPool, sku: &str) -> Result<Option<StockRow>, EngineError> {
-    Ok(sqlx::query_as::<_, StockRow>(&format!(
+/// The [`StockRow`]s of `skus s` that `filter` (a WHERE clause, and its order) picks.
+fn stock_query(filter: &str) -> String {
+    format!(
         "SELECT s.sku, s.on_hand, s.sold_recorded, s.per_buyer_limit, s.snapshot_version,
                 s.fed_recorded, {}
-           FROM skus s WHERE s.sku = $1",
+           FROM skus s {filter}",
         crate::schedule::WINDOW_COLUMNS
-    ))
-    .bind(sku)
-    .fetch_optional(pg)
-    .await?)
+    )
+}
+
+/// One SKU's row; `None` when PostgreSQL does not know it.
+pub(crate) async fn stock_row(pg: &PgPool, sku: &str) -> Result<Option<StockRow>, EngineError> {
+    Ok(
+        sqlx::query_as::<_, StockRow>(&stock_query("WHERE s.sku = $1"))
+            .bind(sku)
+            .fetch_optional(pg)
+            .await?,
+    )
+}
+
+/// The rows of `skus` PostgreSQL knows, in code order.
+pub(crate) async fn stock_rows(pg: &PgPool, skus: &[String]) -> Result<Vec<StockRow>, EngineError> {
+    Ok(
+        sqlx::query_as::<_, StockRow>(&stock_query("WHERE s.sku = ANY($1) ORDER BY s.sku"))
+            .bind(skus)
+            .fetch_all(pg)
+            .await?,
+    )
 }
 
 /// The next page of SKUs after `after`, in code order (keyset paging).
@@ -104,16 +121,13 @@ pub(crate) async fn stock_page(
     after: &str,
     page: usize,
 ) -> Result<Vec<StockRow>, EngineError> {
-    Ok(sqlx::query_as::<_, StockRow>(&format!(
-        "SELECT s.sku, s.on_hand, s.sold_recorded, s.per_buyer_limit, s.snapshot_version,
-                s.fed_recorded, {}
-           FROM skus s WHERE s.sku > $1 ORDER BY s.sku LIMIT $2",
-        crate::schedule::WINDOW_COLUMNS
-    ))
-    .bind(after)
-    .bind(page as i64)
-    .fetch_all(pg)
-    .await?)
+    Ok(
+        sqlx::query_as::<_, StockRow>(&stock_query("WHERE s.sku > $1 ORDER BY s.sku LIMIT $2"))
+            .bind(after)
+            .bind(page as i64)
+            .fetch_all(pg)
+            .await?,
+    )
 }
 
 /// The live counters of `skus`, in one pipelined round trip.
@@ -164,29 +178,85 @@ pub async fn warm_all(
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM skus")
         .fetch_one(pg)
         .await?;
-    let mut report = WarmReport::default();
+    let mut warming = Warming::default();
     let mut after = String::new();
-    let mut guards_restored = false;
-    let script = &engine.scripts.warm;
-    script
-        .prepare_invoke()
-        .load_async(&mut engine.conn.clone())
-        .await?;
+    load_warm_script(engine).await?;
     loop {
         let rows = stock_page(pg, &after, options.page.max(1)).await?;
         let Some(last) = rows.last() else { break };
         after = last.sku.clone();
+        warming.page(engine, pg, &rows, options).await?;
+        progress(WarmProgress {
+            done: warming.report.skus,
+            total: total as u64,
+            warmed: warming.report.warmed,
+        });
+    }
+    warming.report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(warming.report)
+}
+
+/// Loads warm.lua, so a pipeline of EVALSHA finds it.
+async fn load_warm_script(engine: &Engine) -> Result<(), EngineError> {
+    engine
+        .scripts
+        .warm
+        .prepare_invoke()
+        .load_async(&mut engine.conn.clone())
+        .await?;
+    Ok(())
+}
+
+/// Warms the SKUs `skus` names (unknown ones are skipped), not forced: a
+/// counter that exists is left alone.
+pub async fn warm_list(
+    engine: &Engine,
+    pg: &PgPool,
+    skus: &[String],
+) -> Result<WarmReport, EngineError> {
+    let started = Instant::now();
+    let mut warming = Warming::default();
+    load_warm_script(engine).await?;
+    for chunk in skus.chunks(2_000) {
+        let rows = stock_rows(pg, chunk).await?;
+        warming
+            .page(engine, pg, &rows, WarmOptions::default())
+            .await?;
+    }
+    warming.report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(warming.report)
+}
+
+/// A warm-up under way: what it did so far, and whether it restored the feed
+/// event guards yet (once per run, before the first counter it writes).
+#[derive(Default)]
+struct Warming {
+    report: WarmReport,
+    guards_restored: bool,
+}
+
+impl Warming {
+    /// Warms one page of `rows`.
+    async fn page(
+        &mut self,
+        engine: &Engine,
+        pg: &PgPool,
+        rows: &[StockRow],
+        options: WarmOptions,
+    ) -> Result<(), EngineError> {
+        let (report, guards_restored) = (&mut self.report, &mut self.guards_restored);
+        let script = &engine.scripts.warm;
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
-        if !guards_restored && current.iter().any(|c| c.available.is_none()) {
+        if !*guards_restored && current.iter().any(|c| c.available.is_none()) {
             // Counters are missing: Redis lost its data, and with it the guards
             // that stop a redelivered feed event applying twice. The ledger knows
             // which events were applied; each gets its guard back (for the rest
             // of its day) before any counter is written, so no redelivery slips in.
-            report.guards = restore_guards(engine, pg).await?;
-            guards_restored = true;
+            report.guards += restore_guards(engine, pg).await?;
+            *guards_restored = true;
         }
-        let orphans = open_holds(engine, &rows, &current).await?;
+        let orphans = open_holds(engine, rows, &current).await?;
         let mut pipe = redis::pipe();
         let mut sent = 0;
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
@@ -228,14 +298,8 @@ pub async fn warm_all(
             }
         }
         report.skus += rows.len() as u64;
-        progress(WarmProgress {
-            done: report.skus,
-            total: total as u64,
-            warmed: report.warmed,
-        });
+        Ok(())
     }
-    report.elapsed_ms = started.elapsed().as_millis() as u64;
-    Ok(report)
 }
 
 /// Sets the event guard of every feed event the ledger recorded within the

@@ -436,6 +436,20 @@ impl Application {
                 "demo drop loaded"
             );
         }
+        // Stock changes an import recorded but could not apply (Redis down, the
+        // process killed) go now; failing here is not fatal: the next import or start applies them.
+        match holdfast_engine::drop_file::apply_pending_stock(&backends.engine, &backends.pg).await
+        {
+            Ok(0) => {}
+            Ok(n) => tracing::info!(
+                applied = n,
+                "stock changes left pending by an import applied"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "could not apply the stock changes an import left pending; the next import or start will"
+            ),
+        }
         let sign_in = users::prepare_sign_in(
             &backends.pg,
             args.demo.then_some(args.demo_password.as_str()),

@@ -36,21 +36,29 @@ async fn every_documented_operation_is_served(pool: PgPool) {
     assert_eq!(
         operations,
         vec![
+            "GET /api/v1/drops/{code}",
             "GET /api/v1/reservations/{id}",
             "GET /api/v1/stock",
             "GET /api/v1/stock/{sku}",
             "POST /api/v1/reservations",
             "POST /api/v1/reservations/{id}/confirm",
             "POST /api/v1/reservations/{id}/release",
+            "PUT /api/v1/drops/{code}",
         ],
         "the document lists the API's operations"
     );
 
     for op in &operations {
         let (method, path) = op.split_once(' ').unwrap();
-        let url = server.url(&path.replace("{id}", "t1-x").replace("{sku}", "A-1"));
+        let url = server.url(
+            &path
+                .replace("{id}", "t1-x")
+                .replace("{sku}", "A-1")
+                .replace("{code}", "spring"),
+        );
         let req = match method {
             "GET" => http.get(url),
+            "PUT" => http.put(url).json(&serde_json::json!({})),
             _ => http.post(url).json(&serde_json::json!({})),
         };
         let res = req.send().await.unwrap();

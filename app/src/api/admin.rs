@@ -8,11 +8,12 @@ use holdfast_domain::Role;
 /// Every user.
 #[server(endpoint = "list_users")]
 pub async fn list_users() -> Result<Vec<UserView>, ServerFnError> {
-    use holdfast_engine::users::{self, Role};
+    use holdfast_domain::Permission;
+    use holdfast_engine::users;
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     Ok(users::list(&caller.backends.pg)
         .await
         .map_err(guard::internal("Listing users"))?
@@ -25,11 +26,12 @@ pub async fn list_users() -> Result<Vec<UserView>, ServerFnError> {
 /// choose their own at first sign-in.
 #[server(endpoint = "create_user")]
 pub async fn create_user(username: String, role: Role) -> Result<String, ServerFnError> {
-    use holdfast_engine::users::{self, Role};
+    use holdfast_domain::Permission;
+    use holdfast_engine::users;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     let username = username.trim().to_lowercase();
     let password = users::generate_password();
     users::create(&caller.backends.pg, &username, role, &password, true)
@@ -48,11 +50,12 @@ pub async fn create_user(username: String, role: Role) -> Result<String, ServerF
 /// Changes a user's role; the last admin cannot be demoted.
 #[server(endpoint = "set_user_role")]
 pub async fn set_user_role(username: String, role: Role) -> Result<(), ServerFnError> {
-    use holdfast_engine::users::{self, Role};
+    use holdfast_domain::Permission;
+    use holdfast_engine::users;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     users::set_role(&caller.backends.pg, &username, role)
         .await
         .map_err(guard::user_error("Changing the role"))?;
@@ -69,11 +72,12 @@ pub async fn set_user_role(username: String, role: Role) -> Result<(), ServerFnE
 /// Deletes a user and ends their sessions; the last admin cannot be deleted.
 #[server(endpoint = "delete_user")]
 pub async fn delete_user(username: String) -> Result<(), ServerFnError> {
-    use holdfast_engine::users::{self, Role};
+    use holdfast_domain::Permission;
+    use holdfast_engine::users;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     users::delete(&caller.backends.pg, &username)
         .await
         .map_err(guard::user_error("Deleting the user"))?;
@@ -84,11 +88,12 @@ pub async fn delete_user(username: String) -> Result<(), ServerFnError> {
 /// Every API token (secrets are never shown again).
 #[server(endpoint = "list_tokens")]
 pub async fn list_tokens() -> Result<Vec<TokenView>, ServerFnError> {
+    use holdfast_domain::Permission;
     use holdfast_engine::tokens;
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     Ok(tokens::list(&caller.backends.pg)
         .await
         .map_err(guard::internal("Listing tokens"))?
@@ -97,15 +102,16 @@ pub async fn list_tokens() -> Result<Vec<TokenView>, ServerFnError> {
         .collect())
 }
 
-/// Creates an API token with `scopes` (comma-separated: checkout, ingest, read);
+/// Creates an API token with `scopes` (comma-separated: checkout, ingest, read, catalog);
 /// its secret is returned this once.
 #[server(endpoint = "create_token")]
 pub async fn create_token(name: String, scopes: String) -> Result<NewTokenView, ServerFnError> {
+    use holdfast_domain::Permission;
     use holdfast_engine::tokens::{self, Scope};
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     let name = name.trim().to_owned();
     let bad = |m: &str| guard::refuse(http::StatusCode::BAD_REQUEST, m.to_owned());
     let scopes = Scope::parse_list([scopes.as_str()]).map_err(|e| bad(&format!("{e}.")))?;
@@ -131,11 +137,12 @@ pub async fn create_token(name: String, scopes: String) -> Result<NewTokenView, 
 /// Revokes an API token; the API refuses it within five seconds (its cache).
 #[server(endpoint = "revoke_token")]
 pub async fn revoke_token(id: i64) -> Result<(), ServerFnError> {
+    use holdfast_domain::Permission;
     use holdfast_engine::tokens;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::ManageAccess).await?;
     let revoked = tokens::revoke(&caller.backends.pg, id)
         .await
         .map_err(guard::internal("Revoking the token"))?;

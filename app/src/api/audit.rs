@@ -11,11 +11,11 @@ pub async fn audit_log(
     search: String,
     before: Option<i64>,
 ) -> Result<Vec<AuditView>, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     Ok(
         holdfast_engine::audit::recent(&caller.backends.pg, Some(&search), before, 100)
             .await

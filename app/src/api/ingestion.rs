@@ -17,12 +17,12 @@ pub struct IngestionView {
 /// Lanes and dead letters now.
 #[server(endpoint = "ingestion_status")]
 pub async fn ingestion_status() -> Result<IngestionView, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::ingest;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     let internal = guard::internal("Reading the ingestion lanes");
     let mut conn = caller.backends.engine.connection();
     let lanes = ingest::statuses(&mut conn)
@@ -53,12 +53,12 @@ pub async fn ingestion_status() -> Result<IngestionView, ServerFnError> {
 /// into the lane while it is paused.
 #[server(endpoint = "set_lane_paused")]
 pub async fn set_lane_paused(lane: String, paused: bool) -> Result<String, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::ingest;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     let lane = holdfast_domain::Lane::parse(&lane)
         .map_err(|e| guard::refuse(http::StatusCode::BAD_REQUEST, format!("{e}.")))?;
     let mut conn = caller.backends.engine.connection();
@@ -79,12 +79,12 @@ pub async fn set_lane_paused(lane: String, paused: bool) -> Result<String, Serve
 /// Puts a dead letter back on its lane (admin).
 #[server(endpoint = "replay_dead_letter")]
 pub async fn replay_dead_letter(id: String) -> Result<String, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::ingest;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     let mut conn = caller.backends.engine.connection();
     match ingest::replay(&mut conn, &id)
         .await

@@ -7,11 +7,11 @@ use crate::dto::ops::LockView;
 /// Every held lock.
 #[server(endpoint = "list_locks")]
 pub async fn list_locks() -> Result<Vec<LockView>, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     Ok(caller
         .backends
         .engine
@@ -28,12 +28,12 @@ pub async fn list_locks() -> Result<Vec<LockView>, ServerFnError> {
 /// are refused by PostgreSQL.
 #[server(endpoint = "force_release_lock")]
 pub async fn force_release_lock(name: String, confirm: String) -> Result<String, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use http::StatusCode;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     if confirm.trim() != name {
         return Err(guard::refuse(
             StatusCode::BAD_REQUEST,

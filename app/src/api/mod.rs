@@ -11,6 +11,8 @@ pub mod audit;
 #[allow(missing_docs)]
 pub mod auth;
 #[allow(missing_docs)]
+pub mod drops;
+#[allow(missing_docs)]
 pub mod ingestion;
 #[allow(missing_docs)]
 pub mod locks;
@@ -25,34 +27,38 @@ pub mod reserve;
 #[allow(missing_docs)]
 pub mod sku;
 
-/// Every role-checked server function with the least role it needs, as
-/// `(endpoint path, role)`. The tests walk this list to prove each refuses
-/// callers below that role and cross-site calls.
-pub const GUARDED: &[(&str, holdfast_domain::Role)] = {
-    use holdfast_domain::Role::{Admin, Support, Viewer};
+/// Every guarded server function with the permission it needs, as
+/// `(endpoint path, permission)`. The tests walk this list to prove each refuses
+/// every role without that permission, and cross-site calls.
+pub const GUARDED: &[(&str, holdfast_domain::Permission)] = {
+    use holdfast_domain::Permission::{EditDrops, ManageAccess, Operate, ReleaseHolds, View};
     &[
-        ("/api/drop_overview", Viewer),
-        ("/api/sku_detail", Viewer),
-        ("/api/search_holds", Viewer),
-        ("/api/release_hold", Support),
-        ("/api/list_locks", Viewer),
-        ("/api/force_release_lock", Admin),
-        ("/api/ingestion_status", Viewer),
-        ("/api/set_lane_paused", Admin),
-        ("/api/replay_dead_letter", Admin),
-        ("/api/operations_status", Viewer),
-        ("/api/start_reconcile", Admin),
-        ("/api/start_warmup", Admin),
-        ("/api/verify_now", Admin),
-        ("/api/deployment_checks", Admin),
-        ("/api/manual_reserve", Admin),
-        ("/api/audit_log", Admin),
-        ("/api/list_users", Admin),
-        ("/api/create_user", Admin),
-        ("/api/set_user_role", Admin),
-        ("/api/delete_user", Admin),
-        ("/api/list_tokens", Admin),
-        ("/api/create_token", Admin),
-        ("/api/revoke_token", Admin),
+        ("/api/drop_overview", View),
+        ("/api/sku_detail", View),
+        ("/api/search_holds", View),
+        ("/api/release_hold", ReleaseHolds),
+        ("/api/list_locks", View),
+        ("/api/force_release_lock", Operate),
+        ("/api/ingestion_status", View),
+        ("/api/set_lane_paused", Operate),
+        ("/api/replay_dead_letter", Operate),
+        ("/api/operations_status", View),
+        ("/api/start_reconcile", Operate),
+        ("/api/start_warmup", Operate),
+        ("/api/verify_now", Operate),
+        ("/api/deployment_checks", Operate),
+        ("/api/manual_reserve", Operate),
+        ("/api/audit_log", Operate),
+        ("/api/import_drop", EditDrops),
+        ("/api/export_drop", EditDrops),
+        ("/api/drop_readiness", View),
+        ("/api/arm_drop", EditDrops),
+        ("/api/list_users", ManageAccess),
+        ("/api/create_user", ManageAccess),
+        ("/api/set_user_role", ManageAccess),
+        ("/api/delete_user", ManageAccess),
+        ("/api/list_tokens", ManageAccess),
+        ("/api/create_token", ManageAccess),
+        ("/api/revoke_token", ManageAccess),
     ]
 };

@@ -36,12 +36,12 @@ pub struct OperationsView {
 /// Runs, drift and jobs now.
 #[server(endpoint = "operations_status")]
 pub async fn operations_status() -> Result<OperationsView, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::{catalog, reconcile};
 
     use crate::server::{convert, guard, jobs::JobBoard};
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     let b = &caller.backends;
     let internal = guard::internal("Reading reconciliation runs");
     let runs = reconcile::recent_runs(&b.pg, 20).await.map_err(&internal)?;
@@ -72,12 +72,12 @@ pub async fn operations_status() -> Result<OperationsView, ServerFnError> {
 /// returns what it found; the result is also the page's "last verification".
 #[server(endpoint = "verify_now")]
 pub async fn verify_now() -> Result<VerifyReport, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::verify::{LastVerify, VerifyOptions, verify};
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     let b = &caller.backends;
     let report = verify(&b.engine, &b.pg, &VerifyOptions::default())
         .await
@@ -124,11 +124,11 @@ where
         > + Send
         + 'static,
 {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     let board = job_board()?;
     let Some(job) = board.try_start(kind, &caller.user.username) else {
         return Err(guard::refuse(http::StatusCode::CONFLICT, busy.to_owned()));
@@ -158,7 +158,7 @@ pub async fn start_reconcile(correct_up: bool) -> Result<u64, ServerFnError> {
 
     use crate::dto::ops::JobKind;
 
-    let trigger = crate::server::guard::authorize(holdfast_domain::Role::Admin)
+    let trigger = crate::server::guard::authorize(holdfast_domain::Permission::Operate)
         .await
         .map(|c| format!("dashboard:{}", c.user.username))?;
     launch(
@@ -229,12 +229,12 @@ pub async fn start_warmup(force: bool) -> Result<u64, ServerFnError> {
 /// sources, badge origins, TLS.
 #[server(endpoint = "deployment_checks")]
 pub async fn deployment_checks() -> Result<holdfast_domain::doctor::DoctorReport, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::doctor::{self, DoctorConfig};
 
     use crate::server::guard;
 
-    guard::authorize(Role::Admin).await?;
+    guard::authorize(Permission::Operate).await?;
     let config = use_context::<std::sync::Arc<DoctorConfig>>().ok_or_else(|| {
         guard::refuse(
             http::StatusCode::SERVICE_UNAVAILABLE,

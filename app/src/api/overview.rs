@@ -10,13 +10,13 @@ use crate::dto::DropOverview;
 pub async fn load_drop_overview(
     code: Option<String>,
 ) -> Result<Option<DropOverview>, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::catalog;
 
     use crate::dto::SkuSummary;
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     let b = &caller.backends;
     let internal = guard::internal("Reading the drop");
     let drops = catalog::drops(&b.pg).await.map_err(&internal)?;

@@ -9,12 +9,12 @@ use crate::dto::holds::HoldSearch;
 /// ones when `query` is empty).
 #[server(endpoint = "search_holds")]
 pub async fn search_holds(query: String) -> Result<HoldSearch, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::{checkout, remediation};
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     let b = &caller.backends;
     let internal = guard::internal("Searching holds");
     let query = query.trim().to_owned();

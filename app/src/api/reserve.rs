@@ -13,13 +13,13 @@ pub async fn manual_reserve(
     buyer: Option<String>,
     ttl_secs: Option<u64>,
 ) -> Result<String, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::model::{ReserveOutcome, ReserveRequest};
     use http::StatusCode;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Admin).await?;
+    let caller = guard::authorize(Permission::Operate).await?;
     let sku = sku.trim().to_owned();
     let rid = format!("manual-{}", uuid_like());
     let mut req = ReserveRequest::single(&rid, &sku, qty);

@@ -7,12 +7,12 @@ use crate::dto::holds::SkuDetail;
 /// Everything the SKU page shows.
 #[server(endpoint = "sku_detail")]
 pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::{catalog, events};
 
     use crate::server::{convert, guard};
 
-    let caller = guard::authorize(Role::Viewer).await?;
+    let caller = guard::authorize(Permission::View).await?;
     let b = &caller.backends;
     let internal = guard::internal("Reading the SKU");
     let Some(record) = catalog::sku(&b.pg, &sku).await.map_err(&internal)? else {
@@ -45,13 +45,13 @@ pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
 /// in the audit log with the reason.
 #[server(endpoint = "release_hold")]
 pub async fn release_hold(reservation_id: String, reason: String) -> Result<String, ServerFnError> {
-    use holdfast_domain::Role;
+    use holdfast_domain::Permission;
     use holdfast_engine::model::ReleaseOutcome;
     use http::StatusCode;
 
     use crate::server::guard;
 
-    let caller = guard::authorize(Role::Support).await?;
+    let caller = guard::authorize(Permission::ReleaseHolds).await?;
     let reason = reason.trim();
     if reason.is_empty() {
         return Err(guard::refuse(

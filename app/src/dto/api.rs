@@ -97,4 +97,7 @@ pub struct ErrorBody {
     /// When the drop ended (RFC 3339, UTC), for `ended`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ended_at: Option<String>,
+    /// Every problem of a refused drop file, by line and column.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub problems: Vec<holdfast_domain::sheet::Problem>,
 }

@@ -1,6 +1,6 @@
 //! Users, sessions, API tokens and the audit log, as the dashboard shows them.
 
-use holdfast_domain::Role;
+use holdfast_domain::{Permission, Role};
 use serde::{Deserialize, Serialize};
 
 /// The signed-in user.
@@ -15,9 +15,9 @@ pub struct Me {
 }
 
 impl Me {
-    /// Whether this user has at least `role`.
-    pub fn can(&self, role: Role) -> bool {
-        self.role >= role
+    /// Whether this user's role may do `what`.
+    pub fn may(&self, what: Permission) -> bool {
+        self.role.may(what)
     }
 }
 

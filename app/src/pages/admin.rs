@@ -9,7 +9,7 @@ use crate::api::admin::{
 use crate::components::{Outcome, error_text, me, short_time};
 use holdfast_domain::Role;
 
-const ROLES: [Role; 3] = [Role::Viewer, Role::Support, Role::Admin];
+const ROLES: [Role; 4] = Role::ALL;
 
 /// The users and tokens page (`/admin`).
 #[component]
@@ -135,7 +135,7 @@ fn Tokens() -> impl IntoView {
         <h2>"Create a token"</h2>
         <ActionForm action=create attr:class="inline">
             <input type="text" name="name" required placeholder="name, e.g. checkout-prod" aria-label="Token name"/>
-            <input type="text" name="scopes" required value="checkout,read" aria-label="Scopes (comma-separated: checkout, ingest, read)"/>
+            <input type="text" name="scopes" required value="checkout,read" aria-label="Scopes (comma-separated: checkout, ingest, read, catalog)"/>
             <button type="submit">"Create"</button>
         </ActionForm>
         {move || match create.value().get() {

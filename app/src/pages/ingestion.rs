@@ -4,10 +4,10 @@
 use leptos::prelude::*;
 
 use crate::api::ingestion::{ReplayDeadLetter, SetLanePaused, ingestion_status};
-use crate::components::{IfRole, Outcome, error_text, thousands};
+use crate::components::{IfAllowed, Outcome, error_text, thousands};
 use crate::dto::ops::LaneView;
 use crate::live::Live;
-use holdfast_domain::{Lane, Role};
+use holdfast_domain::{Lane, Permission};
 
 /// The ingestion page (`/ingestion`).
 #[component]
@@ -58,11 +58,11 @@ pub fn IngestionPage() -> impl IntoView {
                                                         <summary>{format!("{} · {} from {}: {}", d.id, d.lane, d.source, d.reason)}</summary>
                                                         <pre>{d.body.clone()}</pre>
                                                     </details>
-                                                    <IfRole min=Role::Admin>
+                                                    <IfAllowed need=Permission::Operate>
                                                         {let id = id.clone(); view! {
                                                             <button type="button" on:click=move |_| { replay.dispatch(ReplayDeadLetter { id: id.clone() }); }>"Replay"</button>
                                                         }}
-                                                    </IfRole>
+                                                    </IfAllowed>
                                                 </li>
                                             }
                                         }).collect_view()}
@@ -96,13 +96,13 @@ fn LaneRow(
             <td class="num">{get(|l| thousands(l.pending as i64))}</td>
             <td class="num">{get(|l| format!("{:.0}", l.rate))}</td>
             <td class:bad=paused>{move || if paused() { "paused" } else { "running" }}</td>
-            <td><IfRole min=Role::Admin>
+            <td><IfAllowed need=Permission::Operate>
                 {view! {
                     <button type="button" on:click=move |_| {
                         pause.dispatch(SetLanePaused { lane: lane.as_str().to_owned(), paused: !paused() });
                     }>{move || if paused() { "Resume" } else { "Pause" }}</button>
                 }}
-            </IfRole></td>
+            </IfAllowed></td>
         </tr>
     }
 }

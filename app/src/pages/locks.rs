@@ -4,10 +4,10 @@
 use leptos::prelude::*;
 
 use crate::api::locks::{ForceReleaseLock, list_locks};
-use crate::components::{IfRole, Outcome, duration, error_text};
+use crate::components::{IfAllowed, Outcome, duration, error_text};
 use crate::dto::ops::LockView;
 use crate::live::Live;
-use holdfast_domain::Role;
+use holdfast_domain::Permission;
 
 /// The locks page (`/locks`).
 #[component]
@@ -66,7 +66,7 @@ fn LockTable(
                             <td>{l.holder.clone()}</td>
                             <td class="num">{move || duration(remaining - (live.now_ms.get() - sampled_at))}</td>
                             <td class="num">{l.fence}</td>
-                            <td><IfRole min=Role::Admin>
+                            <td><IfAllowed need=Permission::Operate>
                                 {
                                     let name = name.clone();
                                     move || if asking.get() {
@@ -87,7 +87,7 @@ fn LockTable(
                                         view! { <button type="button" class="danger" on:click=move |_| asking.set(true)>"Force release…"</button> }.into_any()
                                     }
                                 }
-                            </IfRole></td>
+                            </IfAllowed></td>
                         </tr>
                     }
                 }).collect_view()}

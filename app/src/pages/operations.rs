@@ -6,9 +6,9 @@ use leptos::prelude::*;
 use crate::api::operations::{
     DeploymentChecks, StartReconcile, StartWarmup, VerifyNow, operations_status,
 };
-use crate::components::{IfRole, JobBar, error_text, short_time, thousands};
+use crate::components::{IfAllowed, JobBar, error_text, short_time, thousands};
 use crate::live::Live;
-use holdfast_domain::Role;
+use holdfast_domain::Permission;
 use holdfast_domain::doctor::DoctorReport;
 use holdfast_domain::verify::VerifyReport;
 
@@ -38,7 +38,7 @@ pub fn OperationsPage() -> impl IntoView {
     view! {
         <section>
             <h1>"Reconciliation and warm-up"</h1>
-            <IfRole min=Role::Admin>
+            <IfAllowed need=Permission::Operate>
                 <div class="actions panel">
                     <div>
                         <button type="button" on:click=move |_| { warm.dispatch(StartWarmup { force: force.get_untracked() }); }>"Run a warm-up"</button>
@@ -71,7 +71,7 @@ pub fn OperationsPage() -> impl IntoView {
                         None => None,
                     }}
                 </div>
-            </IfRole>
+            </IfAllowed>
             <h2>"Jobs"</h2>
             <div class="jobs" aria-live="polite">
                 {move || {

@@ -9,7 +9,7 @@ use crate::api::sku::ReleaseHold;
 use crate::components::{Outcome, duration, error_text, me, short_time};
 use crate::dto::holds::HoldSearch;
 use crate::live::Live;
-use holdfast_domain::Role;
+use holdfast_domain::Permission;
 
 /// The reservations page (`/reservations?q=`).
 #[component]
@@ -47,7 +47,7 @@ pub fn ReservationsPage() -> impl IntoView {
 fn Results(found: HoldSearch, query: String, release: ServerAction<ReleaseHold>) -> impl IntoView {
     let live = expect_context::<Live>();
     let skew = found.server_now_ms - crate::live::now_ms();
-    let can_release = me().can(Role::Support);
+    let can_release = me().may(Permission::ReleaseHolds);
     let holds = if query.is_empty() {
         view! { <p class="muted">"Search by reservation id or buyer to see holds."</p> }.into_any()
     } else if found.holds.is_empty() {

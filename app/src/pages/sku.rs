@@ -5,11 +5,11 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
 use crate::api::sku::{ReleaseHold, load_sku_detail};
-use crate::components::{IfRole, Outcome, Sparkline, duration, error_text, me, thousands};
+use crate::components::{IfAllowed, Outcome, Sparkline, duration, error_text, me, thousands};
 use crate::dto::holds::{HoldView, SkuDetail};
 use crate::dto::live::EventView;
 use crate::live::Live;
-use holdfast_domain::Role;
+use holdfast_domain::Permission;
 
 /// The SKU page (`/sku/:sku`).
 #[component]
@@ -92,7 +92,7 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
     };
     let reason = RwSignal::new("customer asked to cancel".to_owned());
     let holds = detail.holds.clone();
-    let can_release = me().can(Role::Support);
+    let can_release = me().may(Permission::ReleaseHolds);
     view! {
         <div class="page-head">
             <h1>{format!("{} · {}", sku, detail.title)}</h1>
@@ -115,12 +115,12 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
         </div>
         <div class="panel">
             <h2>{format!("Open holds ({})", holds.len())}</h2>
-            <IfRole min=Role::Support>
+            <IfAllowed need=Permission::ReleaseHolds>
                 <label class="reason">"Reason for releases "
                     <input type="text" name="reason" prop:value=move || reason.get()
                         on:input:target=move |ev| reason.set(ev.target().value())/>
                 </label>
-            </IfRole>
+            </IfAllowed>
             <Outcome value=release.value().into()/>
             {if holds.is_empty() {
                 view! { <p class="empty">"No open holds on this SKU."</p> }.into_any()

@@ -6,7 +6,7 @@
 //! cookie and checks the user's role on the server. Refusals set the HTTP status
 //! (401, 403) and carry a message the page shows as it is.
 
-use holdfast_domain::{ErrorCode, Role};
+use holdfast_domain::{ErrorCode, Permission};
 use holdfast_engine::users::{self, User};
 use holdfast_engine::{Backends, EngineError};
 use http::{HeaderMap, Method, StatusCode, header};
@@ -249,9 +249,9 @@ pub fn check_origin() -> Result<(), ServerFnError> {
     }
 }
 
-/// The caller, if signed in with at least `min`; otherwise a 401 or 403 with a
-/// message saying why.
-pub async fn authorize(min: Role) -> Result<SignedIn, ServerFnError> {
+/// The caller, if signed in with a role that may do `need`; otherwise a 401 or
+/// 403 with a message saying why.
+pub async fn authorize(need: Permission) -> Result<SignedIn, ServerFnError> {
     check_origin()?;
     let Some(caller) = current().await? else {
         return Err(refuse(
@@ -265,13 +265,13 @@ pub async fn authorize(min: Role) -> Result<SignedIn, ServerFnError> {
             "Choose a new password first: you signed in with a one-time password.",
         ));
     }
-    if caller.user.role < min {
+    if !caller.user.role.may(need) {
         return Err(refuse(
             StatusCode::FORBIDDEN,
             format!(
-                "Your role ({}) cannot do this; it needs {}. Ask an admin.",
+                "Your role ({}) cannot do this: {} is not part of it. Ask an admin.",
                 caller.user.role.as_str(),
-                min.as_str()
+                need.describe()
             ),
         ));
     }

@@ -1,6 +1,7 @@
 //! The checkout API under `/api/v1`: authenticated by API token, JSON in and out,
 //! one status code per outcome. One file per resource.
 
+pub mod drops;
 pub mod idempotent;
 pub mod reservations;
 pub mod soldout;
@@ -38,7 +39,11 @@ pub struct ApiState {
 #[openapi(
     info(title = "Holdfast API", description = "Reservations and live stock for flash sales."),
     modifiers(&BearerToken),
-    tags((name = "reservations", description = "Hold, confirm and release stock"), (name = "stock", description = "Live figures"))
+    tags(
+        (name = "reservations", description = "Hold, confirm and release stock"),
+        (name = "stock", description = "Live figures"),
+        (name = "drops", description = "Drops and their SKUs, pushed by a PIM or ERP"),
+    )
 )]
 struct ApiDoc;
 
@@ -78,6 +83,12 @@ where
         .routes(routes!(reservations::release))
         .routes(routes!(stock::many))
         .routes(routes!(stock::get))
+        .merge(
+            // A whole drop is a bigger body than any checkout call.
+            OpenApiRouter::<S>::new()
+                .routes(routes!(drops::put, drops::get))
+                .layer(DefaultBodyLimit::max(drops::BODY_LIMIT)),
+        )
         .split_for_parts()
 }
 

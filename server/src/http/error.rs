@@ -33,6 +33,7 @@ impl ApiError {
                 available: None,
                 starts_at: None,
                 ended_at: None,
+                problems: Vec::new(),
             }),
             retry_after: code.retry_after(),
         }

@@ -1,0 +1,111 @@
+//! Drops from the dashboard: import a drop file with a preview, export one,
+//! arm a drop and check its readiness, through the engine's rules.
+
+use leptos::prelude::*;
+
+use holdfast_domain::readiness::Readiness;
+use holdfast_domain::sheet::ImportOutcome;
+
+/// Imports a drop file's `text` (`format`: csv or json) as its author
+/// (`dry_run`: reports the changes, writes nothing). A refused file is an
+/// answer (its problems), not an error.
+#[server(endpoint = "import_drop")]
+pub async fn import_drop(
+    text: String,
+    format: String,
+    dry_run: bool,
+    reason: String,
+) -> Result<ImportOutcome, ServerFnError> {
+    use holdfast_domain::Permission;
+    use holdfast_engine::drop_file::{self, Format, ImportOptions};
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::EditDrops).await?;
+    let format = Format::named(&format)
+        .ok_or_else(|| ServerFnError::new(format!("'{format}' is not a file form: csv or json")))?;
+    let (sheet, lines) = match drop_file::parse(&text, format) {
+        Ok(read) => read,
+        Err(problems) => return Ok(ImportOutcome::Refused(problems)),
+    };
+    let reason = match reason.trim() {
+        "" => "dashboard import",
+        given => given,
+    };
+    let options = ImportOptions {
+        actor: &caller.user.username,
+        reason,
+        dry_run,
+    };
+    drop_file::import(
+        &caller.backends.engine,
+        &caller.backends.pg,
+        &sheet,
+        &lines,
+        options,
+    )
+    .await
+    .map_err(guard::internal("Importing the drop"))
+}
+
+/// Drop `code` as a file of `format` (csv or json).
+#[server(endpoint = "export_drop")]
+pub async fn export_drop(code: String, format: String) -> Result<String, ServerFnError> {
+    use holdfast_domain::Permission;
+    use holdfast_engine::drop_file::{self, Format};
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::EditDrops).await?;
+    let format = Format::named(&format)
+        .ok_or_else(|| ServerFnError::new(format!("'{format}' is not a file form: csv or json")))?;
+    let sheet = drop_file::export(&caller.backends.pg, code.trim())
+        .await
+        .map_err(guard::internal("Exporting the drop"))?
+        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))?;
+    Ok(drop_file::render(&sheet, format))
+}
+
+/// Drop `code`'s readiness, read without changing anything.
+#[server(endpoint = "drop_readiness")]
+pub async fn drop_readiness(code: String) -> Result<Readiness, ServerFnError> {
+    use holdfast_domain::Permission;
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::View).await?;
+    holdfast_engine::arm::readiness(&caller.backends.engine, &caller.backends.pg, code.trim())
+        .await
+        .map_err(guard::internal("Checking the drop"))?
+        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))
+}
+
+/// Arms drop `code` (warms its counters, writes its schedule and limits,
+/// pauses the feeds lane when `pause_feeds`) and answers its readiness.
+#[server(endpoint = "arm_drop")]
+pub async fn arm_drop(code: String, pause_feeds: bool) -> Result<Readiness, ServerFnError> {
+    use holdfast_domain::Permission;
+    use holdfast_engine::arm::{self, ArmOptions};
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::EditDrops).await?;
+    let code = code.trim().to_owned();
+    let report = arm::arm(
+        &caller.backends.engine,
+        &caller.backends.pg,
+        &code,
+        ArmOptions { pause_feeds },
+    )
+    .await
+    .map_err(guard::internal("Arming the drop"))?
+    .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{code}'.")))?;
+    guard::audit(
+        &caller,
+        "arm_drop",
+        &code,
+        serde_json::json!({ "pause_feeds": pause_feeds, "ready": report.ready() }),
+    )
+    .await;
+    Ok(report)
+}

@@ -1,0 +1,663 @@
+//! A drop as a file: import (checked first, previewed by a dry run, written all
+//! or nothing) and export. `holdfast drop import|export` and
+//! `PUT|GET /api/v1/drops/{code}` both come here.
+//!
+//! An import is declarative: the drop gets the file's name, schedule and SKUs
+//! (SKUs of the drop the file leaves out stay in it, listed in the report).
+//! A SKU's `stock` is the units the drop is given ([`holdfast_domain::sheet::SheetSku::stock`]):
+//! a new SKU starts with that many on hand; a change of it for an existing SKU
+//! is recorded with the import's transaction as a pending stock change and then
+//! applied to the live counter by `delta.lua` (source `import`), the path a
+//! feed's delta takes, so open holds, owed units and the ledger stay right. The
+//! write-behind records it in the ledger under the change's event id. A change
+//! cut short after the commit (Redis down, the process killed) is applied by
+//! the next import or server start ([`apply_pending_stock`]).
+
+use chrono::{DateTime, SecondsFormat, Utc};
+pub use holdfast_domain::sheet::ImportOutcome;
+use holdfast_domain::sheet::{
+    Change, DEFAULT_LOW_STOCK_THRESHOLD, DropSheet, ImportReport, MAX_SKUS, Problem, SheetSku,
+};
+use sqlx::PgPool;
+
+use crate::engine::{Engine, valid_sku};
+use crate::error::EngineError;
+use crate::schedule::{DropSchedule, push_settings, shared_with_scheduled};
+use crate::stock::DeltaOutcome;
+use crate::warmup::warm_list;
+
+/// The ledger source of stock changes made by imports.
+pub const SOURCE: &str = "import";
+
+/// The two forms a drop file takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Format {
+    /// One row per SKU under a header ([`holdfast_domain::sheet::CSV_COLUMNS`]).
+    Csv,
+    /// A [`DropSheet`] object.
+    Json,
+}
+
+impl Format {
+    /// The form called `name` (`csv`, `json`, any case).
+    pub fn named(name: &str) -> Option<Self> {
+        match name.trim().to_ascii_lowercase().as_str() {
+            "csv" => Some(Self::Csv),
+            "json" => Some(Self::Json),
+            _ => None,
+        }
+    }
+
+    /// The form a file's name says (`.csv`, `.json`), if it says one.
+    pub fn of_path(path: &str) -> Option<Self> {
+        let lower = path.to_ascii_lowercase();
+        if lower.ends_with(".csv") {
+            Some(Self::Csv)
+        } else if lower.ends_with(".json") {
+            Some(Self::Json)
+        } else {
+            None
+        }
+    }
+}
+
+/// A file's text as a sheet, with the line each SKU was on (CSV; empty for
+/// JSON, whose problems name paths), or every problem found reading it.
+pub fn parse(text: &str, format: Format) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
+    match format {
+        Format::Csv => holdfast_domain::sheet::parse_csv(text),
+        Format::Json => serde_json::from_str::<DropSheet>(text)
+            .map(|sheet| (sheet, Vec::new()))
+            .map_err(|e| {
+                vec![Problem {
+                    line: Some(e.line() as u64),
+                    column: format!("character {}", e.column()),
+                    message: e.to_string(),
+                }]
+            }),
+    }
+}
+
+/// `sheet` as a file of `format`.
+pub fn render(sheet: &DropSheet, format: Format) -> String {
+    match format {
+        Format::Csv => holdfast_domain::sheet::to_csv(sheet),
+        Format::Json => {
+            let mut text = serde_json::to_string_pretty(sheet).unwrap_or_default();
+            text.push('\n');
+            text
+        }
+    }
+}
+
+/// Where a problem with a sheet's field is: a CSV line and column, or a JSON path.
+struct Locate<'a> {
+    lines: &'a [u64],
+    first_line: Option<u64>,
+}
+
+impl Locate<'_> {
+    fn drop_field(&self, column: &str, json: &str, message: String) -> Problem {
+        match self.first_line {
+            Some(line) => Problem {
+                line: Some(line),
+                column: column.into(),
+                message,
+            },
+            None => Problem {
+                line: None,
+                column: json.into(),
+                message,
+            },
+        }
+    }
+
+    fn sku_field(&self, index: usize, column: &str, message: String) -> Problem {
+        match self.lines.get(index) {
+            Some(line) => Problem {
+                line: Some(*line),
+                column: column.into(),
+                message,
+            },
+            None => Problem {
+                line: None,
+                column: format!("skus[{index}].{column}"),
+                message,
+            },
+        }
+    }
+}
+
+/// Whether `code` is a drop code PostgreSQL accepts: lower-case letters,
+/// digits and `-`, starting with a letter or digit, at most 64.
+pub fn valid_drop_code(code: &str) -> bool {
+    let mut chars = code.chars();
+    matches!(chars.next(), Some(c) if c.is_ascii_lowercase() || c.is_ascii_digit())
+        && code.len() <= 64
+        && chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+}
+
+/// A time as a file gives it (RFC 3339).
+fn instant(value: &Option<String>) -> Result<Option<DateTime<Utc>>, String> {
+    match value.as_deref().map(str::trim) {
+        None | Some("") => Ok(None),
+        Some(v) => DateTime::parse_from_rfc3339(v)
+            .map(|t| Some(t.with_timezone(&Utc)))
+            .map_err(|_| format!("'{v}' is not a time like 2026-12-01T09:00:00Z (RFC 3339)")),
+    }
+}
+
+/// A time as files and reports show it.
+fn shown(at: Option<DateTime<Utc>>) -> Option<String> {
+    at.map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
+}
+
+/// Every problem with `sheet`'s values (`lines`: each SKU's CSV line, empty for
+/// JSON), and its schedule when it has none.
+pub fn check(sheet: &DropSheet, lines: &[u64]) -> Result<DropSchedule, Vec<Problem>> {
+    let at = Locate {
+        lines,
+        first_line: lines.first().copied(),
+    };
+    let mut problems = Vec::new();
+    if !valid_drop_code(&sheet.code) {
+        problems.push(at.drop_field(
+            "drop",
+            "code",
+            format!(
+                "'{}' is not a drop code: lower-case letters, digits and '-', at most 64",
+                sheet.code
+            ),
+        ));
+    }
+    if sheet.name.chars().count() > 200 {
+        problems.push(at.drop_field("drop_name", "name", "at most 200 characters".into()));
+    }
+    let mut schedule = DropSchedule::default();
+    match instant(&sheet.starts_at) {
+        Ok(t) => schedule.starts_at = t,
+        Err(m) => problems.push(at.drop_field("starts_at", "starts_at", m)),
+    }
+    match instant(&sheet.ends_at) {
+        Ok(t) => schedule.ends_at = t,
+        Err(m) => problems.push(at.drop_field("ends_at", "ends_at", m)),
+    }
+    if let Some(why) = schedule.problem() {
+        problems.push(at.drop_field("ends_at", "ends_at", why.into()));
+    }
+    if sheet.skus.is_empty() {
+        problems.push(at.drop_field("sku", "skus", "a drop needs at least one SKU".into()));
+    }
+    if sheet.skus.len() > MAX_SKUS {
+        problems.push(at.drop_field("sku", "skus", format!("at most {MAX_SKUS} SKUs")));
+    }
+    let mut seen = std::collections::HashMap::new();
+    for (i, s) in sheet.skus.iter().enumerate() {
+        let mut bad =
+            |column: &str, message: String| problems.push(at.sku_field(i, column, message));
+        if !valid_sku(&s.sku) {
+            bad(
+                "sku",
+                format!(
+                    "'{}' is not a SKU code: letters, digits and . _ -, at most 64",
+                    s.sku
+                ),
+            );
+        } else if let Some(first) = seen.insert(s.sku.clone(), i) {
+            let first = lines
+                .get(first)
+                .map_or_else(|| format!("skus[{first}]"), |l| format!("line {l}"));
+            bad(
+                "sku",
+                format!("{} is listed twice (first at {first})", s.sku),
+            );
+        }
+        let text = |v: &str| !v.trim().is_empty() && v.chars().count() <= 200;
+        if !text(&s.product) {
+            bad("product", "required: 1 to 200 characters".into());
+        }
+        if s.variant
+            .as_deref()
+            .is_some_and(|v| v.chars().count() > 200)
+        {
+            bad("variant", "at most 200 characters".into());
+        }
+        // A blank title falls back to the product and variant.
+        if s.title.as_deref().is_some_and(|t| t.chars().count() > 200) {
+            bad("title", "at most 200 characters".into());
+        }
+        if s.stock < 0 {
+            bad(
+                "stock",
+                "the units the drop is given: a whole number of at least 0".into(),
+            );
+        }
+        if s.per_buyer_limit.is_some_and(|n| n < 1) {
+            bad(
+                "per_buyer_limit",
+                "at least 1, or blank for no limit".into(),
+            );
+        }
+        if s.low_stock_threshold.is_some_and(|n| n < 0) {
+            bad("low_stock_threshold", "at least 0".into());
+        }
+    }
+    if problems.is_empty() {
+        Ok(schedule)
+    } else {
+        Err(problems)
+    }
+}
+
+/// Who imports, why, and whether for real.
+#[derive(Debug, Clone, Copy)]
+pub struct ImportOptions<'a> {
+    /// The audit actor (a dashboard user, `cli:<user>`, `token:<name>`).
+    pub actor: &'a str,
+    /// Why, for the audit log and each stock change.
+    pub reason: &'a str,
+    /// Report what would change and change nothing.
+    pub dry_run: bool,
+}
+
+/// A SKU as PostgreSQL has it, in the file's terms.
+#[derive(sqlx::FromRow)]
+struct Current {
+    sku: String,
+    product: String,
+    variant: Option<String>,
+    title: String,
+    stock: i64,
+    per_buyer_limit: Option<i32>,
+    low_stock_threshold: i32,
+}
+
+/// A change of `field` of `sku` (or of the drop, without a SKU).
+fn change(
+    what: &str,
+    sku: Option<&str>,
+    field: Option<&str>,
+    from: Option<String>,
+    to: Option<String>,
+) -> Change {
+    Change {
+        what: what.into(),
+        sku: sku.map(str::to_owned),
+        field: field.map(str::to_owned),
+        from,
+        to,
+    }
+}
+
+/// Imports `sheet` (checked by [`check`]; `lines` as there): all of it in one
+/// PostgreSQL transaction, then the live counters (new ones warmed, stock
+/// changes applied, schedule and limits set). A failure after the commit is an
+/// error; importing again converges.
+pub async fn import(
+    engine: &Engine,
+    pg: &PgPool,
+    sheet: &DropSheet,
+    lines: &[u64],
+    options: ImportOptions<'_>,
+) -> Result<ImportOutcome, EngineError> {
+    let schedule = match check(sheet, lines) {
+        Ok(s) => s,
+        Err(problems) => return Ok(ImportOutcome::Refused(problems)),
+    };
+    let code = sheet.code.as_str();
+    let skus: Vec<String> = sheet.skus.iter().map(|s| s.sku.clone()).collect();
+    let mut tx = pg.begin().await?;
+    // One import of a drop at a time; the rows read below are locked too.
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('holdfast:drop:' || $1, 0))")
+        .bind(code)
+        .execute(&mut *tx)
+        .await?;
+    type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let drop: Option<DropRow> =
+        sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1 FOR UPDATE")
+            .bind(code)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let current: Vec<Current> = sqlx::query_as(
+        "SELECT sku, product, variant, title, coalesce(stock_declared, on_hand + sold_recorded) AS stock,
+                per_buyer_limit, low_stock_threshold
+           FROM skus WHERE sku = ANY($1) ORDER BY sku FOR UPDATE",
+    )
+    .bind(&skus)
+    .fetch_all(&mut *tx)
+    .await?;
+    let current: std::collections::HashMap<&str, &Current> =
+        current.iter().map(|c| (c.sku.as_str(), c)).collect();
+    let members: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT sku, position FROM drop_skus WHERE drop_code = $1 ORDER BY position, sku",
+    )
+    .bind(code)
+    .fetch_all(&mut *tx)
+    .await?;
+
+    if schedule.starts_at.is_some() || schedule.ends_at.is_some() {
+        let mut all = skus.clone();
+        all.extend(members.iter().map(|(s, _)| s.clone()));
+        if let Some(why) = shared_with_scheduled(&mut *tx, code, &all).await? {
+            let at = Locate {
+                lines,
+                first_line: lines.first().copied(),
+            };
+            return Ok(ImportOutcome::Refused(vec![at.drop_field(
+                "starts_at",
+                "starts_at",
+                why,
+            )]));
+        }
+    }
+
+    let mut changes = Vec::new();
+    let name = match (&drop, sheet.name.trim()) {
+        (None, "") => code.to_owned(),
+        (Some((old, _, _)), "") => old.clone(),
+        (_, given) => given.to_owned(),
+    };
+    match &drop {
+        None => changes.push(change("create_drop", None, None, None, Some(name.clone()))),
+        Some((old, _, _)) if *old != name => changes.push(change(
+            "drop_field",
+            None,
+            Some("name"),
+            Some(old.clone()),
+            Some(name.clone()),
+        )),
+        Some(_) => {}
+    }
+    let (old_start, old_end) = drop.as_ref().map_or((None, None), |d| (d.1, d.2));
+    for (field, old, new) in [
+        ("starts_at", old_start, schedule.starts_at),
+        ("ends_at", old_end, schedule.ends_at),
+    ] {
+        if old != new {
+            changes.push(change(
+                "drop_field",
+                None,
+                Some(field),
+                shown(old),
+                shown(new),
+            ));
+        }
+    }
+    let member_position: std::collections::HashMap<&str, i32> =
+        members.iter().map(|(s, p)| (s.as_str(), *p)).collect();
+    let mut stock_moves: Vec<(String, i64)> = Vec::new();
+    let mut reordered = false;
+    for (i, s) in sheet.skus.iter().enumerate() {
+        let sku = s.sku.as_str();
+        let title = s.title_or_default();
+        let threshold = s.low_stock_threshold.unwrap_or(DEFAULT_LOW_STOCK_THRESHOLD);
+        let Some(old) = current.get(sku) else {
+            changes.push(change(
+                "add_sku",
+                Some(sku),
+                None,
+                None,
+                Some(s.stock.to_string()),
+            ));
+            continue;
+        };
+        match member_position.get(sku) {
+            None => changes.push(change("join_drop", Some(sku), None, None, None)),
+            Some(p) if *p != i as i32 => reordered = true,
+            Some(_) => {}
+        }
+        let variant = s.variant.clone().filter(|v| !v.trim().is_empty());
+        let num = |v: Option<i32>| v.map(|n| n.to_string());
+        for (field, from, to) in [
+            (
+                "product",
+                Some(old.product.clone()),
+                Some(s.product.trim().to_owned()),
+            ),
+            ("variant", old.variant.clone(), variant),
+            ("title", Some(old.title.clone()), Some(title)),
+            (
+                "per_buyer_limit",
+                num(old.per_buyer_limit),
+                num(s.per_buyer_limit),
+            ),
+            (
+                "low_stock_threshold",
+                Some(old.low_stock_threshold.to_string()),
+                Some(threshold.to_string()),
+            ),
+        ] {
+            if from != to {
+                changes.push(change("sku_field", Some(sku), Some(field), from, to));
+            }
+        }
+        if old.stock != s.stock {
+            changes.push(change(
+                "stock",
+                Some(sku),
+                None,
+                Some(old.stock.to_string()),
+                Some(s.stock.to_string()),
+            ));
+            stock_moves.push((sku.to_owned(), s.stock - old.stock));
+        }
+    }
+    if reordered {
+        changes.push(change("drop_field", None, Some("order"), None, None));
+    }
+    let listed: std::collections::HashSet<&str> = skus.iter().map(String::as_str).collect();
+    let not_in_file: Vec<String> = members
+        .iter()
+        .filter(|(s, _)| !listed.contains(s.as_str()))
+        .map(|(s, _)| s.clone())
+        .collect();
+    let mut report = ImportReport {
+        code: code.to_owned(),
+        dry_run: options.dry_run,
+        changes,
+        not_in_file,
+        stock_changes_applied: 0,
+        counters_warmed: 0,
+    };
+    if options.dry_run || report.changes.is_empty() {
+        tx.rollback().await?;
+        if !options.dry_run {
+            // Nothing to write; what an earlier import left pending still goes.
+            finish(engine, pg, code, &skus, &mut report).await?;
+        }
+        return Ok(ImportOutcome::Done(report));
+    }
+
+    sqlx::query(
+        "INSERT INTO drops (code, name, starts_at, ends_at) VALUES ($1, $2, $3, $4)
+         ON CONFLICT (code) DO UPDATE SET name = $2, starts_at = $3, ends_at = $4",
+    )
+    .bind(code)
+    .bind(&name)
+    .bind(schedule.starts_at)
+    .bind(schedule.ends_at)
+    .execute(&mut *tx)
+    .await?;
+    write_skus(&mut tx, &sheet.skus).await?;
+    sqlx::query(
+        "INSERT INTO drop_skus (drop_code, sku, position)
+         SELECT $1, t.sku, t.position FROM UNNEST($2::text[], $3::int[]) AS t(sku, position)
+         ON CONFLICT (drop_code, sku) DO UPDATE SET position = excluded.position
+          WHERE drop_skus.position <> excluded.position",
+    )
+    .bind(code)
+    .bind(&skus)
+    .bind((0..skus.len() as i32).collect::<Vec<i32>>())
+    .execute(&mut *tx)
+    .await?;
+    if !stock_moves.is_empty() {
+        let (sku, delta): (Vec<String>, Vec<i64>) = stock_moves.into_iter().unzip();
+        let ids: Vec<String> = sku
+            .iter()
+            .map(|_| format!("{SOURCE}:{}", uuid::Uuid::new_v4()))
+            .collect();
+        sqlx::query(
+            "INSERT INTO stock_changes (event_id, sku, delta, actor, reason)
+             SELECT t.id, t.sku, t.delta, $4, $5
+               FROM UNNEST($1::text[], $2::text[], $3::bigint[]) AS t(id, sku, delta)",
+        )
+        .bind(&ids)
+        .bind(&sku)
+        .bind(&delta)
+        .bind(options.actor)
+        .bind(options.reason)
+        .execute(&mut *tx)
+        .await?;
+    }
+    crate::audit::record(
+        &mut *tx,
+        options.actor,
+        "import_drop",
+        code,
+        serde_json::json!({
+            "reason": options.reason,
+            "changes": report.changes.len(),
+            "skus": skus.len(),
+            "first_changes": report.changes.iter().take(50).map(|c| c.to_string()).collect::<Vec<_>>(),
+        }),
+    )
+    .await?;
+    tx.commit().await?;
+    finish(engine, pg, code, &skus, &mut report).await?;
+    Ok(ImportOutcome::Done(report))
+}
+
+/// Writes the file's SKUs (new ones with their stock on hand; existing ones'
+/// descriptive fields and declared stock, never their on-hand count).
+async fn write_skus(tx: &mut sqlx::PgConnection, skus: &[SheetSku]) -> Result<(), EngineError> {
+    let col = |f: &dyn Fn(&SheetSku) -> String| skus.iter().map(f).collect::<Vec<String>>();
+    let variants: Vec<Option<String>> = skus
+        .iter()
+        .map(|s| s.variant.clone().filter(|v| !v.trim().is_empty()))
+        .collect();
+    sqlx::query(
+        "INSERT INTO skus (sku, product, variant, title, on_hand, stock_declared, per_buyer_limit, low_stock_threshold)
+         SELECT t.sku, t.product, t.variant, t.title, t.stock, t.stock, t.lim, t.low
+           FROM UNNEST($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::int[], $7::int[])
+                AS t(sku, product, variant, title, stock, lim, low)
+         ON CONFLICT (sku) DO UPDATE
+            SET product = excluded.product, variant = excluded.variant, title = excluded.title,
+                stock_declared = excluded.stock_declared, per_buyer_limit = excluded.per_buyer_limit,
+                low_stock_threshold = excluded.low_stock_threshold, updated_at = now()
+          WHERE (skus.product, skus.variant, skus.title, skus.stock_declared, skus.per_buyer_limit,
+                 skus.low_stock_threshold)
+                IS DISTINCT FROM (excluded.product, excluded.variant, excluded.title,
+                 excluded.stock_declared, excluded.per_buyer_limit, excluded.low_stock_threshold)",
+    )
+    .bind(col(&|s| s.sku.clone()))
+    .bind(col(&|s| s.product.trim().to_owned()))
+    .bind(variants)
+    .bind(col(&|s| s.title_or_default()))
+    .bind(skus.iter().map(|s| s.stock).collect::<Vec<i64>>())
+    .bind(skus.iter().map(|s| s.per_buyer_limit).collect::<Vec<Option<i32>>>())
+    .bind(
+        skus.iter()
+            .map(|s| s.low_stock_threshold.unwrap_or(DEFAULT_LOW_STOCK_THRESHOLD))
+            .collect::<Vec<i32>>(),
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The live side of an import, after its commit: counters for SKUs that have
+/// none, pending stock changes, and the drop's schedule and limits.
+async fn finish(
+    engine: &Engine,
+    pg: &PgPool,
+    code: &str,
+    skus: &[String],
+    report: &mut ImportReport,
+) -> Result<(), EngineError> {
+    report.counters_warmed = warm_list(engine, pg, skus).await?.warmed;
+    report.stock_changes_applied = apply_pending_stock(engine, pg).await?;
+    push_settings(engine, pg, code).await?;
+    Ok(())
+}
+
+/// Applies every pending stock change to its live counter (once: `delta.lua`'s
+/// event guard and the ledger both know an applied one) and marks it applied;
+/// returns how many moved a counter now. A SKU without a counter is warmed
+/// first (from PostgreSQL, which does not count the change yet).
+pub async fn apply_pending_stock(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError> {
+    let pending: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT c.event_id, c.sku, c.delta FROM stock_changes c
+          WHERE c.applied_at IS NULL ORDER BY c.created_at, c.event_id LIMIT 10000",
+    )
+    .fetch_all(pg)
+    .await?;
+    let mut applied = 0;
+    for (event_id, sku, delta) in pending {
+        let recorded: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM ledger WHERE source = $1 AND event_id = $2)",
+        )
+        .bind(SOURCE)
+        .bind(&event_id)
+        .fetch_one(pg)
+        .await?;
+        if !recorded {
+            let mut outcome = engine.apply_delta(&sku, delta, SOURCE, &event_id).await?;
+            if outcome == DeltaOutcome::NotWarmed {
+                warm_list(engine, pg, std::slice::from_ref(&sku)).await?;
+                outcome = engine.apply_delta(&sku, delta, SOURCE, &event_id).await?;
+            }
+            match outcome {
+                DeltaOutcome::Applied { .. } => applied += 1,
+                DeltaOutcome::Duplicate => {}
+                // Not in PostgreSQL either: nothing can hold it yet; kept pending.
+                DeltaOutcome::NotWarmed => continue,
+            }
+        }
+        sqlx::query("UPDATE stock_changes SET applied_at = now() WHERE event_id = $1")
+            .bind(&event_id)
+            .execute(pg)
+            .await?;
+    }
+    Ok(applied)
+}
+
+/// Drop `code` as a file; `None` when there is no such drop.
+pub async fn export(pg: &PgPool, code: &str) -> Result<Option<DropSheet>, EngineError> {
+    type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let drop: Option<DropRow> =
+        sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1")
+            .bind(code)
+            .fetch_optional(pg)
+            .await?;
+    let Some((name, starts_at, ends_at)) = drop else {
+        return Ok(None);
+    };
+    let rows: Vec<Current> = sqlx::query_as(
+        "SELECT s.sku, s.product, s.variant, s.title,
+                coalesce(s.stock_declared, s.on_hand + s.sold_recorded) AS stock,
+                s.per_buyer_limit, s.low_stock_threshold
+           FROM drop_skus d JOIN skus s ON s.sku = d.sku
+          WHERE d.drop_code = $1 ORDER BY d.position, s.sku",
+    )
+    .bind(code)
+    .fetch_all(pg)
+    .await?;
+    Ok(Some(DropSheet {
+        code: code.to_owned(),
+        name,
+        starts_at: shown(starts_at),
+        ends_at: shown(ends_at),
+        skus: rows
+            .into_iter()
+            .map(|r| SheetSku {
+                sku: r.sku,
+                product: r.product,
+                variant: r.variant,
+                title: Some(r.title),
+                stock: r.stock,
+                per_buyer_limit: r.per_buyer_limit,
+                low_stock_threshold: Some(r.low_stock_threshold),
+            })
+            .collect(),
+    }))
+}

@@ -1,0 +1,453 @@
+//! A drop as a file: imported all or nothing (refused by line and column),
+//! previewed by a dry run, exported and imported back unchanged, stock changes
+//! applied once through the feed's delta path under open holds and recorded in
+//! the ledger, and a change cut short by a Redis outage applied afterwards.
+
+use std::sync::Arc;
+
+use holdfast_domain::sheet::{DropSheet, ImportReport};
+use holdfast_domain::{ConfirmOutcome, ReserveOutcome, ReserveRequest};
+use holdfast_engine::drop_file::{self, Format, ImportOptions, ImportOutcome};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+use holdfast_engine::testkit::{TestRedis, backends};
+use holdfast_engine::verify::{VerifyOptions, verify};
+use holdfast_engine::{Backends, Engine};
+use sqlx::PgPool;
+
+const SPRING: &str = "\
+drop,drop_name,sku,product,variant,stock,per_buyer_limit,low_stock_threshold
+spring,Spring Drop,SP-1,Rain Jacket,Red / M,10,2,3
+spring,Spring Drop,SP-2,\"Scarf, wool\",,5,,
+";
+
+fn options(dry_run: bool) -> ImportOptions<'static> {
+    ImportOptions {
+        actor: "test",
+        reason: "test import",
+        dry_run,
+    }
+}
+
+async fn import_text(b: &Backends, text: &str, format: Format, dry_run: bool) -> ImportOutcome {
+    let (sheet, lines) = match drop_file::parse(text, format) {
+        Ok(read) => read,
+        Err(problems) => return ImportOutcome::Refused(problems),
+    };
+    drop_file::import(&b.engine, &b.pg, &sheet, &lines, options(dry_run))
+        .await
+        .unwrap()
+}
+
+async fn imported(b: &Backends, text: &str) -> ImportReport {
+    match import_text(b, text, Format::Csv, false).await {
+        ImportOutcome::Done(report) => report,
+        ImportOutcome::Refused(p) => panic!("refused: {p:?}"),
+    }
+}
+
+fn kinds(report: &ImportReport) -> Vec<String> {
+    report
+        .changes
+        .iter()
+        .map(|c| format!("{}:{}", c.what, c.sku.clone().unwrap_or_default()))
+        .collect()
+}
+
+async fn available(engine: &Engine, sku: &str) -> i64 {
+    engine.figures(sku).await.unwrap().unwrap().available
+}
+
+async fn export(b: &Backends) -> DropSheet {
+    drop_file::export(&b.pg, "spring").await.unwrap().unwrap()
+}
+
+async fn drain(b: &Backends, redis: &TestRedis) {
+    let mut w = WriteBehind::new(
+        b.engine.clone(),
+        b.pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig::default(),
+        Arc::new(WriteBehindStats::default()),
+    );
+    w.ensure_groups().await.unwrap();
+    for _ in 0..200 {
+        w.run_once().await.unwrap();
+        if b.engine.write_behind_lag().await.unwrap().entries == 0 {
+            return;
+        }
+    }
+    panic!("write-behind did not drain");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_csv_creates_a_drop_that_sells_and_comes_back_unchanged(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+
+    let preview = match import_text(&b, SPRING, Format::Csv, true).await {
+        ImportOutcome::Done(r) => r,
+        other => panic!("{other:?}"),
+    };
+    assert!(preview.dry_run);
+    assert_eq!(
+        kinds(&preview),
+        ["create_drop:", "add_sku:SP-1", "add_sku:SP-2"]
+    );
+    assert!(drop_file::export(&b.pg, "spring").await.unwrap().is_none());
+    assert!(b.engine.figures("SP-1").await.unwrap().is_none());
+
+    let report = imported(&b, SPRING).await;
+    assert_eq!(kinds(&report), kinds(&preview));
+    assert_eq!(report.counters_warmed, 2);
+    assert_eq!(available(&b.engine, "SP-1").await, 10);
+    assert_eq!(available(&b.engine, "SP-2").await, 5);
+    // The file's per-buyer limit is in the counter.
+    let over = |rid: &str| ReserveRequest::single(rid, "SP-1", 3).for_buyer("ann");
+    assert!(matches!(
+        b.engine.reserve(&over("r1")).await.unwrap(),
+        ReserveOutcome::LimitExceeded { limit: 2, .. }
+    ));
+
+    // Export, then import: nothing changes, in either form.
+    let sheet = export(&b).await;
+    assert_eq!(sheet.name, "Spring Drop");
+    assert_eq!(sheet.skus[1].product, "Scarf, wool");
+    assert_eq!(
+        sheet.skus[0].title.as_deref(),
+        Some("Rain Jacket — Red / M")
+    );
+    for format in [Format::Csv, Format::Json] {
+        let again = match import_text(&b, &drop_file::render(&sheet, format), format, false).await {
+            ImportOutcome::Done(r) => r,
+            other => panic!("{other:?}"),
+        };
+        assert!(again.changes.is_empty(), "{format:?}: {:?}", again.changes);
+    }
+    assert_eq!(export(&b).await, sheet);
+
+    // An edit: one field, one limit, and a SKU left out stays in the drop.
+    let edited = "\
+drop,sku,product,variant,stock,per_buyer_limit,low_stock_threshold
+spring,SP-1,Rain Jacket,Red / M,10,4,3
+";
+    let report = imported(&b, edited).await;
+    assert_eq!(
+        report
+            .changes
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>(),
+        ["SP-1 per_buyer_limit: 2 -> 4"]
+    );
+    assert_eq!(report.not_in_file, ["SP-2"]);
+    // The new limit is live at once.
+    assert!(matches!(
+        b.engine.reserve(&over("r2")).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn stock_changes_under_open_holds_move_on_hand_once_through_the_delta_path(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    // Four held, two of them paid.
+    for (rid, qty) in [("h1", 2), ("h2", 2)] {
+        let req = ReserveRequest::single(rid, "SP-2", qty);
+        assert!(matches!(
+            b.engine.reserve(&req).await.unwrap(),
+            ReserveOutcome::Reserved { .. }
+        ));
+    }
+    assert!(matches!(
+        b.engine.confirm("h1").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    ));
+    assert_eq!(available(&b.engine, "SP-2").await, 1);
+
+    // The same file again, after sales: nothing changes (no units come back).
+    assert!(imported(&b, SPRING).await.changes.is_empty());
+    assert_eq!(available(&b.engine, "SP-2").await, 1);
+
+    // Five more for SP-2, then two fewer: each moves on hand by the difference,
+    // around the open hold.
+    let more = SPRING.replace("\"Scarf, wool\",,5", "\"Scarf, wool\",,10");
+    let report = imported(&b, &more).await;
+    assert_eq!(kinds(&report), ["stock:SP-2"]);
+    assert_eq!(report.stock_changes_applied, 1);
+    assert_eq!(available(&b.engine, "SP-2").await, 6);
+    let fewer = SPRING.replace("\"Scarf, wool\",,5", "\"Scarf, wool\",,8");
+    assert_eq!(imported(&b, &fewer).await.stock_changes_applied, 1);
+    assert_eq!(available(&b.engine, "SP-2").await, 4);
+    assert!(imported(&b, &fewer).await.changes.is_empty());
+    assert_eq!(available(&b.engine, "SP-2").await, 4);
+
+    // Lowering below what was sold and is held: no counter goes negative; the
+    // units held beyond the stock are owed (paid back first by any that return).
+    let none = SPRING.replace("\"Scarf, wool\",,5", "\"Scarf, wool\",,0");
+    imported(&b, &none).await;
+    let f = b.engine.figures("SP-2").await.unwrap().unwrap();
+    assert_eq!(f.available, 0);
+    assert!(f.reserved == 2 && f.owed == 4, "{f:?}");
+
+    // The write-behind records each change in the ledger, once, under its event id.
+    drain(&b, &redis).await;
+    let moves: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT l.kind, l.qty FROM ledger l JOIN stock_changes c ON c.event_id = l.event_id
+          WHERE l.source = 'import' ORDER BY c.created_at",
+    )
+    .fetch_all(&b.pg)
+    .await
+    .unwrap();
+    assert_eq!(
+        moves,
+        [
+            ("receipt".to_owned(), 5),
+            ("adjustment".to_owned(), -2),
+            ("adjustment".to_owned(), -8)
+        ]
+    );
+    let (on_hand, pending): (i64, i64) = sqlx::query_as(
+        "SELECT on_hand, (SELECT count(*) FROM stock_changes WHERE applied_at IS NULL)
+           FROM skus WHERE sku = 'SP-2'",
+    )
+    .fetch_one(&b.pg)
+    .await
+    .unwrap();
+    // 5 given, 2 sold, +5, -2, -8: the drop sold 2 more than it now has.
+    assert_eq!((on_hand, pending), (5 - 2 + 5 - 2 - 8, 0));
+    let report = verify(&b.engine, &b.pg, &VerifyOptions::default())
+        .await
+        .unwrap();
+    assert!(report.passed(), "{report:?}");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_bad_file_is_refused_by_line_and_column_and_changes_nothing(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    let bad = "\
+drop,sku,product,stock,per_buyer_limit,starts_at
+spring,SP-1,Jacket,10,,
+spring,bad sku,Jacket,10,,
+spring,SP-3,,-4,0,
+spring,SP-1,Jacket,1,,tomorrow
+";
+    let ImportOutcome::Refused(problems) = import_text(&b, bad, Format::Csv, false).await else {
+        panic!("a bad file was imported");
+    };
+    let at: Vec<(Option<u64>, &str)> = problems
+        .iter()
+        .map(|p| (p.line, p.column.as_str()))
+        .collect();
+    assert_eq!(
+        at,
+        [
+            (Some(2), "starts_at"),
+            (Some(3), "sku"),
+            (Some(4), "product"),
+            (Some(4), "stock"),
+            (Some(4), "per_buyer_limit"),
+            (Some(5), "sku"),
+        ],
+        "{problems:#?}"
+    );
+    assert!(problems[5].message.contains("line 2"), "{}", problems[5]);
+    // JSON names paths.
+    let json = r#"{"code": "spring", "skus": [{"sku": "OK-1", "product": "P", "stock": 1},
+                   {"sku": "OK-2", "product": "P", "stock": -1}]}"#;
+    let ImportOutcome::Refused(problems) = import_text(&b, json, Format::Json, false).await else {
+        panic!("a bad file was imported");
+    };
+    assert_eq!(problems[0].column, "skus[1].stock");
+    assert_eq!(problems[0].line, None);
+    let drops: i64 = sqlx::query_scalar("SELECT count(*) FROM drops")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(drops, 0);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn an_import_failing_half_way_changes_nothing(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    let before = export(&b).await;
+    // PostgreSQL refuses the third SKU's drop row, after the drop and the
+    // SKUs were written in the same transaction.
+    sqlx::raw_sql(
+        "CREATE FUNCTION refuse_sp3() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN IF NEW.sku = 'SP-3' THEN RAISE EXCEPTION 'refused for the test'; END IF;
+               RETURN NEW; END $$;
+         CREATE TRIGGER refuse_sp3 BEFORE INSERT ON drop_skus
+             FOR EACH ROW EXECUTE FUNCTION refuse_sp3();",
+    )
+    .execute(&b.pg)
+    .await
+    .unwrap();
+    let changed = "\
+drop,drop_name,sku,product,stock
+spring,Renamed,SP-1,Jacket,99
+spring,Renamed,SP-2,Scarf,1
+spring,Renamed,SP-3,Hat,7
+";
+    let (sheet, lines) = drop_file::parse(changed, Format::Csv).unwrap();
+    let failed = drop_file::import(&b.engine, &b.pg, &sheet, &lines, options(false)).await;
+    assert!(failed.is_err(), "{failed:?}");
+    assert_eq!(export(&b).await, before);
+    let (skus, changes): (i64, i64) =
+        sqlx::query_as("SELECT (SELECT count(*) FROM skus), (SELECT count(*) FROM stock_changes)")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!((skus, changes), (2, 0));
+    assert_eq!(available(&b.engine, "SP-1").await, 10);
+    assert!(b.engine.figures("SP-3").await.unwrap().is_none());
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_stock_change_cut_short_by_a_redis_outage_is_applied_afterwards(pg: PgPool) {
+    let mut redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    redis.kill();
+    let more = SPRING.replace("Red / M,10", "Red / M,25");
+    let (sheet, lines) = drop_file::parse(&more, Format::Csv).unwrap();
+    let cut = drop_file::import(&b.engine, &b.pg, &sheet, &lines, options(false)).await;
+    assert!(cut.is_err(), "Redis is down: {cut:?}");
+    // Recorded, pending.
+    let pending: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM stock_changes WHERE applied_at IS NULL")
+            .fetch_one(&b.pg)
+            .await
+            .unwrap();
+    assert_eq!(pending, 1);
+    // Redis comes back empty (it kept nothing): the pending change is applied
+    // over a counter warmed from PostgreSQL, which does not count it yet.
+    redis.restart();
+    let mut applied = Err(None);
+    for _ in 0..50 {
+        match drop_file::apply_pending_stock(&b.engine, &b.pg).await {
+            Ok(n) => {
+                applied = Ok(n);
+                break;
+            }
+            Err(e) => applied = Err(Some(e.to_string())),
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert_eq!(applied, Ok(1));
+    assert_eq!(available(&b.engine, "SP-1").await, 25);
+    assert_eq!(
+        drop_file::apply_pending_stock(&b.engine, &b.pg)
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(available(&b.engine, "SP-1").await, 25);
+    // And the file, sent again, changes nothing.
+    assert!(imported(&b, &more).await.changes.is_empty());
+    drain(&b, &redis).await;
+    let on_hand: i64 = sqlx::query_scalar("SELECT on_hand FROM skus WHERE sku = 'SP-1'")
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+    assert_eq!(on_hand, 25);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_file_schedule_is_live_at_once(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    let mut sheet = export(&b).await;
+    sheet.starts_at = Some(later.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    let text = drop_file::render(&sheet, Format::Json);
+    let ImportOutcome::Done(report) = import_text(&b, &text, Format::Json, false).await else {
+        panic!("refused");
+    };
+    assert_eq!(kinds(&report), ["drop_field:"]);
+    let req = ReserveRequest::single("early", "SP-2", 1);
+    assert!(matches!(
+        b.engine.reserve(&req).await.unwrap(),
+        ReserveOutcome::NotStarted { .. }
+    ));
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn arming_warms_and_fixes_the_counters_and_says_what_is_not_ready(pg: PgPool) {
+    use holdfast_engine::arm::{self, ArmOptions};
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    // A counter lost, another's limit changed by hand.
+    let mut conn = redis.connection().await;
+    let keys = b.engine.keyspace();
+    redis::cmd("DEL")
+        .arg(keys.sku("SP-2"))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    redis::cmd("HSET")
+        .arg(keys.sku("SP-1"))
+        .arg("limit")
+        .arg(0)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let line = |r: &holdfast_domain::readiness::Readiness, name: &str| {
+        r.lines
+            .iter()
+            .find(|l| l.name == name)
+            .unwrap_or_else(|| panic!("no line {name}: {r:?}"))
+            .clone()
+    };
+    let before = arm::readiness(&b.engine, &b.pg, "spring")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(!before.ready());
+    let warmed = line(&before, "counters warmed");
+    assert!(!warmed.ok && warmed.finding.contains("SP-2"), "{warmed:?}");
+    let settings = line(&before, "schedule and limits in the counters");
+    assert!(
+        !settings.ok && settings.finding.contains("SP-1"),
+        "{settings:?}"
+    );
+    // Reading changed nothing.
+    assert!(b.engine.figures("SP-2").await.unwrap().is_none());
+
+    drain(&b, &redis).await;
+    let armed = arm::arm(&b.engine, &b.pg, "spring", ArmOptions { pause_feeds: true })
+        .await
+        .unwrap()
+        .unwrap();
+    drain(&b, &redis).await;
+    let after = arm::readiness(&b.engine, &b.pg, "spring")
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(after.ready(), "{after:#?}\narmed: {armed:#?}");
+    assert!(
+        armed
+            .armed
+            .iter()
+            .any(|a| a.contains("paused the feeds lane"))
+    );
+    assert!(line(&after, "feeds lane").finding.starts_with("paused"));
+    assert_eq!(available(&b.engine, "SP-2").await, 5);
+    let over = ReserveRequest::single("r-arm", "SP-1", 3).for_buyer("ann");
+    assert!(matches!(
+        b.engine.reserve(&over).await.unwrap(),
+        ReserveOutcome::LimitExceeded { limit: 2, .. }
+    ));
+    assert!(
+        arm::readiness(&b.engine, &b.pg, "nope")
+            .await
+            .unwrap()
+            .is_none()
+    );
+}

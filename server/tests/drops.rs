@@ -1,0 +1,160 @@
+//! `PUT|GET /api/v1/drops/{code}` through HTTP: its own scope, JSON and CSV
+//! bodies, a dry run, refusals by line and column, a body bigger than a
+//! checkout call's limit, and the imported drop selling through the checkout API.
+
+mod common;
+
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::tokens::{self, Scope};
+use reqwest::Client;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+async fn token(pool: &PgPool, name: &str, scopes: &[Scope]) -> String {
+    tokens::create(pool, name, scopes).await.unwrap().secret
+}
+
+/// `PUT url` with `body` as JSON: the status and the JSON answer.
+async fn put(http: &Client, url: &str, token: &str, body: &Value) -> (u16, Value) {
+    let res = http
+        .put(url)
+        .bearer_auth(token)
+        .json(body)
+        .send()
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    (status, res.json().await.unwrap_or(Value::Null))
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_pim_pushes_a_drop_that_then_sells(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = common::spawn(common::backends(pool.clone(), &redis.url()).await).await;
+    let http = Client::new();
+    let catalog = token(&pool, "pim", &[Scope::Catalog]).await;
+    let checkout = token(&pool, "shop", &[Scope::Checkout]).await;
+    let url = server.url("/api/v1/drops/autumn");
+    let drop = json!({
+        "name": "Autumn",
+        "skus": [
+            {"sku": "AU-1", "product": "Coat", "variant": "S", "stock": 3, "per_buyer_limit": 1},
+            {"sku": "AU-2", "product": "Hat", "stock": 0}
+        ]
+    });
+
+    // Only the catalog scope may push.
+    let res = http
+        .put(&url)
+        .bearer_auth(&checkout)
+        .json(&drop)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 403);
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["code"], "forbidden");
+
+    // A dry run answers the changes and changes nothing.
+    let (status, preview) = put(&http, &format!("{url}?dry_run=true"), &catalog, &drop).await;
+    assert_eq!(status, 200);
+    assert_eq!(preview["dry_run"], true);
+    assert_eq!(preview["changes"].as_array().unwrap().len(), 3, "{preview}");
+    let res = http.get(&url).bearer_auth(&catalog).send().await.unwrap();
+    assert_eq!(res.status(), 404);
+
+    let res = http
+        .put(&url)
+        .bearer_auth(&catalog)
+        .json(&drop)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let report: Value = res.json().await.unwrap();
+    assert_eq!(report["changes"], preview["changes"]);
+    assert_eq!(report["counters_warmed"], 2);
+    // Sent again: nothing changes.
+    let res = http
+        .put(&url)
+        .bearer_auth(&catalog)
+        .json(&drop)
+        .send()
+        .await
+        .unwrap();
+    let again: Value = res.json().await.unwrap();
+    assert_eq!(again["changes"], json!([]), "{again}");
+
+    // It sells through the checkout API, limit and all.
+    let reserve = |key: &str, qty: i64| {
+        http.post(server.url("/api/v1/reservations"))
+            .bearer_auth(&checkout)
+            .header("Idempotency-Key", key)
+            .json(&json!({"sku": "AU-1", "qty": qty, "buyer": "bo"}))
+            .send()
+    };
+    assert_eq!(reserve("k1", 2).await.unwrap().status(), 409);
+    assert_eq!(reserve("k2", 1).await.unwrap().status(), 201);
+
+    // Read back: what PUT takes back unchanged, in CSV too.
+    let res = http.get(&url).bearer_auth(&catalog).send().await.unwrap();
+    let sheet: Value = res.json().await.unwrap();
+    assert_eq!(sheet["skus"][0]["title"], "Coat — S");
+    let csv = holdfast_domain::sheet::to_csv(&serde_json::from_value(sheet).unwrap());
+    let res = http
+        .put(&url)
+        .bearer_auth(&catalog)
+        .header("Content-Type", "text/csv")
+        .body(csv.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let same: Value = res.json().await.unwrap();
+    assert_eq!(same["changes"], json!([]), "{same}");
+
+    // A CSV with a bad row: 422 naming line and column, nothing changed.
+    let bad = csv.replace("AU-2,Hat,,Hat,0", "AU-2,Hat,,Hat,lots");
+    assert_ne!(bad, csv);
+    let res = http
+        .put(&url)
+        .bearer_auth(&catalog)
+        .header("Content-Type", "text/csv")
+        .body(bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 422);
+    let err: Value = res.json().await.unwrap();
+    assert_eq!(err["code"], "invalid");
+    assert_eq!(err["problems"][0]["line"], 3, "{err}");
+    assert_eq!(err["problems"][0]["column"], "stock");
+
+    // The body's drop must be the path's.
+    let other = json!({"code": "winter", "skus": drop["skus"]});
+    let res = http
+        .put(&url)
+        .bearer_auth(&catalog)
+        .json(&other)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 422);
+
+    // A drop of 2,000 SKUs (about 150 KiB, far over a checkout call's 16 KiB limit).
+    let many: Vec<Value> = (0..2_000)
+        .map(|i| json!({"sku": format!("BIG-{i:04}"), "product": "Sticker", "stock": 10}))
+        .collect();
+    let big_drop = json!({"name": "Big", "skus": many});
+    let (status, big) = put(&http, &server.url("/api/v1/drops/big"), &catalog, &big_drop).await;
+    assert_eq!(status, 200);
+    assert_eq!(big["counters_warmed"], 2_000);
+
+    // Who did it is in the audit log.
+    let actors: Vec<String> =
+        sqlx::query_scalar("SELECT actor FROM audit_log WHERE action = 'import_drop' ORDER BY id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(actors, ["token:pim", "token:pim"]);
+}
