@@ -46,8 +46,9 @@ pub enum Command {
     /// List, take and force-release locks.
     #[command(subcommand)]
     Lock(LockCommand),
-    /// Show and change a drop's schedule (its start and end, to the second and
-    /// by Redis' clock on every server).
+    /// Drops: import and export them as files (CSV, JSON), schedule their start
+    /// and end (to the second, by Redis' clock on every server), arm them and
+    /// check their readiness.
     #[command(subcommand)]
     Drop(DropCommand),
     /// Rehearse a drop: simulated shoppers through the HTTP API of a running
@@ -231,6 +232,16 @@ pub enum DropCommand {
     Ready {
         /// The drop's code.
         code: String,
+    },
+    /// Print a drop's report: per SKU units sold, holds taken and how they ended
+    /// (confirmed, released by shoppers or by support, expired, open), late
+    /// payments, shortfalls, the busiest second and the time to sell out.
+    Report {
+        /// The drop's code.
+        code: String,
+        /// Print CSV instead of a table.
+        #[arg(long)]
+        csv: bool,
     },
     /// Print a drop as a file that `drop import` takes back unchanged.
     Export {

@@ -129,6 +129,19 @@ pub async fn command(global: &GlobalArgs, cmd: DropCommand) -> anyhow::Result<()
             };
             print_readiness(&report)
         }
+        DropCommand::Report { code, csv } => {
+            let pg =
+                holdfast_engine::postgres::connect_and_migrate(&global.database_url, 2).await?;
+            let Some(report) = holdfast_engine::report::drop_report(&pg, &code).await? else {
+                anyhow::bail!("no drop has the code '{code}'");
+            };
+            if csv {
+                print!("{}", report.to_csv());
+            } else {
+                print_report(&report);
+            }
+            Ok(())
+        }
         DropCommand::Show { code } => {
             let pg =
                 holdfast_engine::postgres::connect_and_migrate(&global.database_url, 2).await?;
@@ -224,6 +237,52 @@ fn refused(file: &str, problems: &[holdfast_domain::sheet::Problem]) -> anyhow::
         eprintln!("  {p}");
     }
     Err(Exit(2).into())
+}
+
+/// Prints a drop's report as a table.
+fn print_report(report: &holdfast_domain::report::DropReport) {
+    println!(
+        "drop {} ({}): starts {}, ends {}",
+        report.code,
+        report.name,
+        report.starts_at.as_deref().unwrap_or("none"),
+        report.ends_at.as_deref().unwrap_or("none")
+    );
+    println!(
+        "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>10}",
+        "sku",
+        "stock",
+        "sold",
+        "holds",
+        "confirmed",
+        "released",
+        "support",
+        "expired",
+        "open",
+        "late",
+        "shortfall",
+        "peak/s",
+        "sold out"
+    );
+    for s in &report.skus {
+        println!(
+            "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>10}",
+            s.sku,
+            s.stock,
+            s.units_sold,
+            s.holds,
+            s.confirmed,
+            s.released_by_shoppers,
+            s.released_by_support,
+            s.expired,
+            s.open,
+            s.late_payments,
+            s.shortfalls,
+            s.peak_holds_per_second,
+            s.sold_out_after_secs
+                .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} s"))
+        );
+    }
 }
 
 /// Prints a drop's readiness as a table; exits 1 when it is not ready.

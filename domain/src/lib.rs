@@ -12,6 +12,7 @@
 //! - [`error`]: the codes every refusal is answered with, with status and retry hint.
 //! - [`lane`]: the ingestion lanes webhooks are queued on.
 //! - [`readiness`]: whether a drop is ready to open (armed).
+//! - [`report`]: a drop's report: sales, speed and how holds ended, per SKU.
 //! - [`sheet`]: a drop as a file (CSV or JSON), and what importing one changes.
 //! - [`stock`]: the conservation rule over live counters, and stock states.
 //! - [`text`]: numbers as people read them.
@@ -23,6 +24,7 @@ pub mod error;
 pub mod lane;
 pub mod model;
 pub mod readiness;
+pub mod report;
 pub mod sheet;
 pub mod stock;
 pub mod text;

@@ -197,7 +197,7 @@ pub enum ImportOutcome {
 }
 
 /// A CSV cell as a writer puts it: quoted when it holds a comma, quote or line break.
-fn csv_cell(value: &str) -> String {
+pub(crate) fn csv_cell(value: &str) -> String {
     if value.contains([',', '"', '\n', '\r']) {
         format!("\"{}\"", value.replace('"', "\"\""))
     } else {

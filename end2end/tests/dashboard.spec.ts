@@ -231,6 +231,10 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await page.getByRole('button', { name: 'Edit it above' }).click();
   await page.getByRole('button', { name: 'Import' }).click();
   await expect(page.locator('[data-outcome="imported"]')).toContainText('nothing to change');
+  // Its report lists every SKU.
+  await page.getByLabel('Drop to report on').fill('e2e-spring');
+  await page.getByRole('button', { name: 'Show report' }).click();
+  await expect(page.locator('table.report tr[data-sku]')).toHaveCount(2);
   await page.screenshot({ path: 'output/drops.png', fullPage: true });
   // A merchandiser cannot release holds.
   await page.goto('/sku/E2E-1');

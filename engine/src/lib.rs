@@ -72,6 +72,7 @@
 //! - [`postgres`], [`redis_conn`]: connecting to PostgreSQL and Redis, with start-up checks.
 //! - [`catalog`]: SKUs and drops as PostgreSQL records them.
 //! - [`arm`]: arming a drop before its start, and its readiness.
+//! - [`report`]: a drop's report, from PostgreSQL alone.
 //! - [`drop_file`]: a drop as a file (CSV, JSON): import, checked and all or nothing, and export.
 //! - [`checkout`], [`idempotency`]: the API's rules: reservation ids from
 //!   idempotency keys, late payments, stored answers to retried requests.
@@ -107,6 +108,7 @@ pub mod reconcile;
 pub mod record;
 pub mod remediation;
 mod reply;
+pub mod report;
 pub mod schedule;
 pub mod scripts;
 pub mod stock;

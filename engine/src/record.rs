@@ -434,7 +434,8 @@ impl WriteBehind {
 
 /// What a batch records besides orders and the ledger: new holds (who and what,
 /// for support should Redis lose them), snapshot versions (restored by warm-up),
-/// and sales of units a feed had removed (oversells to remediate).
+/// how holds ended (for reports), and sales of units a feed had removed
+/// (oversells to remediate).
 #[derive(Default)]
 struct SideRows {
     hold_rid: Vec<String>,
@@ -448,6 +449,10 @@ struct SideRows {
     oversold_reason: Vec<String>,
     late_rid: Vec<String>,
     late_state: Vec<String>,
+    end_rid: Vec<String>,
+    end_sku: Vec<String>,
+    end_state: Vec<&'static str>,
+    end_at: Vec<chrono::DateTime<chrono::Utc>>,
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -525,6 +530,17 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                 side.late_state
                     .push(e.state.clone().unwrap_or_else(|| "expired".into()));
             }
+            EventKind::Confirmed | EventKind::Released | EventKind::Expired => {
+                side.end_rid
+                    .push(e.reservation_id.clone().unwrap_or_default());
+                side.end_sku.push(e.sku.clone());
+                side.end_state.push(match e.kind {
+                    EventKind::Confirmed => "confirmed",
+                    EventKind::Released => "released",
+                    _ => "expired",
+                });
+                side.end_at.push(at);
+            }
             EventKind::Snapshot if e.version.is_some() => {
                 side.version_sku.push(e.sku.clone());
                 side.version.push(e.version.unwrap_or(-1));
@@ -570,7 +586,8 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
     (orders, ledger, side)
 }
 
-/// Records new holds, raises snapshot versions and opens oversell remediations.
+/// Records new holds and how holds ended, raises snapshot versions and opens
+/// oversell remediations.
 async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(), EngineError> {
     if !side.hold_rid.is_empty() {
         sqlx::query(
@@ -583,6 +600,21 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
         .bind(&side.hold_qty)
         .bind(&side.hold_buyer)
         .bind(&side.hold_at)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if !side.end_rid.is_empty() {
+        // After the inserts above: a hold made and ended in one batch ends too.
+        sqlx::query(
+            "UPDATE holds h SET ended_at = t.at, end_state = t.state
+               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[])
+                    AS t(rid, sku, state, at)
+              WHERE h.reservation_id = t.rid AND h.sku = t.sku AND h.ended_at IS NULL",
+        )
+        .bind(&side.end_rid)
+        .bind(&side.end_sku)
+        .bind(&side.end_state)
+        .bind(&side.end_at)
         .execute(&mut *tx)
         .await?;
     }

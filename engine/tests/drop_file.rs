@@ -451,3 +451,95 @@ async fn arming_warms_and_fixes_the_counters_and_says_what_is_not_ready(pg: PgPo
             .is_none()
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_report_counts_sales_and_how_every_hold_ended(pg: PgPool) {
+    use holdfast_domain::HoldState;
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, &SPRING.replace("Red / M,10", "Red / M,4")).await;
+    let hold = |rid: &str, qty: i64, ttl: Option<u64>| {
+        let mut req = ReserveRequest::single(rid, "SP-1", qty).for_buyer(format!("buyer-{rid}"));
+        req.ttl_ms = ttl;
+        req
+    };
+    for (rid, qty, ttl) in [("h1", 2, None), ("h2", 1, None), ("h3", 1, Some(1_000))] {
+        let outcome = b.engine.reserve(&hold(rid, qty, ttl)).await.unwrap();
+        assert!(
+            matches!(outcome, ReserveOutcome::Reserved { .. }),
+            "{rid}: {outcome:?}"
+        );
+    }
+    b.engine.confirm("h1").await.unwrap();
+    // Support releases h2 (the dashboard writes the audit entry it is counted by).
+    b.engine.release("h2").await.unwrap();
+    holdfast_engine::audit::record(
+        &b.pg,
+        "support",
+        "release_hold",
+        "h2",
+        serde_json::json!({}),
+    )
+    .await
+    .unwrap();
+    // h3 expires, and its payment arrives late.
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    b.engine.reap_once(100).await.unwrap();
+    b.engine
+        .note_late_payment("h3", HoldState::Expired)
+        .await
+        .unwrap();
+    // The last two units.
+    assert!(matches!(
+        b.engine.reserve(&hold("h4", 2, None)).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    b.engine.confirm("h4").await.unwrap();
+    drain(&b, &redis).await;
+
+    let report = holdfast_engine::report::drop_report(&b.pg, "spring")
+        .await
+        .unwrap()
+        .unwrap();
+    let sp1 = &report.skus[0];
+    assert_eq!(sp1.sku, "SP-1");
+    assert_eq!(
+        (sp1.stock, sp1.units_sold, sp1.holds, sp1.confirmed),
+        (4, 4, 4, 2)
+    );
+    assert_eq!(
+        (
+            sp1.released_by_shoppers,
+            sp1.released_by_support,
+            sp1.expired,
+            sp1.open,
+            sp1.late_payments
+        ),
+        (0, 1, 1, 0, 1),
+        "{sp1:?}"
+    );
+    assert!(sp1.sold_out_after_secs.is_some_and(|s| s >= 0.0), "{sp1:?}");
+    assert!(sp1.peak_holds_per_second >= 1);
+    // SP-2 sold nothing: zeros, not missing.
+    assert_eq!(
+        (report.skus[1].holds, report.skus[1].sold_out_after_secs),
+        (0, None)
+    );
+    // The CSV says the same, and matches the ledger.
+    let csv = report.to_csv();
+    assert!(csv.starts_with("sku,title,stock,units_sold,"), "{csv}");
+    assert!(
+        csv.lines()
+            .nth(1)
+            .unwrap()
+            .starts_with("SP-1,Rain Jacket — Red / M,4,4,4,2,0,1,1,0,1,"),
+        "{csv}"
+    );
+    let ledger: i64 = sqlx::query_scalar(
+        "SELECT coalesce(-sum(qty), 0)::bigint FROM ledger WHERE sku = 'SP-1' AND kind = 'sale'",
+    )
+    .fetch_one(&b.pg)
+    .await
+    .unwrap();
+    assert_eq!(ledger, sp1.units_sold);
+}

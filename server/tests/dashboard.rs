@@ -37,6 +37,7 @@ fn body(path: &str) -> &'static str {
         "/api/import_drop" => "text=drop%2Csku&format=csv&dry_run=true&reason=test",
         "/api/export_drop" => "code=winter-launch&format=csv",
         "/api/drop_readiness" => "code=winter-launch",
+        "/api/drop_report" => "code=winter-launch",
         "/api/arm_drop" => "code=winter-launch&pause_feeds=false",
         "/api/create_user" => "username=newbie&role=viewer",
         "/api/set_user_role" => "username=viewer&role=viewer",

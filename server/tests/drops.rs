@@ -150,6 +150,39 @@ async fn a_pim_pushes_a_drop_that_then_sells(pool: PgPool) {
     assert_eq!(status, 200);
     assert_eq!(big["counters_warmed"], 2_000);
 
+    // The report: JSON, and CSV for a spreadsheet.
+    let res = http
+        .get(format!("{url}/report"))
+        .bearer_auth(&catalog)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let report: Value = res.json().await.unwrap();
+    assert_eq!(report["skus"].as_array().unwrap().len(), 2, "{report}");
+    assert_eq!(report["skus"][0]["stock"], 3);
+    let res = http
+        .get(format!("{url}/report?format=csv"))
+        .bearer_auth(&catalog)
+        .send()
+        .await
+        .unwrap();
+    assert!(
+        res.headers()["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/csv")
+    );
+    let text = res.text().await.unwrap();
+    assert!(text.starts_with("sku,title,stock,units_sold,"), "{text}");
+    let res = http
+        .get(server.url("/api/v1/drops/nope/report"))
+        .bearer_auth(&catalog)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 404);
+
     // Who did it is in the audit log.
     let actors: Vec<String> =
         sqlx::query_scalar("SELECT actor FROM audit_log WHERE action = 'import_drop' ORDER BY id")

@@ -37,6 +37,7 @@ async fn every_documented_operation_is_served(pool: PgPool) {
         operations,
         vec![
             "GET /api/v1/drops/{code}",
+            "GET /api/v1/drops/{code}/report",
             "GET /api/v1/reservations/{id}",
             "GET /api/v1/stock",
             "GET /api/v1/stock/{sku}",

@@ -1,9 +1,10 @@
 //! Drops from the dashboard: import a drop file with a preview, export one,
-//! arm a drop and check its readiness, through the engine's rules.
+//! arm a drop and check its readiness, read its report, through the engine's rules.
 
 use leptos::prelude::*;
 
 use holdfast_domain::readiness::Readiness;
+use holdfast_domain::report::DropReport;
 use holdfast_domain::sheet::ImportOutcome;
 
 /// Imports a drop file's `text` (`format`: csv or json) as its author
@@ -108,4 +109,18 @@ pub async fn arm_drop(code: String, pause_feeds: bool) -> Result<Readiness, Serv
     )
     .await;
     Ok(report)
+}
+
+/// Drop `code`'s report: per SKU, what sold and how every hold ended.
+#[server(endpoint = "drop_report")]
+pub async fn load_drop_report(code: String) -> Result<DropReport, ServerFnError> {
+    use holdfast_domain::Permission;
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::View).await?;
+    holdfast_engine::report::drop_report(&caller.backends.pg, code.trim())
+        .await
+        .map_err(guard::internal("Reading the report"))?
+        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))
 }

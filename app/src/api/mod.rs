@@ -53,6 +53,7 @@ pub const GUARDED: &[(&str, holdfast_domain::Permission)] = {
         ("/api/export_drop", EditDrops),
         ("/api/drop_readiness", View),
         ("/api/arm_drop", EditDrops),
+        ("/api/drop_report", View),
         ("/api/list_users", ManageAccess),
         ("/api/create_user", ManageAccess),
         ("/api/set_user_role", ManageAccess),

@@ -4,7 +4,7 @@
 
 use leptos::prelude::*;
 
-use crate::api::drops::{ArmDrop, DropReadiness, ExportDrop, ImportDrop};
+use crate::api::drops::{ArmDrop, DropReadiness, ExportDrop, ImportDrop, LoadDropReport};
 use crate::components::error_text;
 use holdfast_domain::readiness::Readiness;
 use holdfast_domain::sheet::{CSV_COLUMNS, ImportOutcome};
@@ -83,6 +83,7 @@ pub fn DropsPage() -> impl IntoView {
                 Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
             })}
             <ArmPanel/>
+            <ReportPanel/>
             <h2>"Export a drop"</h2>
             <div class="controls">
                 <label>"Drop code "
@@ -159,6 +160,60 @@ fn ArmPanel() -> impl IntoView {
                             }).collect_view()}</tbody>
                         </table></div>
                     </div>
+                }.into_any()
+            }
+            Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
+        })}
+    }
+}
+
+/// A drop's report: per SKU, what sold and how every hold ended; CSV to copy.
+#[component]
+fn ReportPanel() -> impl IntoView {
+    let code = RwSignal::new(String::new());
+    let load = ServerAction::<LoadDropReport>::new();
+    view! {
+        <h2>"Report"</h2>
+        <div class="controls">
+            <label>"Drop to report on "
+                <input type="text" name="report_code" placeholder="winter-launch"
+                    on:input:target=move |ev| code.set(ev.target().value())/>
+            </label>
+            <button type="button" disabled=move || load.pending().get() on:click=move |_| {
+                load.dispatch(LoadDropReport { code: code.get_untracked() });
+            }>"Show report"</button>
+        </div>
+        {move || load.value().get().map(|answer| match answer {
+            Ok(report) => {
+                let csv = report.to_csv();
+                view! {
+                    <p class="muted">{format!(
+                        "{} ({}): starts {}, ends {}. From PostgreSQL: holds appear once written behind.",
+                        report.name, report.code,
+                        report.starts_at.clone().unwrap_or_else(|| "at once".into()),
+                        report.ends_at.clone().unwrap_or_else(|| "never".into())
+                    )}</p>
+                    <div class="table-wrap"><table class="report">
+                        <thead><tr>
+                            <th scope="col">"SKU"</th><th scope="col">"Stock"</th><th scope="col">"Sold"</th>
+                            <th scope="col">"Holds"</th><th scope="col">"Confirmed"</th><th scope="col">"Released"</th>
+                            <th scope="col">"By support"</th><th scope="col">"Expired"</th><th scope="col">"Open"</th>
+                            <th scope="col">"Late payments"</th><th scope="col">"Shortfalls"</th>
+                            <th scope="col">"Peak holds/s"</th><th scope="col">"Sold out after"</th>
+                        </tr></thead>
+                        <tbody>{report.skus.into_iter().map(|s| { let sku = s.sku.clone(); view! {
+                            <tr data-sku=sku>
+                                <td class="sku">{s.sku}</td><td>{s.stock}</td><td data-field="units_sold">{s.units_sold}</td>
+                                <td>{s.holds}</td><td>{s.confirmed}</td><td>{s.released_by_shoppers}</td>
+                                <td>{s.released_by_support}</td><td>{s.expired}</td><td>{s.open}</td>
+                                <td>{s.late_payments}</td><td>{s.shortfalls}</td><td>{s.peak_holds_per_second}</td>
+                                <td>{s.sold_out_after_secs.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} s"))}</td>
+                            </tr>
+                        }}).collect_view()}</tbody>
+                    </table></div>
+                    <label>"CSV"
+                        <textarea class="mono" rows="4" readonly=true prop:value=csv></textarea>
+                    </label>
                 }.into_any()
             }
             Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),

@@ -8,6 +8,7 @@ use axum::body::Bytes;
 use axum::extract::{Path, Query, State};
 use axum::http::HeaderMap;
 use holdfast_app::dto::api::ErrorBody;
+use holdfast_domain::report::DropReport;
 use holdfast_domain::sheet::{DropSheet, ImportReport, Problem};
 use holdfast_domain::{ErrorCode, Scope};
 use holdfast_engine::drop_file::{self, Format, ImportOptions, ImportOutcome};
@@ -113,6 +114,51 @@ pub async fn put(
             ))
         }
     }
+}
+
+/// Query of `GET /api/v1/drops/{code}/report`.
+#[derive(Debug, Deserialize)]
+pub struct ReportQuery {
+    /// `csv` for CSV; JSON otherwise.
+    pub format: Option<String>,
+}
+
+/// `GET /api/v1/drops/{code}/report`: per SKU, what sold and how every hold ended.
+#[utoipa::path(
+    get, path = "/api/v1/drops/{code}/report", tag = "drops",
+    params(
+        ("code" = String, Path, description = "The drop's code"),
+        ("format" = Option<String>, Query, description = "`csv` for CSV (text/csv); JSON otherwise"),
+    ),
+    responses(
+        (status = 200, description = "The report", body = DropReport),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "The token has neither the catalog nor the read scope", body = ErrorBody),
+        (status = 404, description = "No such drop", body = ErrorBody),
+    ),
+    security(("token" = []))
+)]
+pub async fn report(
+    State(state): State<ApiState>,
+    caller: Caller,
+    Path(code): Path<String>,
+    Query(q): Query<ReportQuery>,
+) -> Result<axum::response::Response, ApiError> {
+    use axum::response::IntoResponse;
+    if !caller.0.allows(Scope::Read) {
+        caller.require(Scope::Catalog)?;
+    }
+    let report = holdfast_engine::report::drop_report(&state.backends.pg, &code)
+        .await?
+        .ok_or_else(|| ApiError::not_found(format!("no drop has the code '{code}'")))?;
+    Ok(match q.format.as_deref() {
+        Some("csv") => (
+            [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
+            report.to_csv(),
+        )
+            .into_response(),
+        _ => Json(report).into_response(),
+    })
 }
 
 /// `GET /api/v1/drops/{code}`: the drop as `PUT` takes it back unchanged.

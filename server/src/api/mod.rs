@@ -87,6 +87,7 @@ where
             // A whole drop is a bigger body than any checkout call.
             OpenApiRouter::<S>::new()
                 .routes(routes!(drops::put, drops::get))
+                .routes(routes!(drops::report))
                 .layer(DefaultBodyLimit::max(drops::BODY_LIMIT)),
         )
         .split_for_parts()
