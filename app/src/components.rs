@@ -49,6 +49,29 @@ pub fn me() -> Me {
     })
 }
 
+/// Where a drop is in its schedule, ticking: "Starts in 1h 02m", "Open for
+/// 3m 12s", "Ended 5m 00s ago" (by this browser's clock; Redis decides the
+/// real instant).
+#[component]
+pub fn DropClock(
+    /// When the drop opens, Unix ms.
+    starts_at_ms: Option<i64>,
+    /// When it closes, Unix ms.
+    ends_at_ms: Option<i64>,
+) -> impl IntoView {
+    let live = expect_context::<Live>();
+    let text = move || {
+        let now = live.now_ms.get();
+        match (starts_at_ms, ends_at_ms) {
+            (_, Some(end)) if now >= end => format!("Ended {} ago", duration(now - end)),
+            (Some(start), _) if now < start => format!("Starts in {}", duration(start - now)),
+            (Some(start), _) => format!("Open for {}", duration(now - start)),
+            (None, _) => "Open (no start set)".to_owned(),
+        }
+    };
+    view! { <p class="drop-clock" data-clock="drop">{text}</p> }
+}
+
 /// A success or error line for the last result of an action.
 #[component]
 pub fn Outcome(

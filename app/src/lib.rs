@@ -82,6 +82,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/reserve") view=|| view! { <Authed need=Permission::Operate><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/wall") view=|| view! { <Authed><pages::wall::WallPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/drops") view=|| view! { <Authed need=Permission::EditDrops><pages::drops::DropsPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=|| view! { <Authed need=Permission::Operate><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/admin") view=|| view! { <Authed need=Permission::ManageAccess><pages::admin::AdminPage/></Authed> } ssr=SsrMode::Async/>
@@ -136,6 +137,9 @@ pub fn Authed(
 #[component]
 fn TopBar() -> impl IntoView {
     let me = expect_context::<MeResource>().0;
+    // The wall view is for a screen on the wall: no navigation.
+    let location = leptos_router::hooks::use_location();
+    let on_wall = move || location.pathname.get().starts_with("/wall");
     let logout = ServerAction::<Logout>::new();
     Effect::new(move |_| {
         if logout.value().get().is_some() {
@@ -144,7 +148,7 @@ fn TopBar() -> impl IntoView {
         }
     });
     view! {
-        <header class="topbar">
+        <header class="topbar" style:display=move || if on_wall() { "none" } else { "" }>
             <a class="brand" href="/">"Holdfast"</a>
             <Transition fallback=|| ()>
                 {move || Suspend::new(async move {

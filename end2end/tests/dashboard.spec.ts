@@ -242,6 +242,20 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await expect(page.getByRole('button', { name: /Release/ })).toHaveCount(0);
 });
 
+test('the wall view shows a drop large, without navigation, and follows a sale live', async ({ page, request }) => {
+  await signIn(page, 'viewer');
+  await page.goto('/wall?drop=winter-launch');
+  await live(page);
+  await expect(page.getByRole('heading', { level: 1 })).toHaveText('Winter Launch Drop');
+  await expect(page.locator('.topbar')).toBeHidden();
+  await expect(page.locator('[data-clock="drop"]')).toContainText(/Open|Starts in|Ended/);
+  const available = page.locator('.wall-sku[data-sku="DROP-004"] [data-field="available"]');
+  const before = number(await available.textContent());
+  await reserve(request, 'wall-1', 'DROP-004', 1);
+  await expect(available).toHaveText(String(before - 1), { timeout: 2000 });
+  await page.screenshot({ path: 'output/wall.png', fullPage: true });
+});
+
 test('every other page renders for an admin', async ({ page }) => {
   await signIn(page, 'admin');
   for (const [path, heading] of [

@@ -44,7 +44,13 @@ pub async fn load_drop_overview(
         .collect();
     let names: Vec<String> = skus.iter().map(|s| s.sku.clone()).collect();
     let figures = convert::figures_of(b, &names).await.map_err(&internal)?;
+    let schedule = holdfast_engine::schedule::drop_schedule(&b.pg, &drop.code)
+        .await
+        .map_err(&internal)?
+        .unwrap_or_default();
     Ok(Some(DropOverview {
+        starts_at_ms: schedule.starts_at.map(|t| t.timestamp_millis()),
+        ends_at_ms: schedule.ends_at.map(|t| t.timestamp_millis()),
         code: drop.code,
         name: drop.name,
         skus,

@@ -32,6 +32,12 @@ pub struct DropOverview {
     pub figures: Vec<live::SkuLive>,
     /// Every drop, newest first, as `(code, name)`, for switching.
     pub drops: Vec<(String, String)>,
+    /// When the drop opens, Unix ms (`None`: no start set).
+    #[serde(default)]
+    pub starts_at_ms: Option<i64>,
+    /// When it closes, Unix ms (`None`: never).
+    #[serde(default)]
+    pub ends_at_ms: Option<i64>,
 }
 
 pub mod api;

@@ -11,3 +11,4 @@ pub mod overview;
 pub mod reservations;
 pub mod reserve;
 pub mod sku;
+pub mod wall;

@@ -7,7 +7,7 @@ use leptos::prelude::*;
 use leptos_router::hooks::use_query_map;
 
 use crate::api::overview::load_drop_overview;
-use crate::components::{Sparkline, error_text, thousands};
+use crate::components::{DropClock, Sparkline, error_text, thousands};
 use crate::dto::live::SkuLive;
 use crate::dto::{DropOverview, SkuSummary};
 use crate::live::Live;
@@ -94,10 +94,13 @@ fn DropView(drop: DropOverview) -> impl IntoView {
             </form>
         }
     });
+    let wall = format!("/wall?drop={}", drop.code);
     view! {
         <div class="page-head">
             <h1>{drop.name}</h1>
             {switcher}
+            <DropClock starts_at_ms=drop.starts_at_ms ends_at_ms=drop.ends_at_ms/>
+            <a class="wall-link" href=wall>"Wall view"</a>
         </div>
         <div class="tiles" aria-label="Drop totals">
             <div class="tile"><span class="label">"Available"</span><span class="value" data-total="available">{move || thousands(totals.get().0)}</span></div>
