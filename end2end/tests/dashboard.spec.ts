@@ -200,7 +200,9 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
     'e2e-spring,Spring E2E,E2E-1,Rain Jacket,Red / M,4,1',
     'e2e-spring,Spring E2E,E2E-2,Scarf,,many,',
   ].join('\n');
-  await page.getByLabel('File contents').fill(csv);
+  // An uploaded file lands in the box, ready to preview.
+  await page.getByLabel('Upload a file').setInputFiles({ name: 'spring.csv', mimeType: 'text/csv', buffer: Buffer.from(csv) });
+  await expect(page.getByLabel('File contents')).toHaveValue(csv);
   await page.getByRole('button', { name: 'Preview' }).click();
   const refused = page.locator('[data-outcome="refused"]');
   await expect(refused).toContainText('line 3, column stock');

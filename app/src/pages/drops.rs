@@ -35,9 +35,18 @@ pub fn DropsPage() -> impl IntoView {
                 "Preview first: nothing is written until you import, and then all of the file or none of it. \
                  A SKU's stock is the units the drop is given: a change moves stock on hand by the difference."
             </p>
+            <label>"Upload a file "
+                <input type="file" name="file" accept=".csv,.json,text/csv,application/json"
+                    on:change:target=move |ev| {
+                        #[cfg(feature = "hydrate")]
+                        read_file(&ev.target(), text, format);
+                        #[cfg(not(feature = "hydrate"))]
+                        let _ = ev;
+                    }/>
+            </label>
             <label>"Form "
-                <select name="format" on:change:target=move |ev| format.set(ev.target().value())>
-                    <option value="csv" selected=true>"CSV"</option>
+                <select name="format" prop:value=move || format.get() on:change:target=move |ev| format.set(ev.target().value())>
+                    <option value="csv">"CSV"</option>
                     <option value="json">"JSON"</option>
                 </select>
             </label>
@@ -107,6 +116,36 @@ pub fn DropsPage() -> impl IntoView {
             })}
         </section>
     }
+}
+
+/// Reads the file chosen in `input` into `text` (in the browser), and sets
+/// `format` from its name.
+#[cfg(feature = "hydrate")]
+fn read_file(input: &web_sys::HtmlInputElement, text: RwSignal<String>, format: RwSignal<String>) {
+    use wasm_bindgen::JsCast;
+    use wasm_bindgen::closure::Closure;
+    let Some(file) = input.files().and_then(|f| f.get(0)) else {
+        return;
+    };
+    let name = file.name().to_lowercase();
+    if name.ends_with(".json") {
+        format.set("json".to_owned());
+    } else if name.ends_with(".csv") {
+        format.set("csv".to_owned());
+    }
+    let Ok(reader) = web_sys::FileReader::new() else {
+        return;
+    };
+    let done = reader.clone();
+    let onload = Closure::<dyn FnMut()>::new(move || {
+        if let Some(contents) = done.result().ok().and_then(|v| v.as_string()) {
+            text.set(contents);
+        }
+    });
+    reader.set_onload(Some(onload.as_ref().unchecked_ref()));
+    // The reader calls it once; the closure lives as long as the page.
+    onload.forget();
+    let _ = reader.read_as_text(&file);
 }
 
 /// Arming a drop before its start, and its readiness.
