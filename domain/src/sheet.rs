@@ -299,8 +299,18 @@ fn records(text: &str) -> Result<Vec<(u64, Vec<String>)>, Problem> {
 /// checked later, so every problem of the file can be reported at once. Along
 /// with the sheet come the lines its SKUs were on, for those later problems.
 pub fn parse_csv(text: &str) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
+    match parse_csv_partly(text)? {
+        (sheet, lines, problems) if problems.is_empty() => Ok((sheet, lines)),
+        (_, _, problems) => Err(problems),
+    }
+}
+
+/// [`parse_csv`], keeping what it could read of a file with bad cells (a cell
+/// that is not a number reads as blank) beside the problems, so the rest of the
+/// file can still be checked; `Err` when not even the header could be read.
+pub fn parse_csv_partly(text: &str) -> Result<(DropSheet, Vec<u64>, Vec<Problem>), Vec<Problem>> {
     let rows = records(text).map_err(|p| vec![p])?;
-    let Some(((_, header), body)) = rows.split_first() else {
+    let Some(((header_line, header), body)) = rows.split_first() else {
         return Err(vec![Problem {
             line: Some(1),
             column: String::new(),
@@ -315,7 +325,7 @@ pub fn parse_csv(text: &str) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
     for (i, name) in names.iter().enumerate() {
         if !CSV_COLUMNS.contains(&name.as_str()) {
             problems.push(Problem {
-                line: Some(1),
+                line: Some(*header_line),
                 column: name.clone(),
                 message: format!(
                     "unknown column '{name}': the columns are {}",
@@ -324,7 +334,7 @@ pub fn parse_csv(text: &str) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
             });
         } else if names[..i].contains(name) {
             problems.push(Problem {
-                line: Some(1),
+                line: Some(*header_line),
                 column: name.clone(),
                 message: "this column is given twice".into(),
             });
@@ -333,7 +343,7 @@ pub fn parse_csv(text: &str) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
     for needed in REQUIRED_COLUMNS {
         if !names.iter().any(|n| n == needed) {
             problems.push(Problem {
-                line: Some(1),
+                line: Some(*header_line),
                 column: needed.into(),
                 message: "this column is required".into(),
             });
@@ -455,11 +465,7 @@ pub fn parse_csv(text: &str) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
         });
         lines.push(line);
     }
-    if problems.is_empty() {
-        Ok((sheet, lines))
-    } else {
-        Err(problems)
-    }
+    Ok((sheet, lines, problems))
 }
 
 #[cfg(test)]

@@ -60,6 +60,10 @@ pub async fn arm(
         );
     }
     let warm = warm_list(engine, pg, &skus).await?;
+    let moved = crate::drop_file::apply_pending_stock(engine, pg).await?;
+    if moved > 0 {
+        done.push(format!("applied {moved} waiting stock change(s)"));
+    }
     done.push(format!(
         "warmed {} counter(s) ({} already there)",
         warm.warmed, warm.existing
@@ -205,6 +209,21 @@ async fn check(
         Err(e) => (false, e.to_string()),
     };
     r.line("Redis eviction policy", ok, finding);
+
+    let (waiting, oldest_ms) =
+        crate::drop_file::pending_stock(pg, Some(skus), std::time::Duration::from_secs(2)).await?;
+    r.line(
+        "stock changes applied",
+        waiting == 0,
+        if waiting == 0 {
+            "every stock change from the drop's files is in the ledger".to_owned()
+        } else {
+            format!(
+                "{waiting} stock change(s) wait, the oldest {} s: arm the drop to apply them (is Redis taking writes?)",
+                oldest_ms / 1000
+            )
+        },
+    );
 
     let lag = engine.write_behind_lag().await?;
     r.line(

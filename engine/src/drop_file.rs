@@ -9,9 +9,11 @@
 //! is recorded with the import's transaction as a pending stock change and then
 //! applied to the live counter by `delta.lua` (source `import`), the path a
 //! feed's delta takes, so open holds, owed units and the ledger stay right. The
-//! write-behind records it in the ledger under the change's event id. A change
-//! cut short after the commit (Redis down, the process killed) is applied by
-//! the next import or server start ([`apply_pending_stock`]).
+//! write-behind records it in the ledger under the change's event id, and only
+//! then is it marked applied. A change cut short after the commit (Redis down
+//! or losing its data, the process killed) is applied by the servers' stock
+//! changes worker within seconds, or by the next import ([`apply_pending_stock`]);
+//! until then `holdfast verify` and a drop's readiness show it as waiting.
 
 use chrono::{DateTime, SecondsFormat, Utc};
 pub use holdfast_domain::sheet::ImportOutcome;
@@ -28,6 +30,13 @@ use crate::warmup::warm_list;
 
 /// The ledger source of stock changes made by imports.
 pub const SOURCE: &str = "import";
+
+/// Most units a file may give one SKU: far beyond any drop, and well inside what
+/// Redis' Lua (whose numbers are doubles) counts exactly.
+pub const MAX_STOCK: i64 = 1_000_000_000_000;
+
+/// Why text holding a NUL character is refused.
+const NUL: &str = "holds a NUL character, which cannot be stored";
 
 /// The two forms a drop file takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,8 +74,26 @@ impl Format {
 /// JSON, whose problems name paths), or every problem found reading it.
 pub fn parse(text: &str, format: Format) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
     match format {
-        Format::Csv => holdfast_domain::sheet::parse_csv(text),
-        Format::Json => serde_json::from_str::<DropSheet>(text)
+        Format::Csv => {
+            let (sheet, lines, mut problems) = holdfast_domain::sheet::parse_csv_partly(text)?;
+            if problems.is_empty() {
+                return Ok((sheet, lines));
+            }
+            // The rest of the file's problems too, each place once.
+            if let Err(more) = check(&sheet, &lines) {
+                for p in more {
+                    if !problems
+                        .iter()
+                        .any(|q| q.line == p.line && q.column == p.column)
+                    {
+                        problems.push(p);
+                    }
+                }
+            }
+            problems.sort_by_key(|p| p.line);
+            Err(problems)
+        }
+        Format::Json => serde_json::from_str::<DropSheet>(text.trim_start_matches('\u{feff}'))
             .map(|sheet| (sheet, Vec::new()))
             .map_err(|e| {
                 vec![Problem {
@@ -147,9 +174,10 @@ fn instant(value: &Option<String>) -> Result<Option<DateTime<Utc>>, String> {
     }
 }
 
-/// A time as files and reports show it.
+/// A time as files and reports show it: to the second, or finer when it was
+/// given finer (so an export imported back is the same instant).
 fn shown(at: Option<DateTime<Utc>>) -> Option<String> {
-    at.map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true))
+    at.map(|t| t.to_rfc3339_opts(SecondsFormat::AutoSi, true))
 }
 
 /// Every problem with `sheet`'s values (`lines`: each SKU's CSV line, empty for
@@ -173,6 +201,9 @@ pub fn check(sheet: &DropSheet, lines: &[u64]) -> Result<DropSchedule, Vec<Probl
     if sheet.name.chars().count() > 200 {
         problems.push(at.drop_field("drop_name", "name", "at most 200 characters".into()));
     }
+    if sheet.name.contains('\0') {
+        problems.push(at.drop_field("drop_name", "name", NUL.into()));
+    }
     let mut schedule = DropSchedule::default();
     match instant(&sheet.starts_at) {
         Ok(t) => schedule.starts_at = t,
@@ -183,7 +214,16 @@ pub fn check(sheet: &DropSheet, lines: &[u64]) -> Result<DropSchedule, Vec<Probl
         Err(m) => problems.push(at.drop_field("ends_at", "ends_at", m)),
     }
     if let Some(why) = schedule.problem() {
-        problems.push(at.drop_field("ends_at", "ends_at", why.into()));
+        // Name the bound at fault: the start before 1970, else the end.
+        let field = if schedule
+            .starts_at
+            .is_some_and(|t| t.timestamp_millis() <= 0)
+        {
+            "starts_at"
+        } else {
+            "ends_at"
+        };
+        problems.push(at.drop_field(field, field, why.into()));
     }
     if sheet.skus.is_empty() {
         problems.push(at.drop_field("sku", "skus", "a drop needs at least one SKU".into()));
@@ -222,14 +262,34 @@ pub fn check(sheet: &DropSheet, lines: &[u64]) -> Result<DropSchedule, Vec<Probl
         {
             bad("variant", "at most 200 characters".into());
         }
-        // A blank title falls back to the product and variant.
-        if s.title.as_deref().is_some_and(|t| t.chars().count() > 200) {
-            bad("title", "at most 200 characters".into());
+        // A blank title falls back to the product and variant, which together
+        // may be too long for one.
+        if s.title_or_default().chars().count() > 200 {
+            let given = s.title.as_deref().is_some_and(|t| !t.trim().is_empty());
+            bad(
+                "title",
+                if given {
+                    "at most 200 characters".into()
+                } else {
+                    "the product and variant make a title over 200 characters: give a shorter title"
+                        .into()
+                },
+            );
         }
-        if s.stock < 0 {
+        for (column, value) in [
+            ("sku", Some(s.sku.as_str())),
+            ("product", Some(s.product.as_str())),
+            ("variant", s.variant.as_deref()),
+            ("title", s.title.as_deref()),
+        ] {
+            if value.is_some_and(|v| v.contains('\0')) {
+                bad(column, NUL.into());
+            }
+        }
+        if !(0..=MAX_STOCK).contains(&s.stock) {
             bad(
                 "stock",
-                "the units the drop is given: a whole number of at least 0".into(),
+                format!("the units the drop is given: a whole number from 0 to {MAX_STOCK}"),
             );
         }
         if s.per_buyer_limit.is_some_and(|n| n < 1) {
@@ -307,11 +367,20 @@ pub async fn import(
     let code = sheet.code.as_str();
     let skus: Vec<String> = sheet.skus.iter().map(|s| s.sku.clone()).collect();
     let mut tx = pg.begin().await?;
-    // One import of a drop at a time; the rows read below are locked too.
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('holdfast:drop:' || $1, 0))")
-        .bind(code)
-        .execute(&mut *tx)
-        .await?;
+    // One import of a drop at a time, and of each SKU at a time (an import of
+    // another drop listing the same SKUs waits: both cannot take one new SKU
+    // as new, nor schedule it in two drops). Locks are taken in one order, so
+    // two imports never wait on each other.
+    let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
+    locks.sort();
+    locks.insert(0, format!("holdfast:drop:{code}"));
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
+           FROM UNNEST($1::text[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
+    )
+    .bind(&locks)
+    .execute(&mut *tx)
+    .await?;
     type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
     let drop: Option<DropRow> =
         sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1 FOR UPDATE")
@@ -319,7 +388,7 @@ pub async fn import(
             .fetch_optional(&mut *tx)
             .await?;
     let current: Vec<Current> = sqlx::query_as(
-        "SELECT sku, product, variant, title, coalesce(stock_declared, on_hand + sold_recorded) AS stock,
+        "SELECT sku, product, variant, title, stock_declared AS stock,
                 per_buyer_limit, low_stock_threshold
            FROM skus WHERE sku = ANY($1) ORDER BY sku FOR UPDATE",
     )
@@ -527,6 +596,29 @@ pub async fn import(
     Ok(ImportOutcome::Done(report))
 }
 
+/// [`import`] run to its end even if the caller stops waiting (an HTTP
+/// request past its deadline, a browser tab closed): a sent file is then wholly
+/// imported or wholly refused, never cut between its commit and the live side.
+pub async fn import_to_the_end(
+    backends: crate::Backends,
+    sheet: DropSheet,
+    lines: Vec<u64>,
+    actor: String,
+    reason: String,
+    dry_run: bool,
+) -> Result<ImportOutcome, EngineError> {
+    tokio::spawn(async move {
+        let options = ImportOptions {
+            actor: &actor,
+            reason: &reason,
+            dry_run,
+        };
+        import(&backends.engine, &backends.pg, &sheet, &lines, options).await
+    })
+    .await
+    .map_err(|e| EngineError::UnexpectedReply(format!("the import stopped: {e}")))?
+}
+
 /// Writes the file's SKUs (new ones with their stock on hand; existing ones'
 /// descriptive fields and declared stock, never their on-hand count).
 async fn write_skus(tx: &mut sqlx::PgConnection, skus: &[SheetSku]) -> Result<(), EngineError> {
@@ -580,45 +672,71 @@ async fn finish(
     Ok(())
 }
 
-/// Applies every pending stock change to its live counter (once: `delta.lua`'s
-/// event guard and the ledger both know an applied one) and marks it applied;
-/// returns how many moved a counter now. A SKU without a counter is warmed
-/// first (from PostgreSQL, which does not count the change yet).
+/// Applies every pending stock change to its live counter and returns how
+/// many moved a counter now. A change stays pending until the ledger has it
+/// (then it is marked applied): applied in Redis but lost with Redis' data
+/// before the write-behind recorded it, it is applied again to the counter
+/// warm-up rebuilt from PostgreSQL, which does not count it; applied and still
+/// in Redis, `delta.lua`'s event guard makes the retry a no-op. A SKU without a
+/// counter is warmed first. One change Redis refuses (a script error) is
+/// logged and skipped, so it cannot hold back the others; Redis unreachable is
+/// an error. The servers run this every few seconds, and after each import.
 pub async fn apply_pending_stock(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError> {
+    sqlx::query(
+        "UPDATE stock_changes c SET applied_at = now()
+          WHERE c.applied_at IS NULL
+            AND EXISTS (SELECT 1 FROM ledger l WHERE l.source = $1 AND l.event_id = c.event_id)",
+    )
+    .bind(SOURCE)
+    .execute(pg)
+    .await?;
     let pending: Vec<(String, String, i64)> = sqlx::query_as(
-        "SELECT c.event_id, c.sku, c.delta FROM stock_changes c
-          WHERE c.applied_at IS NULL ORDER BY c.created_at, c.event_id LIMIT 10000",
+        "SELECT event_id, sku, delta FROM stock_changes
+          WHERE applied_at IS NULL ORDER BY created_at, event_id LIMIT 10000",
     )
     .fetch_all(pg)
     .await?;
     let mut applied = 0;
     for (event_id, sku, delta) in pending {
-        let recorded: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM ledger WHERE source = $1 AND event_id = $2)",
-        )
-        .bind(SOURCE)
-        .bind(&event_id)
-        .fetch_one(pg)
-        .await?;
-        if !recorded {
-            let mut outcome = engine.apply_delta(&sku, delta, SOURCE, &event_id).await?;
-            if outcome == DeltaOutcome::NotWarmed {
+        let apply = || engine.apply_delta(&sku, delta, SOURCE, &event_id);
+        let outcome = match apply().await {
+            Ok(DeltaOutcome::NotWarmed) => {
                 warm_list(engine, pg, std::slice::from_ref(&sku)).await?;
-                outcome = engine.apply_delta(&sku, delta, SOURCE, &event_id).await?;
+                apply().await
             }
-            match outcome {
-                DeltaOutcome::Applied { .. } => applied += 1,
-                DeltaOutcome::Duplicate => {}
-                // Not in PostgreSQL either: nothing can hold it yet; kept pending.
-                DeltaOutcome::NotWarmed => continue,
+            other => other,
+        };
+        match outcome {
+            Ok(DeltaOutcome::Applied { .. }) => applied += 1,
+            // Applied before (the ledger will have it), or a SKU PostgreSQL
+            // no longer knows: left pending, and shown as such.
+            Ok(DeltaOutcome::Duplicate | DeltaOutcome::NotWarmed) => {}
+            Err(e) if e.code() == holdfast_domain::ErrorCode::Unavailable => return Err(e),
+            Err(e) => {
+                tracing::warn!(error = %e, event_id, sku, delta, "a stock change could not be applied; skipped");
             }
         }
-        sqlx::query("UPDATE stock_changes SET applied_at = now() WHERE event_id = $1")
-            .bind(&event_id)
-            .execute(pg)
-            .await?;
     }
     Ok(applied)
+}
+
+/// Stock changes of `skus` (all SKUs when `None`) not yet in the ledger and
+/// older than `older_than`: `(how many, age of the oldest in ms)`.
+pub async fn pending_stock(
+    pg: &PgPool,
+    skus: Option<&[String]>,
+    older_than: std::time::Duration,
+) -> Result<(i64, i64), EngineError> {
+    Ok(sqlx::query_as(
+        "SELECT count(*), coalesce((extract(epoch FROM now() - min(created_at)) * 1000)::bigint, 0)
+           FROM stock_changes
+          WHERE applied_at IS NULL AND ($1::text[] IS NULL OR sku = ANY($1))
+            AND created_at < now() - make_interval(secs => $2)",
+    )
+    .bind(skus)
+    .bind(older_than.as_secs_f64())
+    .fetch_one(pg)
+    .await?)
 }
 
 /// Drop `code` as a file; `None` when there is no such drop.
@@ -634,7 +752,7 @@ pub async fn export(pg: &PgPool, code: &str) -> Result<Option<DropSheet>, Engine
     };
     let rows: Vec<Current> = sqlx::query_as(
         "SELECT s.sku, s.product, s.variant, s.title,
-                coalesce(s.stock_declared, s.on_hand + s.sold_recorded) AS stock,
+                s.stock_declared AS stock,
                 s.per_buyer_limit, s.low_stock_threshold
            FROM drop_skus d JOIN skus s ON s.sku = d.sku
           WHERE d.drop_code = $1 ORDER BY d.position, s.sku",

@@ -73,7 +73,7 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
          run AS (SELECT sku, created_at,
                         sum(qty) OVER (PARTITION BY sku ORDER BY created_at, reservation_id) AS sold
                    FROM h WHERE end_state = 'confirmed'),
-         s AS (SELECT sku, title, coalesce(stock_declared, on_hand + sold_recorded) AS stock
+         s AS (SELECT sku, title, stock_declared AS stock
                  FROM skus WHERE sku IN (SELECT sku FROM d)),
          out AS (SELECT r.sku, min(r.created_at) AS at
                    FROM run r JOIN s ON s.sku = r.sku

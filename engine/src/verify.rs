@@ -15,7 +15,8 @@
 //! 7. no stream was trimmed past what a consumer group still needs;
 //! 8. every oversell has been seen by support (no open `oversold` remediation);
 //! 9. every counter has the drop schedule and per-buyer limit PostgreSQL has
-//!    for its SKU (a half-finished import or reschedule, or another Redis).
+//!    for its SKU (a half-finished import or reschedule, or another Redis);
+//! 10. no stock change from a drop import has waited long for the ledger.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -67,6 +68,10 @@ impl LastVerify {
     }
 }
 
+/// How long an imported stock change may wait for the ledger before the truth
+/// check reports it (the servers apply pending ones every few seconds).
+const STOCK_CHANGE_GRACE: Duration = Duration::from_secs(30);
+
 /// Runs every check over every SKU in PostgreSQL.
 pub async fn verify(
     engine: &Engine,
@@ -78,6 +83,17 @@ pub async fn verify(
     holds_and_due_sets(engine, &mut report).await?;
     ledger_agrees(pg, &mut report).await?;
     streams(engine, options, &mut report).await?;
+    let (waiting, oldest_ms) =
+        crate::drop_file::pending_stock(pg, None, STOCK_CHANGE_GRACE).await?;
+    report.check(
+        "every imported stock change is applied",
+        waiting == 0,
+        format!(
+            "{waiting} stock change(s) from drop imports not yet in the ledger, the oldest {} s \
+             (Redis unreachable or refusing writes? the servers retry every few seconds)",
+            oldest_ms / 1000
+        ),
+    );
     let open: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM remediations WHERE kind = 'oversold' AND status = 'open'",
     )

@@ -203,6 +203,21 @@ impl Workers {
         }
         {
             let backends = backends.clone();
+            tasks.push(supervise(
+                "stock_changes",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = stock_changes_loop(backends.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let backends = backends.clone();
             tasks.push(supervise("housekeeping", rx, restarts, move |rx| {
                 let fut = housekeeping_loop(backends.clone(), stopped(rx));
                 async move {
@@ -354,22 +369,60 @@ where
     })
 }
 
+/// How often stock changes from drop imports that wait are applied again.
+const STOCK_CHANGES_EVERY: Duration = Duration::from_secs(5);
+
+/// Applies the stock changes drop imports left waiting (Redis down or refusing
+/// writes, a process killed, Redis' data lost before the write-behind recorded
+/// them) every [`STOCK_CHANGES_EVERY`], and marks those the ledger has. Every
+/// server runs it; applying twice is harmless (each change's event guard).
+async fn stock_changes_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    periodically(STOCK_CHANGES_EVERY, shutdown, || {
+        let b = backends.clone();
+        async move {
+            match holdfast_engine::drop_file::apply_pending_stock(&b.engine, &b.pg).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(applied = n, "waiting stock changes applied"),
+                Err(e) => {
+                    tracing::warn!(error = %e, "applying waiting stock changes failed; retrying")
+                }
+            }
+        }
+    })
+    .await;
+}
+
 /// How often expired sessions are deleted.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(600);
 
 /// Deletes expired sessions every [`HOUSEKEEPING_EVERY`], so the table holds
 /// only live ones even when nobody signs in or out.
 async fn housekeeping_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    periodically(HOUSEKEEPING_EVERY, shutdown, || {
+        let pg = backends.pg.clone();
+        async move {
+            match holdfast_engine::users::purge_expired_sessions(&pg).await {
+                Ok(0) => {}
+                Ok(n) => tracing::debug!(sessions = n, "expired sessions deleted"),
+                Err(e) => tracing::warn!(error = %e, "deleting expired sessions failed"),
+            }
+        }
+    })
+    .await;
+}
+
+/// Runs `step` now and then every `every`, until `shutdown`.
+async fn periodically<F, Fut>(every: Duration, shutdown: impl Future<Output = ()>, mut step: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = ()>,
+{
     tokio::pin!(shutdown);
     loop {
-        match holdfast_engine::users::purge_expired_sessions(&backends.pg).await {
-            Ok(0) => {}
-            Ok(n) => tracing::debug!(sessions = n, "expired sessions deleted"),
-            Err(e) => tracing::warn!(error = %e, "deleting expired sessions failed"),
-        }
+        step().await;
         tokio::select! {
             () = &mut shutdown => break,
-            () = tokio::time::sleep(HOUSEKEEPING_EVERY) => {}
+            () = tokio::time::sleep(every) => {}
         }
     }
 }

@@ -18,7 +18,7 @@ pub async fn import_drop(
     reason: String,
 ) -> Result<ImportOutcome, ServerFnError> {
     use holdfast_domain::Permission;
-    use holdfast_engine::drop_file::{self, Format, ImportOptions};
+    use holdfast_engine::drop_file::{self, Format};
 
     use crate::server::guard;
 
@@ -33,17 +33,14 @@ pub async fn import_drop(
         "" => "dashboard import",
         given => given,
     };
-    let options = ImportOptions {
-        actor: &caller.user.username,
-        reason,
+    // Runs to its end even if the tab is closed meanwhile.
+    drop_file::import_to_the_end(
+        caller.backends.clone(),
+        sheet,
+        lines,
+        caller.user.username.clone(),
+        reason.to_owned(),
         dry_run,
-    };
-    drop_file::import(
-        &caller.backends.engine,
-        &caller.backends.pg,
-        &sheet,
-        &lines,
-        options,
     )
     .await
     .map_err(guard::internal("Importing the drop"))
@@ -91,6 +88,11 @@ pub async fn arm_drop(code: String, pause_feeds: bool) -> Result<Readiness, Serv
     use crate::server::guard;
 
     let caller = guard::authorize(Permission::EditDrops).await?;
+    if pause_feeds && !caller.user.role.may(Permission::Operate) {
+        return Err(ServerFnError::new(
+            "Pausing the feeds lane is for operators (they resume it too); arm without it, or ask an admin.",
+        ));
+    }
     let code = code.trim().to_owned();
     let report = arm::arm(
         &caller.backends.engine,

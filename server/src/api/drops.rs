@@ -11,7 +11,7 @@ use holdfast_app::dto::api::ErrorBody;
 use holdfast_domain::report::DropReport;
 use holdfast_domain::sheet::{DropSheet, ImportReport, Problem};
 use holdfast_domain::{ErrorCode, Scope};
-use holdfast_engine::drop_file::{self, Format, ImportOptions, ImportOutcome};
+use holdfast_engine::drop_file::{self, Format, ImportOutcome};
 use serde::Deserialize;
 
 use super::ApiState;
@@ -75,7 +75,8 @@ pub async fn put(
     let csv = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
-        .is_some_and(|t| t.to_ascii_lowercase().starts_with("text/csv"));
+        .map(|t| t.to_ascii_lowercase())
+        .is_some_and(|t| t.starts_with("text/csv") || t.starts_with("application/csv"));
     let text = std::str::from_utf8(&body)
         .map_err(|_| ApiError::new(ErrorCode::BadRequest, "the body is not UTF-8 text"))?;
     let format = if csv { Format::Csv } else { Format::Json };
@@ -88,31 +89,24 @@ pub async fn put(
             format!("the body is drop '{}', the path names '{code}'", sheet.code),
         ));
     }
-    let actor = format!("token:{}", caller.0.name);
+    if q.reason.as_deref().is_some_and(|r| r.contains('\0')) {
+        return Err(ApiError::invalid("reason", "holds a NUL character"));
+    }
     let reason = q.reason.unwrap_or_else(|| "PUT /api/v1/drops".to_owned());
-    let dry_run = q.dry_run;
-    let backends = state.backends.clone();
-    // Run to the end even if the answer's deadline passes first: a sent file is
-    // then wholly imported (or wholly refused), and sending it again changes nothing.
-    let work = tokio::spawn(async move {
-        let options = ImportOptions {
-            actor: &actor,
-            reason: &reason,
-            dry_run,
-        };
-        drop_file::import(&backends.engine, &backends.pg, &sheet, &lines, options).await
-    });
-    match work.await {
-        Ok(Ok(ImportOutcome::Done(report))) => Ok(Json(report)),
-        Ok(Ok(ImportOutcome::Refused(problems))) => Err(refused(problems)),
-        Ok(Err(e)) => Err(e.into()),
-        Err(e) => {
-            tracing::error!(error = %e, "a drop import stopped");
-            Err(ApiError::new(
-                ErrorCode::Internal,
-                "something went wrong on our side",
-            ))
-        }
+    // Runs to its end even if the answer's deadline passes first: a sent file
+    // is then wholly imported (or refused), and sending it again changes nothing.
+    match drop_file::import_to_the_end(
+        state.backends.clone(),
+        sheet,
+        lines,
+        format!("token:{}", caller.0.name),
+        reason,
+        q.dry_run,
+    )
+    .await?
+    {
+        ImportOutcome::Done(report) => Ok(Json(report)),
+        ImportOutcome::Refused(problems) => Err(refused(problems)),
     }
 }
 

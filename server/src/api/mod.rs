@@ -146,7 +146,10 @@ async fn rejection_as_json(
         StatusCode::PAYLOAD_TOO_LARGE => {
             return crate::http::error::ApiError::new(
                 ErrorCode::PayloadTooLarge,
-                format!("a request body is at most {max_body} bytes"),
+                format!(
+                    "a request body is at most {max_body} bytes (a drop file for PUT /api/v1/drops: {} MiB)",
+                    drops::BODY_LIMIT / (1024 * 1024)
+                ),
             )
             .into_response();
         }
