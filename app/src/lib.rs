@@ -82,6 +82,7 @@ pub fn App() -> impl IntoView {
                     <Route path=path!("/ingestion") view=|| view! { <Authed><pages::ingestion::IngestionPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/operations") view=|| view! { <Authed><pages::operations::OperationsPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/reserve") view=|| view! { <Authed need=Permission::Operate><pages::reserve::ReservePage/></Authed> } ssr=SsrMode::Async/>
+                    <Route path=path!("/report") view=|| view! { <Authed><pages::report::ReportPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/wall") view=|| view! { <Authed><pages::wall::WallPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/drops") view=|| view! { <Authed need=Permission::EditDrops><pages::drops::DropsPage/></Authed> } ssr=SsrMode::Async/>
                     <Route path=path!("/audit") view=|| view! { <Authed need=Permission::Operate><pages::audit::AuditPage/></Authed> } ssr=SsrMode::Async/>

@@ -237,6 +237,7 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await page.getByLabel('Drop to report on').fill('e2e-spring');
   await page.getByRole('button', { name: 'Show report' }).click();
   await expect(page.locator('table.report tr[data-sku]')).toHaveCount(2);
+  await expect(page.getByRole('link', { name: 'Download CSV' })).toHaveAttribute('download', 'e2e-spring-report.csv');
   await page.screenshot({ path: 'output/drops.png', fullPage: true });
   // A merchandiser cannot release holds.
   await page.goto('/sku/E2E-1');
@@ -244,7 +245,7 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await expect(page.getByRole('button', { name: /Release/ })).toHaveCount(0);
 });
 
-test('the wall view shows a drop large, without navigation, and follows a sale live', async ({ page, request }) => {
+test('the wall view shows a drop large, without navigation, and follows a sale live; the report prints on its own page', async ({ page, request }) => {
   await signIn(page, 'viewer');
   await page.goto('/wall?drop=winter-launch');
   await live(page);
@@ -256,6 +257,11 @@ test('the wall view shows a drop large, without navigation, and follows a sale l
   await reserve(request, 'wall-1', 'DROP-004', 1);
   await expect(available).toHaveText(String(before - 1), { timeout: 2000 });
   await page.screenshot({ path: 'output/wall.png', fullPage: true });
+  // The report has a printable page of its own.
+  await page.goto('/report?drop=winter-launch');
+  await live(page);
+  await expect(page.getByRole('heading', { level: 1 })).toHaveText('Report: Winter Launch Drop');
+  await expect(page.locator('table.report tr[data-sku]')).toHaveCount(6);
 });
 
 test('every other page renders for an admin', async ({ page }) => {

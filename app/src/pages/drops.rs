@@ -6,6 +6,7 @@ use leptos::prelude::*;
 
 use crate::api::drops::{ArmDrop, DropReadiness, ExportDrop, ImportDrop, LoadDropReport};
 use crate::components::error_text;
+use crate::pages::report::ReportView;
 use holdfast_domain::readiness::Readiness;
 use holdfast_domain::sheet::{CSV_COLUMNS, ImportOutcome};
 
@@ -223,38 +224,7 @@ fn ReportPanel() -> impl IntoView {
             }>"Show report"</button>
         </div>
         {move || load.value().get().map(|answer| match answer {
-            Ok(report) => {
-                let csv = report.to_csv();
-                view! {
-                    <p class="muted">{format!(
-                        "{} ({}): starts {}, ends {}. From PostgreSQL: holds appear once written behind.",
-                        report.name, report.code,
-                        report.starts_at.clone().unwrap_or_else(|| "at once".into()),
-                        report.ends_at.clone().unwrap_or_else(|| "never".into())
-                    )}</p>
-                    <div class="table-wrap"><table class="report">
-                        <thead><tr>
-                            <th scope="col">"SKU"</th><th scope="col">"Stock"</th><th scope="col">"Sold"</th>
-                            <th scope="col">"Holds"</th><th scope="col">"Confirmed"</th><th scope="col">"Released"</th>
-                            <th scope="col">"By support"</th><th scope="col">"Expired"</th><th scope="col">"Open"</th>
-                            <th scope="col">"Late payments"</th><th scope="col">"Shortfalls"</th>
-                            <th scope="col">"Peak holds/s"</th><th scope="col">"Sold out after"</th>
-                        </tr></thead>
-                        <tbody>{report.skus.into_iter().map(|s| { let sku = s.sku.clone(); view! {
-                            <tr data-sku=sku>
-                                <td class="sku">{s.sku}</td><td>{s.stock}</td><td data-field="units_sold">{s.units_sold}</td>
-                                <td>{s.holds}</td><td>{s.confirmed}</td><td>{s.released_by_shoppers}</td>
-                                <td>{s.released_by_support}</td><td>{s.expired}</td><td>{s.open}</td>
-                                <td>{s.late_payments}</td><td>{s.shortfalls}</td><td>{s.peak_holds_per_second}</td>
-                                <td>{s.sold_out_after_secs.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} s"))}</td>
-                            </tr>
-                        }}).collect_view()}</tbody>
-                    </table></div>
-                    <label>"CSV"
-                        <textarea class="mono" rows="4" readonly=true prop:value=csv></textarea>
-                    </label>
-                }.into_any()
-            }
+            Ok(report) => view! { <ReportView report/> }.into_any(),
             Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
         })}
     }

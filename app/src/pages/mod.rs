@@ -8,6 +8,7 @@ pub mod locks;
 pub mod login;
 pub mod operations;
 pub mod overview;
+pub mod report;
 pub mod reservations;
 pub mod reserve;
 pub mod sku;
