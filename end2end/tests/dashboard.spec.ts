@@ -245,6 +245,43 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await expect(page.getByRole('button', { name: /Release/ })).toHaveCount(0);
 });
 
+test('a merchandiser creates a drop in the form; problems show next to their fields', async ({ page, request }) => {
+  await signIn(page, 'merchandiser');
+  await page.goto('/drops');
+  await live(page);
+  const form = page.locator('.drop-form');
+  await form.locator('input[name="code"]').fill('e2e-form');
+  await form.locator('input[name="name"]').fill('Form Drop');
+  await page.getByLabel('SKU, row 1').fill('FORM-1');
+  await page.getByLabel('Product, row 1').fill('Beanie');
+  await page.getByLabel('Stock, row 1').fill('-3');
+  await page.getByRole('button', { name: 'Add a SKU' }).click();
+  await page.getByLabel('SKU, row 2').fill('FORM-2');
+  await page.getByLabel('Product, row 2').fill('Gloves');
+  await page.getByLabel('Stock, row 2').fill('8');
+  await page.getByRole('button', { name: 'Save' }).click();
+  await expect(page.locator('[data-form="refused"]')).toBeVisible();
+  await expect(page.locator('[data-problem="skus[0].stock"]')).toContainText('a whole number from 0');
+  await page.getByLabel('Stock, row 1').fill('5');
+  await page.getByRole('button', { name: 'Save' }).click();
+  await expect(page.locator('[data-form="saved"]')).toContainText('Drop e2e-form: saved');
+  const stock = await request.get('/api/v1/stock/FORM-2', { headers: { Authorization: `Bearer ${token}` } });
+  expect((await stock.json()).available).toBe(8);
+  // Loaded back, edited: more stock, saved.
+  await page.reload();
+  await live(page);
+  await page.getByLabel('Drop to edit').fill('e2e-form');
+  await page.getByRole('button', { name: 'Load', exact: true }).click();
+  await expect(page.getByLabel('Stock, row 2')).toHaveValue('8');
+  await page.getByLabel('Stock, row 2').fill('10');
+  await page.getByRole('button', { name: 'Save' }).click();
+  await expect(page.locator('[data-form="saved"]')).toContainText('saved, 1 change(s)');
+  await expect.poll(async () => {
+    const r = await request.get('/api/v1/stock/FORM-2', { headers: { Authorization: `Bearer ${token}` } });
+    return (await r.json()).available;
+  }).toBe(10);
+});
+
 test('the wall view shows a drop large, without navigation, and follows a sale live; the report prints on its own page', async ({ page, request }) => {
   await signIn(page, 'viewer');
   await page.goto('/wall?drop=winter-launch');

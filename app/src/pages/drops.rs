@@ -92,6 +92,7 @@ pub fn DropsPage() -> impl IntoView {
                 }
                 Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
             })}
+            <crate::pages::drop_editor::DropEditor/>
             <ArmPanel/>
             <ReportPanel/>
             <h2>"Export a drop"</h2>

@@ -2,6 +2,7 @@
 
 pub mod admin;
 pub mod audit;
+pub mod drop_editor;
 pub mod drops;
 pub mod ingestion;
 pub mod locks;
