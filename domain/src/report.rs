@@ -52,6 +52,25 @@ pub struct DropReport {
     pub ends_at: Option<String>,
     /// Per SKU, in the drop's order.
     pub skus: Vec<SkuReport>,
+    /// Holds taken and units sold over the drop, in buckets of
+    /// `timeline_bucket_secs` (by when each hold was taken), oldest first;
+    /// buckets without holds are left out.
+    pub timeline: Vec<TimelinePoint>,
+    /// The width of a timeline bucket: 1 s for a drop whose holds span ten
+    /// minutes or less, else 60 s.
+    pub timeline_bucket_secs: i64,
+}
+
+/// One bucket of a [`DropReport`]'s timeline.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TimelinePoint {
+    /// The bucket's start, Unix ms.
+    pub at_ms: i64,
+    /// Holds taken in it.
+    pub holds: i64,
+    /// Units of those holds that were confirmed.
+    pub units_sold: i64,
 }
 
 /// The report's CSV columns.

@@ -220,7 +220,9 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   stock = await request.get('/api/v1/stock/E2E-1', { headers: { Authorization: `Bearer ${token}` } });
   expect(stock.status()).toBe(200);
   expect((await stock.json()).available).toBe(4);
-  await reserve(request, 'e2e-spring-1', 'E2E-1', 1);
+  const sold = await reserve(request, 'e2e-spring-1', 'E2E-1', 1);
+  const paid = await request.post(`/api/v1/reservations/${sold}/confirm`, { headers: { Authorization: `Bearer ${token}` } });
+  expect(paid.status(), await paid.text()).toBe(200);
   // Armed: its counters are there and carry its limits.
   await page.getByLabel('Drop to arm').fill('e2e-spring');
   await page.getByRole('button', { name: 'Arm' }).click();
@@ -237,6 +239,11 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await page.getByLabel('Drop to report on').fill('e2e-spring');
   await page.getByRole('button', { name: 'Show report' }).click();
   await expect(page.locator('table.report tr[data-sku]')).toHaveCount(2);
+  // The sale shows once the write-behind has recorded it (within moments).
+  await expect.poll(async () => {
+    await page.getByRole('button', { name: 'Show report' }).click();
+    return page.locator('table.report tr[data-sku="E2E-1"] td[data-field="units_sold"]').textContent();
+  }, { timeout: 10000 }).toBe('1');
   await expect(page.getByRole('link', { name: 'Download CSV' })).toHaveAttribute('download', 'e2e-spring-report.csv');
   await page.screenshot({ path: 'output/drops.png', fullPage: true });
   // A merchandiser cannot release holds.
@@ -299,6 +306,7 @@ test('the wall view shows a drop large, without navigation, and follows a sale l
   await live(page);
   await expect(page.getByRole('heading', { level: 1 })).toHaveText('Report: Winter Launch Drop');
   await expect(page.locator('table.report tr[data-sku]')).toHaveCount(6);
+  await expect(page.locator('figure.timeline svg')).toBeVisible();
 });
 
 test('every other page renders for an admin', async ({ page }) => {

@@ -9,10 +9,22 @@
 //! reach the SKU's stock.
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use holdfast_domain::report::{DropReport, SkuReport};
+use holdfast_domain::report::{DropReport, SkuReport, TimelinePoint};
 use sqlx::PgPool;
 
 use crate::error::EngineError;
+
+/// The drop's SKUs (`d`) and their holds taken in its window (`h`, with
+/// `by_support` for those support released), for `WITH`: `$1` the drop's code,
+/// `$2` and `$3` its start and end (either may be `NULL`).
+const HOLDS_OF_DROP: &str = "
+    d AS (SELECT sku, position FROM drop_skus WHERE drop_code = $1),
+    h AS (SELECT h.*, (a.subject IS NOT NULL) AS by_support
+            FROM holds h JOIN d ON d.sku = h.sku
+            LEFT JOIN (SELECT DISTINCT subject FROM audit_log WHERE action = 'release_hold') a
+                   ON a.subject = h.reservation_id
+           WHERE ($2::timestamptz IS NULL OR h.created_at >= $2)
+             AND ($3::timestamptz IS NULL OR h.created_at < $3))";
 
 #[derive(sqlx::FromRow)]
 struct Row {
@@ -44,13 +56,7 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
         return Ok(None);
     };
     let rows: Vec<Row> = sqlx::query_as(
-        "WITH d AS (SELECT sku, position FROM drop_skus WHERE drop_code = $1),
-         h AS (SELECT h.*, (a.subject IS NOT NULL) AS by_support
-                 FROM holds h JOIN d ON d.sku = h.sku
-                 LEFT JOIN (SELECT DISTINCT subject FROM audit_log WHERE action = 'release_hold') a
-                        ON a.subject = h.reservation_id
-                WHERE ($2::timestamptz IS NULL OR h.created_at >= $2)
-                  AND ($3::timestamptz IS NULL OR h.created_at < $3)),
+        &format!("WITH {HOLDS_OF_DROP},
          agg AS (SELECT sku,
                         count(*) AS holds,
                         count(*) FILTER (WHERE end_state = 'confirmed') AS confirmed,
@@ -95,11 +101,33 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
            LEFT JOIN peak ON peak.sku = d.sku
            LEFT JOIN rem ON rem.sku = d.sku
            LEFT JOIN out ON out.sku = d.sku
-          ORDER BY d.position, d.sku",
+          ORDER BY d.position, d.sku"),
     )
     .bind(code)
     .bind(starts_at)
     .bind(ends_at)
+    .fetch_all(pg)
+    .await?;
+    let span: Option<f64> = sqlx::query_scalar(&format!(
+        "WITH {HOLDS_OF_DROP} SELECT extract(epoch FROM max(created_at) - min(created_at))::float8 FROM h"
+    ))
+    .bind(code)
+    .bind(starts_at)
+    .bind(ends_at)
+    .fetch_one(pg)
+    .await?;
+    let bucket: i64 = if span.unwrap_or(0.0) <= 600.0 { 1 } else { 60 };
+    let timeline: Vec<(i64, i64, i64)> = sqlx::query_as(&format!(
+        "WITH {HOLDS_OF_DROP}
+         SELECT (floor(extract(epoch FROM created_at) / $4) * $4 * 1000)::bigint AS at_ms,
+                count(*) AS holds,
+                coalesce(sum(qty) FILTER (WHERE end_state = 'confirmed'), 0)::bigint AS sold
+           FROM h GROUP BY 1 ORDER BY 1"
+    ))
+    .bind(code)
+    .bind(starts_at)
+    .bind(ends_at)
+    .bind(bucket)
     .fetch_all(pg)
     .await?;
     let shown = |t: Option<DateTime<Utc>>| t.map(|t| t.to_rfc3339_opts(SecondsFormat::Secs, true));
@@ -127,5 +155,14 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                 sold_out_after_secs: r.sold_out_after_secs,
             })
             .collect(),
+        timeline: timeline
+            .into_iter()
+            .map(|(at_ms, holds, units_sold)| TimelinePoint {
+                at_ms,
+                holds,
+                units_sold,
+            })
+            .collect(),
+        timeline_bucket_secs: bucket,
     }))
 }

@@ -570,6 +570,12 @@ async fn the_report_counts_sales_and_how_every_hold_ended(pg: PgPool) {
     );
     assert!(sp1.sold_out_after_secs.is_some_and(|s| s >= 0.0), "{sp1:?}");
     assert!(sp1.peak_holds_per_second >= 1);
+    // The timeline: every hold in its second, the units sold with them.
+    assert_eq!(report.timeline_bucket_secs, 1);
+    let holds: i64 = report.timeline.iter().map(|p| p.holds).sum();
+    let sold: i64 = report.timeline.iter().map(|p| p.units_sold).sum();
+    assert_eq!((holds, sold), (4, 4), "{:?}", report.timeline);
+    assert!(report.timeline.windows(2).all(|w| w[0].at_ms < w[1].at_ms));
     // SP-2 sold nothing: zeros, not missing.
     assert_eq!(
         (report.skus[1].holds, report.skus[1].sold_out_after_secs),

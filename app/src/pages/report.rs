@@ -6,7 +6,7 @@ use leptos_router::hooks::use_query_map;
 
 use crate::api::drops::load_drop_report;
 use crate::components::error_text;
-use holdfast_domain::report::DropReport;
+use holdfast_domain::report::{DropReport, TimelinePoint};
 
 /// `text` as a `data:` URL of `mime`, for a download link.
 fn data_url(mime: &str, text: &str) -> String {
@@ -82,11 +82,53 @@ pub fn ReportView(
                 </tr>
             }}).collect_view()}</tbody>
         </table></div>
+        <TimelineChart points=report.timeline.clone() bucket_secs=report.timeline_bucket_secs/>
         <p class="controls no-print">
             <a href=download download=file>"Download CSV"</a>
             <a href=page>"Printable page"</a>
         </p>
     }
+}
+
+/// The report's timeline as bars: holds taken (light) and units sold (dark)
+/// per bucket, over the drop.
+#[component]
+fn TimelineChart(
+    /// The buckets, oldest first.
+    points: Vec<TimelinePoint>,
+    /// A bucket's width in seconds.
+    bucket_secs: i64,
+) -> impl IntoView {
+    let (width, height) = (900.0_f64, 160.0_f64);
+    let (Some(first), Some(last)) = (points.first(), points.last()) else {
+        return view! { <p class="muted">"No holds yet: the timeline starts with the first."</p> }
+            .into_any();
+    };
+    let bucket_ms = (bucket_secs.max(1) * 1_000) as f64;
+    let span = (last.at_ms - first.at_ms) as f64 + bucket_ms;
+    let top = points
+        .iter()
+        .map(|p| p.holds.max(p.units_sold))
+        .max()
+        .unwrap_or(1)
+        .max(1) as f64;
+    let bar = (width * bucket_ms / span).max(1.0);
+    let x = |at: i64| (at - first.at_ms) as f64 / span * width;
+    let y = |n: i64| height - n as f64 / top * height;
+    let unit = if bucket_secs == 1 { "second" } else { "minute" };
+    let label = format!("Holds taken and units sold per {unit} over the drop (highest: {top})");
+    view! {
+        <figure class="timeline">
+            <svg role="img" aria-label=label.clone() width=width height=height viewBox=format!("0 0 {width} {height}")>
+                {points.iter().map(|p| view! {
+                    <rect class="holds" x=x(p.at_ms) y=y(p.holds) width=bar height=height - y(p.holds)/>
+                    <rect class="sold" x=x(p.at_ms) y=y(p.units_sold) width=bar height=height - y(p.units_sold)/>
+                }).collect_view()}
+            </svg>
+            <figcaption class="muted">{label}</figcaption>
+        </figure>
+    }
+    .into_any()
 }
 
 #[cfg(test)]

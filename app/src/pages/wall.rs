@@ -9,6 +9,7 @@ use leptos_router::hooks::use_query_map;
 use crate::api::overview::load_drop_overview;
 use crate::components::{DropClock, Sparkline, error_text, thousands};
 use crate::dto::DropOverview;
+use crate::dto::live::Sample;
 use crate::live::Live;
 
 /// The wall page.
@@ -48,6 +49,23 @@ fn Wall(drop: DropOverview) -> impl IntoView {
         })
     };
     let rate = Memo::new(move |_| names.iter().map(|n| live.take_rate(n)).sum::<f64>());
+    // Units taken per second over the last ten minutes, a sample a second
+    // (tenths, as the chart draws whole numbers).
+    let taken = RwSignal::new(Vec::<Sample>::new());
+    Effect::new(move |_| {
+        let now = live.now_ms.get();
+        let due = taken.with_untracked(|t| t.last().is_none_or(|s| now - s.at_ms >= 1_000));
+        if due {
+            let tenths = (rate.get_untracked() * 10.0).round() as i64;
+            taken.update(|t| {
+                t.push(Sample {
+                    at_ms: now,
+                    available: tenths,
+                });
+                t.retain(|s| now - s.at_ms <= 10 * 60 * 1_000);
+            });
+        }
+    });
     view! {
         <header class="wall-head">
             <h1>{drop.name.clone()}</h1>
@@ -57,6 +75,10 @@ fn Wall(drop: DropOverview) -> impl IntoView {
             <div class="tile"><span class="label">"Available"</span><span class="value" data-total="available">{move || thousands(totals.get().0)}</span></div>
             <div class="tile"><span class="label">"Sold"</span><span class="value" data-total="sold">{move || thousands(totals.get().1)}</span></div>
             <div class="tile"><span class="label">"Units taken / s"</span><span class="value" data-total="rate">{move || format!("{:.1}", rate.get())}</span></div>
+        </div>
+        <div class="wall-chart">
+            <span class="label">"Units taken per second, last 10 minutes"</span>
+            <Sparkline samples=Signal::derive(move || taken.get()) width=1200 height=140 label="Units taken per second over the last 10 minutes".to_owned()/>
         </div>
         <div class="wall-skus">
             {drop.skus.into_iter().map(|s| {
