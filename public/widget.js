@@ -35,24 +35,47 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     return 'live';
   }
 
-  function countdown(ms) {
-    const s = Math.max(1, Math.ceil(ms / 1000));
-    const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
-    if (d) return d + ' d ' + h + ' h';
-    if (h) return h + ' h ' + String(m).padStart(2, '0') + ' min';
-    if (m) return m + ' min ' + String(s % 60).padStart(2, '0') + ' s';
-    return s + ' s';
+  // The badge speaks its page's language (the nearest lang attribute, else the
+  // browser's): English, German, French or Spanish; English otherwise.
+  const WORDS = {
+    en: { checking: 'Checking stock…', starts: 'Starts in {t}', ended: 'Sale ended', backOnly: 'Back in stock: only {n} left',
+      only: 'Only {n} left', back: 'Back in stock', in_stock: 'In stock', sold_out: 'Sold out', none: 'Not available',
+      d: 'd', h: 'h', min: 'min', s: 's' },
+    de: { checking: 'Bestand wird geprüft…', starts: 'Beginnt in {t}', ended: 'Verkauf beendet', backOnly: 'Wieder da: nur noch {n}',
+      only: 'Nur noch {n}', back: 'Wieder auf Lager', in_stock: 'Auf Lager', sold_out: 'Ausverkauft', none: 'Nicht erhältlich',
+      d: 'T', h: 'Std.', min: 'Min.', s: 'Sek.' },
+    fr: { checking: 'Vérification du stock…', starts: 'Commence dans {t}', ended: 'Vente terminée', backOnly: 'De retour : plus que {n}',
+      only: 'Plus que {n}', back: 'De retour en stock', in_stock: 'En stock', sold_out: 'Épuisé', none: 'Indisponible',
+      d: 'j', h: 'h', min: 'min', s: 's' },
+    es: { checking: 'Comprobando existencias…', starts: 'Empieza en {t}', ended: 'Venta terminada', backOnly: 'De nuevo: solo quedan {n}',
+      only: 'Solo quedan {n}', back: 'De nuevo disponible', in_stock: 'Disponible', sold_out: 'Agotado', none: 'No disponible',
+      d: 'd', h: 'h', min: 'min', s: 's' },
+  };
+
+  function wordsFor(el) {
+    const near = el.closest('[lang]');
+    const tag = ((near && near.getAttribute('lang')) || navigator.language || 'en').toLowerCase().split('-')[0];
+    return WORDS[tag] || WORDS.en;
   }
 
-  function label(b, prev) {
+  function countdown(ms, w) {
+    const s = Math.max(1, Math.ceil(ms / 1000));
+    const d = Math.floor(s / 86400), h = Math.floor(s % 86400 / 3600), m = Math.floor(s % 3600 / 60);
+    if (d) return d + ' ' + w.d + ' ' + h + ' ' + w.h;
+    if (h) return h + ' ' + w.h + ' ' + String(m).padStart(2, '0') + ' ' + w.min;
+    if (m) return m + ' ' + w.min + ' ' + String(s % 60).padStart(2, '0') + ' ' + w.s;
+    return s + ' ' + w.s;
+  }
+
+  function label(b, prev, w) {
     const p = phase(b);
-    if (p === 'upcoming') return 'Starts in ' + countdown(b.starts_at - Date.now());
-    if (p === 'ended') return 'Sale ended';
+    if (p === 'upcoming') return w.starts.replace('{t}', countdown(b.starts_at - Date.now(), w));
+    if (p === 'ended') return w.ended;
     const back = prev && prev.state === 'sold_out' && (b.state === 'in_stock' || b.state === 'low');
-    if (b.state === 'low') return (back ? 'Back in stock: only ' : 'Only ') + b.left + ' left';
-    if (b.state === 'in_stock') return back ? 'Back in stock' : 'In stock';
-    if (b.state === 'sold_out') return 'Sold out';
-    return 'Not available';
+    if (b.state === 'low') return (back ? w.backOnly : w.only).replace('{n}', b.left);
+    if (b.state === 'in_stock') return back ? w.back : w.in_stock;
+    if (b.state === 'sold_out') return w.sold_out;
+    return w.none;
   }
 
   function shown(b) { const p = phase(b); return p === 'live' ? b.state : p; }
@@ -61,9 +84,8 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     const prev = last.get(b.sku);
     if (prev && prev.state === b.state && prev.left === b.left && prev.starts_at === b.starts_at
       && prev.ends_at === b.ends_at && phase(prev) === 'live') return;
-    const text = label(b, prev);
     last.set(b.sku, b);
-    for (const el of els.get(b.sku) || []) el._set(shown(b), text);
+    for (const el of els.get(b.sku) || []) el._show(b, prev);
     if (phase(b) !== 'live' || b.ends_at) tick();
   }
 
@@ -78,8 +100,7 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
       for (const b of last.values()) {
         if (!b.starts_at && !b.ends_at) continue;
         if (phase(b) === 'upcoming' || (b.ends_at && Date.now() < b.ends_at)) any = true;
-        const text = label(b, null);
-        for (const el of els.get(b.sku) || []) el._set(shown(b), text);
+        for (const el of els.get(b.sku) || []) el._show(b, null);
       }
       if (!any) { clearInterval(ticking); ticking = null; }
     }, 1000);
@@ -136,20 +157,22 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     connectedCallback() {
       if (!this.shadowRoot) {
         const root = this.attachShadow({ mode: 'open' });
-        root.innerHTML = `<style>${CSS}</style><span class="b" part="badge" data-state="loading" role="status" aria-live="polite"><span class="d" aria-hidden="true"></span><span class="l">Checking stock…</span></span>`;
+        root.innerHTML = `<style>${CSS}</style><span class="b" part="badge" data-state="loading" role="status" aria-live="polite"><span class="d" aria-hidden="true"></span><span class="l"></span></span>`;
+        root.querySelector('.l').textContent = wordsFor(this).checking;
       }
       this._sku = (this.getAttribute('sku') || '').trim();
       if (!this._sku) return;
       if (!els.has(this._sku)) els.set(this._sku, new Set());
       els.get(this._sku).add(this);
       const b = last.get(this._sku);
-      if (b) this._set(shown(b), label(b));
+      if (b) this._show(b, null);
       subscribe();
     }
     disconnectedCallback() {
       const set = els.get(this._sku);
       if (set) { set.delete(this); if (!set.size) { els.delete(this._sku); subscribe(); } }
     }
+    _show(b, prev) { this._set(shown(b), label(b, prev, wordsFor(this))); }
     _set(state, text) {
       const b = this.shadowRoot.querySelector('.b');
       const l = b.querySelector('.l');

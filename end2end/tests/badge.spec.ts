@@ -42,6 +42,24 @@ test('the badge goes low, sold out and back within a second of each change', asy
   await expect(badge).toHaveText('In stock', { timeout: 1000 });
 });
 
+test('a badge speaks its page\'s language', async ({ page }) => {
+  await page.goto('/demo/shop');
+  await expect(page.locator('holdfast-stock[sku="DROP-006"]')).toHaveText('In stock');
+  await page.evaluate(() => {
+    for (const lang of ['de', 'fr', 'es', 'xx']) {
+      const part = document.createElement('div');
+      part.setAttribute('lang', lang);
+      part.innerHTML = `<holdfast-stock id="badge-${lang}" sku="DROP-006"></holdfast-stock>`;
+      document.body.append(part);
+    }
+  });
+  await expect(page.locator('#badge-de')).toHaveText('Auf Lager');
+  await expect(page.locator('#badge-fr')).toHaveText('En stock');
+  await expect(page.locator('#badge-es')).toHaveText('Disponible');
+  // A language the badge does not know: English.
+  await expect(page.locator('#badge-xx')).toHaveText('In stock');
+});
+
 test('without WebSockets the badge polls and still updates', async ({ page, request }) => {
   await page.addInitScript(() => { delete (window as { WebSocket?: unknown }).WebSocket; });
   await page.goto('/demo/shop');
@@ -73,6 +91,15 @@ test('a scheduled drop counts down on the badge and goes live at its start witho
     await page.goto('/demo/shop');
     const badge = page.locator('holdfast-stock[sku="DROP-006"]');
     await expect(badge).toHaveText(/^Starts in \d+ s$/, { timeout: 12_000 });
+    // A badge on a German part of a page counts down in German.
+    await page.evaluate(() => {
+      const part = document.createElement('div');
+      part.setAttribute('lang', 'de');
+      part.innerHTML = '<holdfast-stock id="de-badge" sku="DROP-006"></holdfast-stock>';
+      document.body.append(part);
+    });
+    await expect(page.locator('#de-badge')).toHaveText(/^Beginnt in \d+ Sek\.$/);
+    await page.evaluate(() => document.getElementById('de-badge')?.parentElement?.remove());
     await expect(badge).toHaveAttribute('state', 'upcoming');
     const early = await request.post('/api/v1/reservations', {
       headers: { Authorization: `Bearer ${token}`, 'Idempotency-Key': 'too-early-1' },
