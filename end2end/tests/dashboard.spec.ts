@@ -252,6 +252,56 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
   await expect(page.getByRole('button', { name: /Release/ })).toHaveCount(0);
 });
 
+test('a drop set up on the dashboard opens at its start: the badge counts down and flips, and the report matches the ledger', async ({ page, request }) => {
+  test.setTimeout(60_000);
+  await signIn(page, 'merchandiser');
+  await page.goto('/drops');
+  await live(page);
+  const start = new Date(Date.now() + 15_000).toISOString();
+  await page.getByLabel('File contents').fill([
+    'drop,drop_name,starts_at,sku,product,stock',
+    `e2e-timed,Timed E2E,${start},TIMED-1,Tote,5`,
+    `e2e-timed,Timed E2E,${start},TIMED-2,Mug,3`,
+  ].join('\n'));
+  await page.getByRole('button', { name: 'Import' }).click();
+  await expect(page.locator('[data-outcome="imported"]')).toContainText('2 counter(s) created');
+  // A shop page with a badge for the new SKU: it counts down, then flips to
+  // live stock at the start, without a reload.
+  const shop = await page.context().newPage();
+  await shop.goto('/demo/shop');
+  await shop.evaluate(() => {
+    const el = document.createElement('holdfast-stock');
+    el.id = 'timed';
+    el.setAttribute('sku', 'TIMED-1');
+    document.body.append(el);
+  });
+  await expect(shop.locator('#timed')).toHaveText(/^Starts in \d+ s$/);
+  const early = await request.post('/api/v1/reservations', {
+    headers: { Authorization: `Bearer ${token}`, 'Idempotency-Key': 'timed-early' },
+    data: { sku: 'TIMED-1', qty: 1 },
+  });
+  expect((await early.json()).code).toBe('not_started');
+  // 5 units, at the default low-stock threshold (5): live stock reads low.
+  await expect(shop.locator('#timed')).toHaveText('Only 5 left', { timeout: 25_000 });
+  // Bought through the API once open.
+  const id = await reserve(request, 'timed-1', 'TIMED-1', 2);
+  const paid = await request.post(`/api/v1/reservations/${id}/confirm`, { headers: { Authorization: `Bearer ${token}` } });
+  expect(paid.status()).toBe(200);
+  // The report (written behind within moments) and its CSV agree with the ledger.
+  await expect.poll(async () => {
+    const r = await request.get('/api/v1/drops/e2e-timed/report', { headers: { Authorization: `Bearer ${token}` } });
+    return (await r.json()).skus[0].units_sold;
+  }, { timeout: 10_000 }).toBe(2);
+  const csv = await (await request.get('/api/v1/drops/e2e-timed/report?format=csv', { headers: { Authorization: `Bearer ${token}` } })).text();
+  const row = csv.split('\n').find((l) => l.startsWith('TIMED-1,'))!.split(',');
+  const ledger = execFileSync('psql', [process.env.DATABASE_URL!, '-tAc',
+    "SELECT -sum(qty) FROM ledger WHERE sku = 'TIMED-1' AND kind = 'sale'"]).toString().trim();
+  expect(row[3]).toBe(ledger);
+  await page.goto('/report?drop=e2e-timed');
+  await live(page);
+  await expect(page.locator('tr[data-sku="TIMED-1"] td[data-field="units_sold"]')).toHaveText('2');
+});
+
 test('a merchandiser creates a drop in the form; problems show next to their fields', async ({ page, request }) => {
   await signIn(page, 'merchandiser');
   await page.goto('/drops');
