@@ -19,9 +19,13 @@ ensure_e2e_tools() {
     fi
 }
 
+# A port below the kernel's ephemeral range (32768 and up here), so an outgoing
+# connection cannot take it between this check and the server's bind (a CI run
+# once lost its quick start that way).
 free_port() {
-    local p
-    for p in $(shuf -i 20000-40000 -n 50); do
+    local p low
+    low=$(cut -f1 /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+    for p in $(shuf -i 20000-$((low - 1)) -n 50); do
         if ! (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then echo "$p"; return; fi
     done
     die "no free loopback port found"
