@@ -741,13 +741,7 @@ pub async fn pending_stock(
 
 /// Drop `code` as a file; `None` when there is no such drop.
 pub async fn export(pg: &PgPool, code: &str) -> Result<Option<DropSheet>, EngineError> {
-    type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-    let drop: Option<DropRow> =
-        sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1")
-            .bind(code)
-            .fetch_optional(pg)
-            .await?;
-    let Some((name, starts_at, ends_at)) = drop else {
+    let Some((name, schedule)) = crate::schedule::named_drop(pg, code).await? else {
         return Ok(None);
     };
     let rows: Vec<Current> = sqlx::query_as(
@@ -763,8 +757,8 @@ pub async fn export(pg: &PgPool, code: &str) -> Result<Option<DropSheet>, Engine
     Ok(Some(DropSheet {
         code: code.to_owned(),
         name,
-        starts_at: shown(starts_at),
-        ends_at: shown(ends_at),
+        starts_at: shown(schedule.starts_at),
+        ends_at: shown(schedule.ends_at),
         skus: rows
             .into_iter()
             .map(|r| SheetSku {

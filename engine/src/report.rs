@@ -46,15 +46,10 @@ struct Row {
 
 /// Drop `code`'s report; `None` when there is no such drop.
 pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, EngineError> {
-    type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-    let drop: Option<DropRow> =
-        sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1")
-            .bind(code)
-            .fetch_optional(pg)
-            .await?;
-    let Some((name, starts_at, ends_at)) = drop else {
+    let Some((name, schedule)) = crate::schedule::named_drop(pg, code).await? else {
         return Ok(None);
     };
+    let (starts_at, ends_at) = (schedule.starts_at, schedule.ends_at);
     let rows: Vec<Row> = sqlx::query_as(
         &format!("WITH {HOLDS_OF_DROP},
          agg AS (SELECT sku,

@@ -71,13 +71,21 @@ pub enum ScheduleOutcome {
 
 /// The schedule of drop `code`; `None` when there is no such drop.
 pub async fn drop_schedule(pg: &PgPool, code: &str) -> Result<Option<DropSchedule>, EngineError> {
-    type Bounds = (Option<DateTime<Utc>>, Option<DateTime<Utc>>);
-    let row: Option<Bounds> =
-        sqlx::query_as("SELECT starts_at, ends_at FROM drops WHERE code = $1")
+    Ok(named_drop(pg, code).await?.map(|(_, schedule)| schedule))
+}
+
+/// The name and schedule of drop `code`; `None` when there is no such drop.
+pub async fn named_drop(
+    pg: &PgPool,
+    code: &str,
+) -> Result<Option<(String, DropSchedule)>, EngineError> {
+    type Row = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
+    let row: Option<Row> =
+        sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1")
             .bind(code)
             .fetch_optional(pg)
             .await?;
-    Ok(row.map(|(starts_at, ends_at)| DropSchedule { starts_at, ends_at }))
+    Ok(row.map(|(name, starts_at, ends_at)| (name, DropSchedule { starts_at, ends_at })))
 }
 
 /// Sets drop `code`'s schedule in PostgreSQL, then in the counter of each of its
