@@ -80,9 +80,10 @@ local reply = {'confirmed'}
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
-  local available, reserved, pending, owed, oversold = '', '', '', '', 0
+  local available, reserved, pending, owed, oversold, epoch = '', '', '', '', 0, ''
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
-    owed = tonumber(redis.call('HGET', KEYS[b + 1], 'owed') or '0')
+    local o = redis.call('HMGET', KEYS[b + 1], 'owed', 'epoch')
+    owed, epoch = tonumber(o[1] or '0'), o[2] or ''
     if overdue then
       local paid = math.min(owed, qty)
       if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
@@ -110,7 +111,7 @@ for j = 1, i do
   end
   redis.call('XADD', KEYS[3], '*', 'kind', kind, 'sku', sku,
     'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'owed', owed, 'oversold', oversold, 'ts', now)
+    'sold_pending', pending, 'owed', owed, 'oversold', oversold, 'epoch', epoch, 'ts', now)
 end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('HSET', KEYS[1], 'state', kind, 'ended', now)

@@ -24,7 +24,7 @@ end
 local sku, delta = ARGV[1], whole(ARGV[2])
 if not delta then return redis.error_reply('ERR delta.lua: the delta must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch')
 if not c[1] then return {'not_warmed'} end
 local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
 local available, owed = effective, 0
@@ -38,5 +38,5 @@ local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XADD', KEYS[2], '*', 'kind', 'delta', 'sku', sku,
   'qty', delta, 'rid', '', 'available', available, 'reserved', c[2] or '0',
-  'sold_pending', c[3] or '0', 'owed', owed, 'source', ARGV[3], 'event_id', ARGV[4], 'ts', now)
+  'sold_pending', c[3] or '0', 'owed', owed, 'source', ARGV[3], 'event_id', ARGV[4], 'epoch', c[5] or '', 'ts', now)
 return {'applied', available, owed}

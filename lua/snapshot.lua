@@ -27,7 +27,7 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch')
 if not c[1] then return {'not_warmed'} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
@@ -44,5 +44,5 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XADD', KEYS[2], '*', 'kind', 'snapshot', 'sku', sku,
   'qty', effective - before, 'rid', '', 'available', available, 'reserved', reserved,
   'sold_pending', pending, 'owed', owed, 'source', ARGV[4], 'event_id', ARGV[5],
-  'version', version, 'ts', now)
+  'version', version, 'epoch', c[6] or '', 'ts', now)
 return {'applied', available, tonumber(c[1]), owed}

@@ -15,7 +15,10 @@
 -- on every warm that writes (reserve.lua decides against them by Redis' clock)
 --
 -- A new counter gets available - owed = on_hand - reserved, settled =
--- sold_recorded, fed = fed_recorded. A forced one keeps its live reserved,
+-- sold_recorded, fed = fed_recorded, and a new `epoch` (Redis' clock, to the
+-- microsecond): events carry the epoch of the counter they moved, so the
+-- write-behind can tell an event older than the counter (Redis lost its data
+-- while the event was on its way to PostgreSQL) and apply it (late.lua). A forced one keeps its live reserved,
 -- sold_pending, settled and fed and gets available - owed = on_hand - reserved -
 -- sold_pending + (sold_recorded - settled) + (fed - fed_recorded), the
 -- conservation equation with events in flight. A negative result is `owed` (held units
@@ -45,8 +48,9 @@ if c[1] then
     + (recorded - tonumber(c[4] or '0')) + (tonumber(c[6] or '0') - fed_recorded)
 else
   effective = on_hand - held
+  local e = redis.call('TIME')
   redis.call('HSET', KEYS[1], 'reserved', held, 'sold_pending', 0, 'settled', recorded,
-    'fed', fed_recorded)
+    'fed', fed_recorded, 'epoch', e[1] .. '.' .. e[2])
 end
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The fault suite: a sale through the HTTP API of a real `holdfast serve` while
 # the server is killed with SIGKILL mid write-behind, PostgreSQL stops for a
-# minute (CHAOS_PG_DOWN_SECS, default 60), Redis is killed and restarted empty and
-# then warmed, feeds lower stock under open holds, carts over shards race the
+# minute (CHAOS_PG_DOWN_SECS, default 60), Redis is killed and restarted empty (the
+# server notices and warms it again by itself), feeds lower stock under open holds, carts over shards race the
 # reaper, and a reconciliation is SIGSTOPped while it holds its lock and resumed
 # after its lease (its stale fencing token must be refused). After each fault
 # `holdfast verify` must pass; the figures (units sold vs stock, acknowledged

@@ -24,7 +24,7 @@ use sqlx::PgPool;
 
 use crate::engine::{Engine, valid_sku};
 use crate::error::EngineError;
-use crate::schedule::{DropSchedule, push_settings, shared_with_scheduled};
+use crate::schedule::{DropSchedule, lock_drop, push_settings, shared_with_scheduled};
 use crate::stock::DeltaOutcome;
 use crate::warmup::warm_list;
 
@@ -367,20 +367,9 @@ pub async fn import(
     let code = sheet.code.as_str();
     let skus: Vec<String> = sheet.skus.iter().map(|s| s.sku.clone()).collect();
     let mut tx = pg.begin().await?;
-    // One import of a drop at a time, and of each SKU at a time (an import of
-    // another drop listing the same SKUs waits: both cannot take one new SKU
-    // as new, nor schedule it in two drops). Locks are taken in one order, so
-    // two imports never wait on each other.
-    let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
-    locks.sort();
-    locks.insert(0, format!("holdfast:drop:{code}"));
-    sqlx::query(
-        "SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
-           FROM UNNEST($1::text[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
-    )
-    .bind(&locks)
-    .execute(&mut *tx)
-    .await?;
+    // An import of another drop listing the same SKUs waits: both cannot take
+    // one new SKU as new, nor schedule it in two drops.
+    lock_drop(&mut tx, code, &skus).await?;
     type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
     let drop: Option<DropRow> =
         sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1 FOR UPDATE")

@@ -114,6 +114,10 @@ pub struct Event {
     /// For a late payment: how the hold had ended.
     #[serde(default)]
     pub state: Option<String>,
+    /// For a sale or a feed movement: the epoch of the counter it moved (see
+    /// `lua/late.lua`); `None` for a counter warmed before epochs existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub epoch: Option<String>,
 }
 
 impl Event {
@@ -147,6 +151,7 @@ impl Event {
             version: int("version"),
             buyer: some_text("buyer"),
             state: some_text("state"),
+            epoch: some_text("epoch"),
         })
     }
 }

@@ -22,6 +22,7 @@
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
 //! | `hf:feed:{<source>}:<event id>` | string | the fingerprint of a feed event id's first payload (24 h) |
+//! | `hf:{mark}` | string | this Redis' data generation: gone means Redis lost its data (see [`crate::warmup::rewarm_after_loss`]) |
 
 /// Key names for one deployment: the prefix is fixed, the shard count is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -153,6 +154,9 @@ impl Keyspace {
     pub fn login_failures_from(ip: std::net::IpAddr) -> String {
         format!("hf:login:addr:{{{ip}}}:failures")
     }
+
+    /// The mark whose disappearance says Redis lost its data.
+    pub const LOSS_MARK: &'static str = "hf:{mark}";
 
     /// The lease key of lock `name`.
     pub fn lock(name: &str) -> String {

@@ -320,7 +320,7 @@ impl WriteBehind {
             return Ok(BatchReport::default());
         }
         let all: Vec<&Event> = batches.iter().flat_map(|b| &b.events).collect();
-        let (report, events) = match record_events(&self.pg, &all, &batches).await {
+        let (report, events) = match record_events(&self.engine, &self.pg, &all, &batches).await {
             Ok(report) => (report, all),
             // One entry PostgreSQL refuses as data would fail every retry of
             // the batch and stop all recording: find it, set it aside, and
@@ -360,7 +360,7 @@ impl WriteBehind {
         let mut total = BatchReport::default();
         let mut recorded = Vec::with_capacity(events.len());
         for event in events {
-            match record_events(&self.pg, &[*event], &[]).await {
+            match record_events(&self.engine, &self.pg, &[*event], &[]).await {
                 Ok(r) => {
                     total.sales += r.sales;
                     total.movements += r.movements;
@@ -370,7 +370,7 @@ impl WriteBehind {
                 Err(e) => return Err(e),
             }
         }
-        record_events(&self.pg, &[], batches).await?;
+        record_events(&self.engine, &self.pg, &[], batches).await?;
         Ok((total, recorded))
     }
 
@@ -453,6 +453,7 @@ struct SideRows {
     end_sku: Vec<String>,
     end_state: Vec<&'static str>,
     end_at: Vec<chrono::DateTime<chrono::Utc>>,
+    end_oversold: Vec<i64>,
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -475,19 +476,23 @@ struct LedgerRows {
     source: Vec<String>,
     event_id: Vec<String>,
     rid: Vec<Option<String>>,
+    /// The epoch of the counter each movement moved ('' for none).
+    epoch: Vec<String>,
 }
 
 impl LedgerRows {
+    /// Adds event `e`'s movement (its SKU and epoch are the row's).
     fn push(
         &mut self,
-        sku: &str,
+        e: &Event,
         kind: &'static str,
         qty: i64,
         source: String,
         event_id: String,
         rid: Option<String>,
     ) {
-        self.sku.push(sku.to_owned());
+        self.epoch.push(e.epoch.clone().unwrap_or_default());
+        self.sku.push(e.sku.clone());
         self.kind.push(kind);
         self.qty.push(qty);
         self.source.push(source);
@@ -540,6 +545,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                     _ => "expired",
                 });
                 side.end_at.push(at);
+                side.end_oversold.push(e.oversold.unwrap_or(0));
             }
             EventKind::Snapshot if e.version.is_some() => {
                 side.version_sku.push(e.sku.clone());
@@ -559,7 +565,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                 orders.line_qty.push(e.qty);
                 let event_id = format!("{rid}:{}", e.sku);
                 ledger.push(
-                    &e.sku,
+                    e,
                     "sale",
                     -e.qty,
                     "checkout".to_owned(),
@@ -578,7 +584,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                     .event_id
                     .clone()
                     .unwrap_or_else(|| format!("{}:{}", e.shard, e.id));
-                ledger.push(&e.sku, kind, e.qty, source, event_id, None);
+                ledger.push(e, kind, e.qty, source, event_id, None);
             }
             _ => {}
         }
@@ -606,15 +612,16 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
     if !side.end_rid.is_empty() {
         // After the inserts above: a hold made and ended in one batch ends too.
         sqlx::query(
-            "UPDATE holds h SET ended_at = t.at, end_state = t.state
-               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[])
-                    AS t(rid, sku, state, at)
+            "UPDATE holds h SET ended_at = t.at, end_state = t.state, oversold_units = t.oversold
+               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
+                    AS t(rid, sku, state, at, oversold)
               WHERE h.reservation_id = t.rid AND h.sku = t.sku AND h.ended_at IS NULL",
         )
         .bind(&side.end_rid)
         .bind(&side.end_sku)
         .bind(&side.end_state)
         .bind(&side.end_at)
+        .bind(&side.end_oversold)
         .execute(&mut *tx)
         .await?;
     }
@@ -690,15 +697,24 @@ async fn insert_orders(tx: &mut sqlx::PgConnection, orders: &OrderRows) -> Resul
 }
 
 /// Inserts the `ledger` rows not recorded before and moves `on_hand` and
-/// `sold_recorded` by exactly those; returns `(sales, other movements)` added.
+/// `sold_recorded` by exactly those; returns the indexes (in `ledger`) of the
+/// rows it inserted. The SKUs' rows are locked first, in code order, so two
+/// batches (or a batch and a warm-up) never wait on each other in a circle.
 async fn insert_ledger(
     tx: &mut sqlx::PgConnection,
     ledger: &LedgerRows,
-) -> Result<(u64, u64), EngineError> {
+) -> Result<Vec<usize>, EngineError> {
     if ledger.sku.is_empty() {
-        return Ok((0, 0));
+        return Ok(Vec::new());
     }
-    let rows: Vec<(String, i64)> = sqlx::query_as(
+    let mut skus: Vec<&String> = ledger.sku.iter().collect();
+    skus.sort();
+    skus.dedup();
+    sqlx::query("SELECT 1 FROM skus WHERE sku = ANY($1) ORDER BY sku FOR NO KEY UPDATE")
+        .bind(&skus)
+        .execute(&mut *tx)
+        .await?;
+    let rows: Vec<(String, String)> = sqlx::query_as(
         "WITH ins AS (
              INSERT INTO ledger (sku, kind, qty, source, event_id, reservation_id)
              SELECT t.sku, t.kind, t.qty, t.src, t.eid, t.rid
@@ -706,7 +722,7 @@ async fn insert_ledger(
                     AS t(sku, kind, qty, src, eid, rid)
                JOIN skus s ON s.sku = t.sku
              ON CONFLICT (source, event_id) DO NOTHING
-             RETURNING sku, kind, qty
+             RETURNING sku, kind, qty, source, event_id
          ), moved AS (
              UPDATE skus s
                 SET on_hand = s.on_hand + agg.qty,
@@ -719,7 +735,7 @@ async fn insert_ledger(
                        FROM ins GROUP BY sku) agg
               WHERE s.sku = agg.sku
          )
-         SELECT kind, count(*)::bigint FROM ins GROUP BY kind",
+         SELECT source, event_id FROM ins",
     )
     .bind(&ledger.sku)
     .bind(&ledger.kind)
@@ -729,15 +745,94 @@ async fn insert_ledger(
     .bind(&ledger.rid)
     .fetch_all(&mut *tx)
     .await?;
-    let (mut sales, mut movements) = (0u64, 0u64);
-    for (kind, n) in rows {
-        if kind == "sale" {
-            sales += n as u64;
-        } else {
-            movements += n as u64;
+    let inserted: std::collections::HashSet<(String, String)> = rows.into_iter().collect();
+    Ok((0..ledger.sku.len())
+        .filter(|&i| inserted.contains(&(ledger.source[i].clone(), ledger.event_id[i].clone())))
+        .collect())
+}
+
+/// Applies to their counters the movements just inserted (`inserted`, indexes
+/// in `ledger`) that are older than the counter: Redis lost its data while
+/// they were on their way here and warm-up rebuilt the counter without them
+/// (see `lua/late.lua`). Runs before the commit, while the SKUs' rows are
+/// locked. Returns how many were applied.
+async fn apply_late(
+    engine: &Engine,
+    ledger: &LedgerRows,
+    inserted: &[usize],
+) -> Result<u64, EngineError> {
+    if inserted.is_empty() {
+        return Ok(0);
+    }
+    let mut skus: Vec<&str> = inserted.iter().map(|&i| ledger.sku[i].as_str()).collect();
+    skus.sort_unstable();
+    skus.dedup();
+    let mut pipe = redis::pipe();
+    for sku in &skus {
+        pipe.cmd("HMGET")
+            .arg(engine.keys.sku(sku))
+            .arg(&["available", "epoch"]);
+    }
+    let mut conn = engine.conn.clone();
+    let epochs: Vec<(Option<String>, Option<String>)> = pipe.query_async(&mut conn).await?;
+    let current: BTreeMap<&str, String> = skus
+        .iter()
+        .zip(epochs)
+        .filter_map(|(sku, (available, epoch))| {
+            available.map(|_| (*sku, epoch.unwrap_or_default()))
+        })
+        .collect();
+    let late: Vec<usize> = inserted
+        .iter()
+        .copied()
+        .filter(|&i| {
+            current
+                .get(ledger.sku[i].as_str())
+                .is_some_and(|epoch| *epoch != ledger.epoch[i])
+        })
+        .collect();
+    if late.is_empty() {
+        return Ok(0);
+    }
+    let script = &engine.scripts.late;
+    script.prepare_invoke().load_async(&mut conn).await?;
+    let ttl_ms = engine.config.guard_ttl.as_millis() as u64;
+    let mut pipe = redis::pipe();
+    for &i in &late {
+        let sku = &ledger.sku[i];
+        pipe.invoke_script(
+            script
+                .key(engine.keys.sku(sku))
+                .key(engine.keys.events(engine.keys.shard_of(sku)))
+                .key(
+                    engine
+                        .keys
+                        .seen(sku, &ledger.source[i], &ledger.event_id[i]),
+                )
+                .arg(sku)
+                .arg(ledger.qty[i])
+                .arg(if ledger.kind[i] == "sale" {
+                    "sale"
+                } else {
+                    "feed"
+                })
+                .arg(&ledger.epoch[i])
+                .arg(ttl_ms),
+        );
+    }
+    let replies: Vec<Vec<Value>> = pipe.query_async(&mut conn).await?;
+    let mut applied = 0;
+    for (reply, &i) in replies.into_iter().zip(&late) {
+        if crate::reply::Reply::new(reply).tag()? == "applied" {
+            applied += 1;
+            tracing::warn!(
+                sku = %ledger.sku[i], kind = ledger.kind[i], qty = ledger.qty[i],
+                "a movement older than its counter (Redis lost its data while it was being \
+                 recorded) was applied to the rebuilt counter"
+            );
         }
     }
-    Ok((sales, movements))
+    Ok(applied)
 }
 
 /// Records how far each shard's stream is written behind (its last entry id and
@@ -776,8 +871,10 @@ async fn record_progress(
 /// Where events PostgreSQL refused as data are kept, with the reason.
 pub const PARKED_KEY: &str = "hf:record:{parked}";
 
-/// Applies `events` to PostgreSQL in one transaction; returns the rows it added.
+/// Applies `events` to PostgreSQL in one transaction (and to their counters
+/// those older than the counter, see [`apply_late`]); returns the rows it added.
 async fn record_events(
+    engine: &Engine,
     pg: &PgPool,
     events: &[&Event],
     batches: &[ShardBatch],
@@ -786,7 +883,13 @@ async fn record_events(
     let mut tx = pg.begin().await?;
     insert_orders(&mut tx, &orders).await?;
     record_side(&mut tx, &side).await?;
-    let (sales, movements) = insert_ledger(&mut tx, &ledger).await?;
+    let inserted = insert_ledger(&mut tx, &ledger).await?;
+    apply_late(engine, &ledger, &inserted).await?;
+    let sales = inserted
+        .iter()
+        .filter(|&&i| ledger.kind[i] == "sale")
+        .count() as u64;
+    let movements = inserted.len() as u64 - sales;
     record_progress(&mut tx, batches).await?;
     tx.commit().await?;
     Ok(BatchReport {

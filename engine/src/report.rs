@@ -60,16 +60,16 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                         count(*) FILTER (WHERE end_state = 'expired') AS expired,
                         count(*) FILTER (WHERE ended_at IS NULL) AS open,
                         coalesce(sum(qty) FILTER (WHERE end_state = 'confirmed'), 0)::bigint AS units_sold,
+                        coalesce(sum(oversold_units), 0)::bigint AS shortfalls,
                         min(created_at) AS first_hold
                    FROM h GROUP BY sku),
          peak AS (SELECT sku, max(n) AS peak
                     FROM (SELECT sku, count(*) AS n FROM h
                            GROUP BY sku, date_trunc('second', created_at)) x
                    GROUP BY sku),
-         rem AS (SELECT h.sku,
-                        count(*) FILTER (WHERE r.kind = 'late_payment') AS late,
-                        count(*) FILTER (WHERE r.kind = 'oversold') AS oversold
+         rem AS (SELECT h.sku, count(*) AS late
                    FROM h JOIN remediations r ON r.reservation_id = h.reservation_id
+                  WHERE r.kind = 'late_payment'
                   GROUP BY h.sku),
          run AS (SELECT sku, created_at,
                         sum(qty) OVER (PARTITION BY sku ORDER BY created_at, reservation_id) AS sold
@@ -88,7 +88,7 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                 coalesce(agg.expired, 0) AS expired,
                 coalesce(agg.open, 0) AS open,
                 coalesce(rem.late, 0) AS late_payments,
-                coalesce(rem.oversold, 0) AS shortfalls,
+                coalesce(agg.shortfalls, 0) AS shortfalls,
                 coalesce(peak.peak, 0) AS peak_holds_per_second,
                 extract(epoch FROM out.at - coalesce($2, agg.first_hold))::float8 AS sold_out_after_secs
            FROM d JOIN s ON s.sku = d.sku

@@ -100,31 +100,58 @@ pub async fn schedule_drop(
     if let Some(problem) = schedule.problem() {
         return Ok(ScheduleOutcome::Invalid(problem.to_owned()));
     }
-    if schedule.starts_at.is_some() || schedule.ends_at.is_some() {
-        let skus: Vec<String> =
-            sqlx::query_scalar("SELECT sku FROM drop_skus WHERE drop_code = $1")
-                .bind(code)
-                .fetch_all(pg)
-                .await?;
-        if let Some(problem) = shared_with_scheduled(pg, code, &skus).await? {
-            return Ok(ScheduleOutcome::Invalid(problem));
-        }
+    let mut tx = pg.begin().await?;
+    // The drop first, then its SKUs: an import of another drop listing them
+    // waits (or is waited for), so the check below cannot miss it.
+    lock_drop(&mut tx, code, &[]).await?;
+    let skus: Vec<String> = sqlx::query_scalar("SELECT sku FROM drop_skus WHERE drop_code = $1")
+        .bind(code)
+        .fetch_all(&mut *tx)
+        .await?;
+    lock_drop(&mut tx, code, &skus).await?;
+    if (schedule.starts_at.is_some() || schedule.ends_at.is_some())
+        && let Some(problem) = shared_with_scheduled(&mut *tx, code, &skus).await?
+    {
+        return Ok(ScheduleOutcome::Invalid(problem));
     }
     let updated = sqlx::query("UPDATE drops SET starts_at = $2, ends_at = $3 WHERE code = $1")
         .bind(code)
         .bind(schedule.starts_at)
         .bind(schedule.ends_at)
-        .execute(pg)
+        .execute(&mut *tx)
         .await?
         .rows_affected();
     if updated == 0 {
         return Ok(ScheduleOutcome::UnknownDrop);
     }
+    tx.commit().await?;
     let (counters, not_warmed) = push_settings(engine, pg, code).await?;
     Ok(ScheduleOutcome::Scheduled {
         counters,
         not_warmed,
     })
+}
+
+/// Takes, until `tx` ends, the lock of drop `code` and then of each of `skus`
+/// (in code order): one change of a drop at a time, and of a SKU's drops at a
+/// time. Everyone takes them in this order, so two changes never wait on each
+/// other; taking one again in the same transaction is free.
+pub(crate) async fn lock_drop(
+    tx: &mut sqlx::PgConnection,
+    code: &str,
+    skus: &[String],
+) -> Result<(), EngineError> {
+    let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
+    locks.sort();
+    locks.insert(0, format!("holdfast:drop:{code}"));
+    sqlx::query(
+        "SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
+           FROM UNNEST($1::text[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
+    )
+    .bind(&locks)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
 }
 
 /// Why drop `code` cannot have a schedule while it holds `skus`, if it cannot:

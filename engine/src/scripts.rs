@@ -35,6 +35,8 @@ pub struct Scripts {
     pub settle: Script,
     /// `lua/correct.lua`.
     pub correct: Script,
+    /// `lua/late.lua`.
+    pub late: Script,
 }
 
 impl Scripts {
@@ -54,12 +56,13 @@ impl Scripts {
             lock_extend: Script::new(include_str!("../../lua/lock_extend.lua")),
             settle: Script::new(include_str!("../../lua/settle.lua")),
             correct: Script::new(include_str!("../../lua/correct.lua")),
+            late: Script::new(include_str!("../../lua/late.lua")),
         }
     }
 
     /// Every script's name (its file without `.lua`) and SHA1, so a measured
     /// `EVALSHA` can be told by name.
-    pub fn names(&self) -> [(&'static str, &str); 13] {
+    pub fn names(&self) -> [(&'static str, &str); 14] {
         [
             ("reserve", self.reserve.get_hash()),
             ("confirm", self.confirm.get_hash()),
@@ -74,6 +77,7 @@ impl Scripts {
             ("lock_extend", self.lock_extend.get_hash()),
             ("settle", self.settle.get_hash()),
             ("correct", self.correct.get_hash()),
+            ("late", self.late.get_hash()),
         ]
     }
 

@@ -3,6 +3,9 @@
 //! A missing counter is rebuilt as `on_hand` less the units of any holds that
 //! outlived it; an existing one is left alone unless forced, because a live
 //! counter is the truth for open holds. Safe to run again and again.
+//!
+//! Every server watches for Redis losing its data ([`rewarm_after_loss`]) and
+//! the first to see it warms everything again, so checkout comes back by itself.
 
 use std::time::Instant;
 
@@ -182,10 +185,11 @@ pub async fn warm_all(
     let mut after = String::new();
     load_warm_script(engine).await?;
     loop {
-        let rows = stock_page(pg, &after, options.page.max(1)).await?;
-        let Some(last) = rows.last() else { break };
-        after = last.sku.clone();
-        warming.page(engine, pg, &rows, options).await?;
+        let pick = Pick::After(&after, options.page.max(1));
+        let Some(last) = warming.page(engine, pg, pick, options).await? else {
+            break;
+        };
+        after = last;
         progress(WarmProgress {
             done: warming.report.skus,
             total: total as u64,
@@ -218,45 +222,84 @@ pub async fn warm_list(
     let mut warming = Warming::default();
     load_warm_script(engine).await?;
     for chunk in skus.chunks(2_000) {
-        let rows = stock_rows(pg, chunk).await?;
         warming
-            .page(engine, pg, &rows, WarmOptions::default())
+            .page(engine, pg, Pick::These(chunk), WarmOptions::default())
             .await?;
     }
     warming.report.elapsed_ms = started.elapsed().as_millis() as u64;
     Ok(warming.report)
 }
 
-/// A warm-up under way: what it did so far, and whether it restored the feed
-/// event guards yet (once per run, before the first counter it writes).
+/// Which SKUs a page of warm-up reads.
+enum Pick<'a> {
+    /// The next SKUs after this code, at most this many.
+    After(&'a str, usize),
+    /// These SKUs (unknown ones are skipped).
+    These(&'a [String]),
+}
+
+/// A warm-up under way: what it did so far.
 #[derive(Default)]
 struct Warming {
     report: WarmReport,
-    guards_restored: bool,
 }
 
 impl Warming {
-    /// Warms one page of `rows`.
+    /// Warms the page `pick` names; returns the last SKU code it read (`None`:
+    /// there was none).
+    ///
+    /// The rows are read under a share lock held until their counters are
+    /// written, and the write-behind records a movement only while it holds the
+    /// row (checking the counter's epoch, see `lua/late.lua`): a counter is built
+    /// either from a row that has the movement or before the movement is
+    /// recorded (which then applies it), never from a row it is changing.
     async fn page(
         &mut self,
         engine: &Engine,
         pg: &PgPool,
-        rows: &[StockRow],
+        pick: Pick<'_>,
         options: WarmOptions,
-    ) -> Result<(), EngineError> {
-        let (report, guards_restored) = (&mut self.report, &mut self.guards_restored);
+    ) -> Result<Option<String>, EngineError> {
+        let report = &mut self.report;
         let script = &engine.scripts.warm;
+        let mut tx = pg.begin().await?;
+        let rows: Vec<StockRow> = match pick {
+            Pick::After(after, page) => {
+                sqlx::query_as(&stock_query(
+                    "WHERE s.sku > $1 ORDER BY s.sku LIMIT $2 FOR SHARE OF s",
+                ))
+                .bind(after)
+                .bind(page as i64)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+            Pick::These(skus) => {
+                sqlx::query_as(&stock_query(
+                    "WHERE s.sku = ANY($1) ORDER BY s.sku FOR SHARE OF s",
+                ))
+                .bind(skus)
+                .fetch_all(&mut *tx)
+                .await?
+            }
+        };
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
-        if !*guards_restored && current.iter().any(|c| c.available.is_none()) {
-            // Counters are missing: Redis lost its data, and with it the guards
-            // that stop a redelivered feed event applying twice. The ledger knows
-            // which events were applied; each gets its guard back (for the rest
-            // of its day) before any counter is written, so no redelivery slips in.
-            report.guards += restore_guards(engine, pg).await?;
-            *guards_restored = true;
+        let missing: Vec<&str> = skus
+            .iter()
+            .zip(&current)
+            .filter(|(_, c)| c.available.is_none())
+            .map(|(sku, _)| *sku)
+            .collect();
+        if !missing.is_empty() {
+            // Counters are missing: Redis lost its data (or never had them), and
+            // with it the guards that stop a redelivered feed event applying
+            // twice. The ledger knows which events were applied to these SKUs;
+            // each gets its guard back (for the rest of its day) before the
+            // counter is written, so no redelivery slips in. The rows are locked,
+            // so the ledger cannot gain one of theirs meanwhile.
+            report.guards += restore_guards(engine, &mut tx, &missing).await?;
         }
-        let orphans = open_holds(engine, rows, &current).await?;
+        let orphans = open_holds(engine, &rows, &current).await?;
         let mut pipe = redis::pipe();
         let mut sent = 0;
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
@@ -297,15 +340,20 @@ impl Warming {
                 }
             }
         }
+        tx.commit().await?;
         report.skus += rows.len() as u64;
-        Ok(())
+        Ok(rows.last().map(|r| r.sku.clone()))
     }
 }
 
-/// Sets the event guard of every feed event the ledger recorded within the
-/// guard's lifetime (those already guarded are left as they are); returns how
-/// many were restored.
-async fn restore_guards(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError> {
+/// Sets the event guard of every feed event the ledger recorded for `skus`
+/// within the guard's lifetime (those already guarded are left as they are);
+/// returns how many were restored.
+async fn restore_guards(
+    engine: &Engine,
+    pg: &mut sqlx::PgConnection,
+    skus: &[&str],
+) -> Result<u64, EngineError> {
     let ttl_ms = engine.config.guard_ttl.as_millis() as i64;
     let mut after = 0i64;
     let mut restored = 0;
@@ -314,13 +362,14 @@ async fn restore_guards(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError
             "SELECT id, sku, source, event_id,
                     $2 - (extract(epoch FROM now() - created_at) * 1000)::bigint AS left_ms
                FROM ledger
-              WHERE kind IN ('receipt', 'adjustment') AND id > $1
+              WHERE kind IN ('receipt', 'adjustment') AND id > $1 AND sku = ANY($3)
                 AND created_at > now() - make_interval(secs => $2 / 1000.0)
               ORDER BY id LIMIT 1000",
         )
         .bind(after)
         .bind(ttl_ms)
-        .fetch_all(pg)
+        .bind(skus)
+        .fetch_all(&mut *pg)
         .await?;
         let Some(last) = rows.last() else { break };
         after = last.0;
@@ -376,4 +425,41 @@ async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> 
         .filter(|l| l.sku == sku)
         .map(|l| l.qty)
         .sum())
+}
+
+/// Watches for Redis losing its data, by a mark ([`crate::keys::Keyspace::LOSS_MARK`])
+/// that lives as long as Redis keeps its data: `seen` is the mark this caller
+/// saw last (`None` before its first look). The first look sets the mark where
+/// there is none (a Redis that was empty before this process, or lost its data
+/// before it started, is warmed by `serve --demo` or `holdfast warm`). When the
+/// mark is gone afterwards, every SKU is warmed again (each server that sees
+/// it does: warming is idempotent) and the mark set anew once that succeeded,
+/// so a warm-up cut short is tried again at the next look.
+pub async fn rewarm_after_loss(
+    engine: &Engine,
+    pg: &PgPool,
+    seen: &mut Option<String>,
+) -> Result<Option<WarmReport>, EngineError> {
+    let mut conn = engine.conn.clone();
+    let mark = crate::keys::Keyspace::LOSS_MARK;
+    let current: Option<String> = redis::cmd("GET").arg(mark).query_async(&mut conn).await?;
+    if current.is_some() {
+        *seen = current;
+        return Ok(None);
+    }
+    let report = if seen.is_some() {
+        tracing::error!("Redis lost its data (its mark is gone): warming every counter again");
+        Some(warm_all(engine, pg, WarmOptions::default(), |_| {}).await?)
+    } else {
+        None
+    };
+    let t: (String, String) = redis::cmd("TIME").query_async(&mut conn).await?;
+    redis::cmd("SET")
+        .arg(mark)
+        .arg(format!("{}.{}", t.0, t.1))
+        .arg("NX")
+        .query_async::<()>(&mut conn)
+        .await?;
+    *seen = redis::cmd("GET").arg(mark).query_async(&mut conn).await?;
+    Ok(report)
 }

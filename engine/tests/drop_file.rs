@@ -9,6 +9,7 @@ use holdfast_domain::sheet::{DropSheet, ImportReport};
 use holdfast_domain::{ConfirmOutcome, ReserveOutcome, ReserveRequest};
 use holdfast_engine::drop_file::{self, Format, ImportOptions, ImportOutcome};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+use holdfast_engine::schedule::{self, DropSchedule, ScheduleOutcome};
 use holdfast_engine::testkit::{TestRedis, backends};
 use holdfast_engine::verify::{VerifyOptions, verify};
 use holdfast_engine::{Backends, Engine};
@@ -601,6 +602,41 @@ async fn the_report_counts_sales_and_how_every_hold_ended(pg: PgPool) {
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_report_counts_shortfalls_in_units(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, &SPRING.replace("Red / M,10,2", "Red / M,5,")).await;
+    for (rid, qty) in [("s1", 3), ("s2", 1)] {
+        let req = ReserveRequest::single(rid, "SP-1", qty);
+        let outcome = b.engine.reserve(&req).await.unwrap();
+        assert!(
+            matches!(outcome, ReserveOutcome::Reserved { .. }),
+            "{outcome:?}"
+        );
+    }
+    // The supplier counts none on the shelf: all four held units are owed,
+    // and both holds are paid anyway.
+    b.engine
+        .apply_snapshot("SP-1", 0, 1, "erp", "count-1")
+        .await
+        .unwrap();
+    for rid in ["s1", "s2"] {
+        assert_eq!(
+            b.engine.confirm(rid).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+    }
+    drain(&b, &redis).await;
+    let report = holdfast_engine::report::drop_report(&b.pg, "spring")
+        .await
+        .unwrap()
+        .unwrap();
+    let sp1 = &report.skus[0];
+    // Four units short over two paid holds: the report counts units.
+    assert_eq!((sp1.units_sold, sp1.shortfalls), (4, 4), "{sp1:?}");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_change_redis_took_then_lost_before_the_ledger_is_applied_again(pg: PgPool) {
     let mut redis = TestRedis::start();
     let b = backends(pg, &redis.url()).await;
@@ -641,25 +677,35 @@ async fn a_change_redis_took_then_lost_before_the_ledger_is_applied_again(pg: Pg
     assert_eq!((on_hand, waiting), (25, 0));
 }
 
+/// Drop `code` of 300 SKUs (`<prefix>-000`…) with `stock` each, starting at
+/// `starts` (empty: unscheduled), read from CSV.
+fn three_hundred(code: &str, prefix: &str, stock: i64, starts: &str) -> (DropSheet, Vec<u64>) {
+    let mut text = "drop,starts_at,sku,product,stock\n".to_owned();
+    for i in 0..300 {
+        text.push_str(&format!("{code},{starts},{prefix}-{i:03},P,{stock}\n"));
+    }
+    drop_file::parse(&text, Format::Csv).unwrap()
+}
+
+/// Imports `file` in a task of its own.
+fn spawn_import(
+    b: &Backends,
+    (sheet, lines): (DropSheet, Vec<u64>),
+) -> tokio::task::JoinHandle<ImportOutcome> {
+    let (engine, pg) = (b.engine.clone(), b.pg.clone());
+    tokio::spawn(async move {
+        drop_file::import(&engine, &pg, &sheet, &lines, options(false))
+            .await
+            .unwrap()
+    })
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn imports_of_two_drops_sharing_new_skus_at_once_stay_consistent(pg: PgPool) {
     let redis = TestRedis::start();
     let b = backends(pg, &redis.url()).await;
-    let file = |code: &str, stock: i64, starts: &str| {
-        let mut text = "drop,starts_at,sku,product,stock\n".to_owned();
-        for i in 0..300 {
-            text.push_str(&format!("{code},{starts},SH-{i:03},P,{stock}\n"));
-        }
-        drop_file::parse(&text, Format::Csv).unwrap()
-    };
-    let run = |(sheet, lines): (DropSheet, Vec<u64>)| {
-        let (engine, pg) = (b.engine.clone(), b.pg.clone());
-        tokio::spawn(async move {
-            drop_file::import(&engine, &pg, &sheet, &lines, options(false))
-                .await
-                .unwrap()
-        })
-    };
+    let file = |code: &str, stock: i64, starts: &str| three_hundred(code, "SH", stock, starts);
+    let run = |file| spawn_import(&b, file);
     let (a, c) = tokio::join!(run(file("drop-a", 100, "")), run(file("drop-b", 50, "")));
     assert!(matches!(a.unwrap(), ImportOutcome::Done(_)));
     assert!(matches!(c.unwrap(), ImportOutcome::Done(_)));
@@ -694,6 +740,54 @@ async fn imports_of_two_drops_sharing_new_skus_at_once_stay_consistent(pg: PgPoo
         .filter(|o| matches!(o, ImportOutcome::Refused(_)))
         .count();
     assert_eq!(refused, 1);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_schedule_racing_an_import_of_a_drop_sharing_its_skus_leaves_one_scheduled(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    let file = |code: &str, starts: &str| three_hundred(code, "RC", 10, starts);
+    let import = |file| spawn_import(&b, file);
+    let schedule = |starts: Option<&str>| {
+        let (engine, pg) = (b.engine.clone(), b.pg.clone());
+        let when = DropSchedule {
+            starts_at: starts.map(|s| s.parse().unwrap()),
+            ends_at: None,
+        };
+        tokio::spawn(async move {
+            schedule::schedule_drop(&engine, &pg, "race-a", when)
+                .await
+                .unwrap()
+        })
+    };
+    import(file("race-a", "")).await.unwrap();
+    import(file("race-b", "")).await.unwrap();
+    for round in 0..6 {
+        // Both unscheduled, then drop A scheduled by hand while drop B's file
+        // schedules it: exactly one of the two may win.
+        schedule(None).await.unwrap();
+        assert!(matches!(
+            import(file("race-b", "")).await.unwrap(),
+            ImportOutcome::Done(_)
+        ));
+        let (a, b_file) = tokio::join!(
+            schedule(Some("2030-03-01T00:00:00Z")),
+            import(file("race-b", "2030-04-01T00:00:00Z"))
+        );
+        let a_won = matches!(a.unwrap(), ScheduleOutcome::Scheduled { .. });
+        let b_won = matches!(b_file.unwrap(), ImportOutcome::Done(_));
+        assert!(a_won != b_won, "round {round}: A {a_won}, B {b_won}");
+        let twice: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (
+                 SELECT ds.sku FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
+                  WHERE d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL
+                  GROUP BY ds.sku HAVING count(*) > 1) t",
+        )
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+        assert_eq!(twice, 0, "round {round}: SKUs in two scheduled drops");
+    }
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

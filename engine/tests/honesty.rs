@@ -214,6 +214,14 @@ async fn confirming_an_owed_unit_is_an_oversell_support_sees(pg: PgPool) {
             .unwrap();
     assert_eq!(kind, "oversold");
     assert!(reason.contains("1 unit(s) of OWE-3"), "{reason}");
+    // The line itself says how many units were short (a drop's report sums them).
+    let short: i64 = sqlx::query_scalar(
+        "SELECT oversold_units FROM holds WHERE reservation_id = 'paid-late' AND sku = 'OWE-3'",
+    )
+    .fetch_one(&pg)
+    .await
+    .unwrap();
+    assert_eq!(short, 1);
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
@@ -748,4 +756,179 @@ async fn a_confirm_for_an_id_whose_owner_never_held_is_unknown_not_lost(pg: PgPo
         .await
         .unwrap();
     assert_eq!(remediations, 0);
+}
+
+/// Every entry of every shard's stream, with its fields.
+async fn entries(b: &Backends, redis: &TestRedis) -> Vec<(String, Vec<(String, String)>)> {
+    let mut conn = redis.connection().await;
+    let mut all = Vec::new();
+    for key in b.engine.keyspace().all_events() {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            .arg(&key)
+            .arg("-")
+            .arg("+")
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        for id in reply.ids {
+            let fields = id
+                .map
+                .iter()
+                .map(|(k, v)| (k.clone(), redis::from_redis_value_ref::<String>(v).unwrap()))
+                .collect();
+            all.push((key.clone(), fields));
+        }
+    }
+    all
+}
+
+/// Redis loses its data while the write-behind carries a sale and a feed
+/// movement to PostgreSQL; warm-up rebuilds the counter from rows that do not
+/// have them yet, and then they are recorded. Before, the counter kept the sold
+/// units and the units the feed took away (and reconciliation counted the gap
+/// as in flight, so nothing saw it); now the write-behind applies them to the
+/// rebuilt counter as it records them, once, even when the feed event was
+/// redelivered to the new counter first.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn movements_recorded_after_redis_lost_their_counter_are_applied_to_the_new_one(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("INF-1", 10), ("INF-2", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    drain(&b, &mut w).await;
+    // INF-1: 3 sold, 2 taken by a feed. INF-2: 4 sold, and a feed's -1 that is
+    // redelivered to the rebuilt counter before the write-behind records it.
+    for (rid, sku, sold, delta, event) in [
+        ("inf-a", "INF-1", 3, -2, "inf-d1"),
+        ("inf-b", "INF-2", 4, -1, "inf-d2"),
+    ] {
+        reserve(&b.engine, rid, sku, sold).await;
+        assert_eq!(
+            b.engine.confirm(rid).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+        b.engine
+            .apply_delta(sku, delta, "erp", event)
+            .await
+            .unwrap();
+    }
+    let carried = entries(&b, &redis).await;
+
+    // The loss, and a warm-up from PostgreSQL, which has none of it yet.
+    flush(&redis).await;
+    warm_all(&b.engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        (available(&b, "INF-1").await, available(&b, "INF-2").await),
+        (10, 10)
+    );
+
+    // The write-behind records what it carried (as it would, having read it
+    // before the loss), after the feed redelivered INF-2's event to the new
+    // counter.
+    let mut conn = redis.connection().await;
+    for (key, fields) in &carried {
+        let mut add = redis::cmd("XADD");
+        add.arg(key).arg("*");
+        for (k, v) in fields {
+            add.arg(k).arg(v);
+        }
+        add.query_async::<()>(&mut conn).await.unwrap();
+    }
+    assert_eq!(
+        b.engine
+            .apply_delta("INF-2", -1, "erp", "inf-d2")
+            .await
+            .unwrap(),
+        DeltaOutcome::Applied {
+            available: 9,
+            owed: 0
+        },
+        "the feed redelivers its event to the new counter"
+    );
+    w.ensure_groups().await.unwrap();
+    drain(&b, &mut w).await;
+
+    assert_eq!(on_hand(&pg, "INF-1").await, 5);
+    assert_eq!(on_hand(&pg, "INF-2").await, 5);
+    assert_eq!(available(&b, "INF-1").await, 5, "3 sold and 2 taken away");
+    assert_eq!(
+        available(&b, "INF-2").await,
+        5,
+        "4 sold, the feed's -1 once"
+    );
+    // Nothing drifts, and nothing is hidden as in flight.
+    let report = reconcile::reconcile_all(&b.engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.drifted, 0, "{report:?}");
+    for sku in ["INF-1", "INF-2"] {
+        let f = b.engine.figures(sku).await.unwrap().unwrap();
+        assert_eq!((f.reserved, f.sold_pending), (0, 0), "{sku}: {f:?}");
+    }
+    let counters: Vec<(i64, i64)> = {
+        let mut pipe = redis::pipe();
+        for sku in ["INF-1", "INF-2"] {
+            pipe.cmd("HMGET")
+                .arg(b.engine.keyspace().sku(sku))
+                .arg(&["settled", "fed"]);
+        }
+        pipe.query_async(&mut conn).await.unwrap()
+    };
+    let recorded: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT sold_recorded, fed_recorded FROM skus ORDER BY sku")
+            .fetch_all(&pg)
+            .await
+            .unwrap();
+    assert_eq!(
+        counters, recorded,
+        "the counters count what PostgreSQL recorded"
+    );
+    // The feed's event stays applied once.
+    assert_eq!(
+        b.engine
+            .apply_delta("INF-1", -2, "erp", "inf-d1")
+            .await
+            .unwrap(),
+        DeltaOutcome::Duplicate
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_loss_of_redis_data_is_noticed_and_the_counters_warmed_again(pg: PgPool) {
+    use holdfast_engine::warmup::rewarm_after_loss;
+    let (redis, b) = setup(&pg, &[("MRK-1", 7), ("MRK-2", 3)]).await;
+    let (mut one, mut two) = (None, None);
+    for seen in [&mut one, &mut two] {
+        assert_eq!(
+            rewarm_after_loss(&b.engine, &pg, seen).await.unwrap(),
+            None,
+            "a first look only sets the mark"
+        );
+        assert!(seen.is_some());
+    }
+    assert_eq!(
+        rewarm_after_loss(&b.engine, &pg, &mut one).await.unwrap(),
+        None
+    );
+
+    flush(&redis).await;
+    let report = rewarm_after_loss(&b.engine, &pg, &mut one)
+        .await
+        .unwrap()
+        .expect("the loss is noticed");
+    assert_eq!(report.warmed, 2, "{report:?}");
+    assert_eq!(
+        (available(&b, "MRK-1").await, available(&b, "MRK-2").await),
+        (7, 3)
+    );
+    // Another server that looked before the loss finds the mark set again.
+    assert_eq!(
+        rewarm_after_loss(&b.engine, &pg, &mut two).await.unwrap(),
+        None
+    );
+    assert_eq!(one, two);
+    assert_eq!(
+        rewarm_after_loss(&b.engine, &pg, &mut one).await.unwrap(),
+        None
+    );
 }

@@ -1,6 +1,7 @@
 //! Background workers that run beside the HTTP server: the reaper, the
-//! write-behind to PostgreSQL, scheduled reconciliation and verification, and
-//! the ingestion lanes' consumers. Each is the engine's; this module starts,
+//! write-behind to PostgreSQL, scheduled reconciliation and verification, the
+//! counters' keeper (warming again after Redis lost its data, applying waiting
+//! stock changes) and the ingestion lanes' consumers. Each is the engine's; this module starts,
 //! supervises (a worker that panics or stops is started again, with backoff),
 //! counts and stops them.
 
@@ -204,11 +205,11 @@ impl Workers {
         {
             let backends = backends.clone();
             tasks.push(supervise(
-                "stock_changes",
+                "counters",
                 rx.clone(),
                 restarts.clone(),
                 move |rx| {
-                    let fut = stock_changes_loop(backends.clone(), stopped(rx));
+                    let fut = counters_loop(backends.clone(), stopped(rx));
                     async move {
                         fut.await;
                         Ok(())
@@ -369,17 +370,33 @@ where
     })
 }
 
-/// How often stock changes from drop imports that wait are applied again.
-const STOCK_CHANGES_EVERY: Duration = Duration::from_secs(5);
+/// How often the counters are looked after: Redis' data checked for a loss,
+/// and stock changes from drop imports that wait applied again.
+const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
-/// Applies the stock changes drop imports left waiting (Redis down or refusing
-/// writes, a process killed, Redis' data lost before the write-behind recorded
-/// them) every [`STOCK_CHANGES_EVERY`], and marks those the ledger has. Every
-/// server runs it; applying twice is harmless (each change's event guard).
-async fn stock_changes_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
-    periodically(STOCK_CHANGES_EVERY, shutdown, || {
-        let b = backends.clone();
+/// Every [`COUNTERS_EVERY`]: warms every counter again when Redis lost its data
+/// (see `warmup::rewarm_after_loss`), then applies the stock changes drop
+/// imports left waiting (Redis down or refusing writes, a process killed,
+/// Redis' data lost before the write-behind recorded them) and marks those the
+/// ledger has. Every server runs it; doing either twice is harmless (warming
+/// writes only missing counters, each change has its event guard).
+async fn counters_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    let seen = Arc::new(tokio::sync::Mutex::new(None));
+    periodically(COUNTERS_EVERY, shutdown, || {
+        let (b, seen) = (backends.clone(), seen.clone());
         async move {
+            let mut seen = seen.lock().await;
+            match holdfast_engine::warmup::rewarm_after_loss(&b.engine, &b.pg, &mut seen).await {
+                Ok(None) => {}
+                Ok(Some(report)) => tracing::warn!(
+                    warmed = report.warmed,
+                    guards = report.guards,
+                    "counters warmed again after Redis lost its data"
+                ),
+                Err(e) => {
+                    tracing::warn!(error = %e, "checking Redis for a data loss failed; retrying")
+                }
+            }
             match holdfast_engine::drop_file::apply_pending_stock(&b.engine, &b.pg).await {
                 Ok(0) => {}
                 Ok(n) => tracing::info!(applied = n, "waiting stock changes applied"),

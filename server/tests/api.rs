@@ -280,6 +280,10 @@ async fn reserve_answers_every_outcome_with_its_status(pool: PgPool) {
     assert_eq!(huge.status(), 413, "bodies are limited");
     let refused: Value = huge.json().await.expect("the API's JSON error shape");
     assert_eq!(refused["code"], "payload_too_large");
+    assert!(
+        refused["message"].as_str().unwrap().contains("16384 bytes"),
+        "{refused}"
+    );
 
     // Read, confirm, release.
     let (s, got) = api.get(&format!("/api/v1/reservations/{id}")).await;

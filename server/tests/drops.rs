@@ -149,6 +149,22 @@ async fn a_pim_pushes_a_drop_that_then_sells(pool: PgPool) {
     let (status, big) = put(&http, &server.url("/api/v1/drops/big"), &catalog, &big_drop).await;
     assert_eq!(status, 200);
     assert_eq!(big["counters_warmed"], 2_000);
+    // Over the drop limit (4 MiB): 413 naming that limit, not a checkout call's.
+    let res = http
+        .put(server.url("/api/v1/drops/huge"))
+        .bearer_auth(&catalog)
+        .header("Content-Type", "text/csv")
+        .body(vec![b' '; 5 * 1024 * 1024])
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 413);
+    let err: Value = res.json().await.unwrap();
+    assert_eq!(err["code"], "payload_too_large");
+    assert!(
+        err["message"].as_str().unwrap().contains("4194304 bytes"),
+        "{err}"
+    );
 
     // The report: JSON, and CSV for a spreadsheet.
     let res = http

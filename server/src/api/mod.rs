@@ -113,9 +113,15 @@ where
             }),
         )
         .layer(DefaultBodyLimit::max(max_body))
-        .layer(axum::middleware::map_response(
-            move |response: axum::response::Response| async move {
-                rejection_as_json(response, max_body).await
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| async move {
+                // The limit of the route asked, so a 413 names the one that applies.
+                let limit = if request.uri().path().starts_with("/api/v1/drops/") {
+                    drops::BODY_LIMIT
+                } else {
+                    max_body
+                };
+                rejection_as_json(next.run(request).await, limit).await
             },
         ))
         .layer(axum::middleware::from_fn_with_state(
@@ -125,8 +131,8 @@ where
 }
 
 /// A refusal the body extractors made (plain text) in the API's JSON error
-/// shape: 413 `payload_too_large`, 422 `invalid`, other 4xx `bad_request`,
-/// with the extractor's own explanation.
+/// shape: 413 `payload_too_large` (naming `max_body`, the route's limit), 422
+/// `invalid`, other 4xx `bad_request`, with the extractor's own explanation.
 async fn rejection_as_json(
     response: axum::response::Response,
     max_body: usize,
@@ -146,10 +152,7 @@ async fn rejection_as_json(
         StatusCode::PAYLOAD_TOO_LARGE => {
             return crate::http::error::ApiError::new(
                 ErrorCode::PayloadTooLarge,
-                format!(
-                    "a request body is at most {max_body} bytes (a drop file for PUT /api/v1/drops: {} MiB)",
-                    drops::BODY_LIMIT / (1024 * 1024)
-                ),
+                format!("this request's body is at most {max_body} bytes"),
             )
             .into_response();
         }
