@@ -219,6 +219,9 @@ async fn import(
             report.not_in_file.join(", ")
         );
     }
+    for warning in &report.warnings {
+        println!("  warning: {warning}");
+    }
     if dry_run {
         println!("dry run: nothing was written");
     } else if report.stock_changes_applied > 0 || report.counters_warmed > 0 {

@@ -180,6 +180,11 @@ pub struct ImportReport {
     pub changes: Vec<Change>,
     /// SKUs of the drop the file does not list: left in the drop as they are.
     pub not_in_file: Vec<String>,
+    /// What the import does that a merchandiser may not mean: a stock lowered
+    /// below the units already sold (those sales become an oversell to
+    /// remediate). Shown with the preview; the import goes ahead all the same.
+    #[serde(default)]
+    pub warnings: Vec<String>,
     /// Stock changes applied to the live counters by this call.
     pub stock_changes_applied: u64,
     /// Counters created by this call (SKUs that had none).

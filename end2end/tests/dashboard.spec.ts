@@ -245,6 +245,11 @@ test('a merchandiser sets up a drop from a CSV, previews it, imports it and it s
     return page.locator('table.report tr[data-sku="E2E-1"] td[data-field="units_sold"]').textContent();
   }, { timeout: 10000 }).toBe('1');
   await expect(page.getByRole('link', { name: 'Download CSV' })).toHaveAttribute('download', 'e2e-spring-report.csv');
+  // Lowering the stock below what is sold is warned of before it is imported.
+  await page.getByLabel('File contents').fill(csv.replace('many', '6').replace('Red / M,4,1', 'Red / M,0,1'));
+  await page.getByRole('button', { name: 'Preview' }).click();
+  await expect(page.locator('[data-outcome="preview"] ul.warnings')).toContainText(
+    'Warning: E2E-1: a stock of 0 leaves 1 of the 1 unit(s) already sold without stock');
   await page.screenshot({ path: 'output/drops.png', fullPage: true });
   // A merchandiser cannot release holds.
   await page.goto('/sku/E2E-1');

@@ -330,6 +330,10 @@ struct Current {
     stock: i64,
     per_buyer_limit: Option<i32>,
     low_stock_threshold: i32,
+    /// Units on hand now (the stock given, moved by feeds, less units sold).
+    on_hand: i64,
+    /// Units sold so far, as recorded.
+    sold_recorded: i64,
 }
 
 /// A change of `field` of `sku` (or of the drop, without a SKU).
@@ -378,7 +382,7 @@ pub async fn import(
             .await?;
     let current: Vec<Current> = sqlx::query_as(
         "SELECT sku, product, variant, title, stock_declared AS stock,
-                per_buyer_limit, low_stock_threshold
+                per_buyer_limit, low_stock_threshold, on_hand, sold_recorded
            FROM skus WHERE sku = ANY($1) ORDER BY sku FOR UPDATE",
     )
     .bind(&skus)
@@ -444,6 +448,7 @@ pub async fn import(
     let member_position: std::collections::HashMap<&str, i32> =
         members.iter().map(|(s, p)| (s.as_str(), *p)).collect();
     let mut stock_moves: Vec<(String, i64)> = Vec::new();
+    let mut warnings = Vec::new();
     let mut reordered = false;
     for (i, s) in sheet.skus.iter().enumerate() {
         let sku = s.sku.as_str();
@@ -498,6 +503,14 @@ pub async fn import(
                 Some(s.stock.to_string()),
             ));
             stock_moves.push((sku.to_owned(), s.stock - old.stock));
+            let short = -(old.on_hand + s.stock - old.stock);
+            if short > 0 {
+                warnings.push(format!(
+                    "{sku}: a stock of {} leaves {short} of the {} unit(s) already sold without \
+                     stock: they become an oversell to refund or source",
+                    s.stock, old.sold_recorded
+                ));
+            }
         }
     }
     if reordered {
@@ -514,6 +527,7 @@ pub async fn import(
         dry_run: options.dry_run,
         changes,
         not_in_file,
+        warnings,
         stock_changes_applied: 0,
         counters_warmed: 0,
     };
@@ -736,7 +750,7 @@ pub async fn export(pg: &PgPool, code: &str) -> Result<Option<DropSheet>, Engine
     let rows: Vec<Current> = sqlx::query_as(
         "SELECT s.sku, s.product, s.variant, s.title,
                 s.stock_declared AS stock,
-                s.per_buyer_limit, s.low_stock_threshold
+                s.per_buyer_limit, s.low_stock_threshold, s.on_hand, s.sold_recorded
            FROM drop_skus d JOIN skus s ON s.sku = d.sku
           WHERE d.drop_code = $1 ORDER BY d.position, s.sku",
     )

@@ -602,6 +602,42 @@ async fn the_report_counts_sales_and_how_every_hold_ended(pg: PgPool) {
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_stock_below_what_is_sold_is_warned_of_in_the_preview(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    imported(&b, SPRING).await;
+    let req = ReserveRequest::single("sold-6", "SP-1", 2).for_buyer("ann");
+    let outcome = b.engine.reserve(&req).await.unwrap();
+    assert!(
+        matches!(outcome, ReserveOutcome::Reserved { .. }),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        b.engine.confirm("sold-6").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    drain(&b, &redis).await;
+    let b = &b;
+    let preview = |stock: &str| {
+        let text = SPRING.replace("Red / M,10", &format!("Red / M,{stock}"));
+        async move {
+            match import_text(b, &text, Format::Csv, true).await {
+                ImportOutcome::Done(report) => report.warnings,
+                ImportOutcome::Refused(p) => panic!("refused: {p:?}"),
+            }
+        }
+    };
+    // 2 sold of 10: lowering to 2 is fine, to 1 leaves a sold unit without stock.
+    assert_eq!(preview("2").await, Vec::<String>::new());
+    let warnings = preview("1").await;
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].starts_with("SP-1: a stock of 1 leaves 1 of the 2 unit(s) already sold"),
+        "{warnings:?}"
+    );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn the_report_counts_shortfalls_in_units(pg: PgPool) {
     let redis = TestRedis::start();
     let b = backends(pg, &redis.url()).await;

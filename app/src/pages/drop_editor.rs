@@ -201,6 +201,7 @@ pub fn DropEditor() -> impl IntoView {
                         (false, n) => format!("Drop {}: saved, {n} change(s).", report.code),
                     }
                 }</p>
+                {crate::pages::drops::import_warnings(&report.warnings)}
             }.into_any(),
             Ok(ImportOutcome::Refused(problems)) => view! {
                 <p class="notice error" role="alert" data-form="refused">{format!("Not saved: {} problem(s), shown next to their fields.", problems.len())}</p>

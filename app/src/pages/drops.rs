@@ -87,6 +87,7 @@ pub fn DropsPage() -> impl IntoView {
                             {(!report.not_in_file.is_empty()).then(|| view! {
                                 <p class="muted">{format!("Left in the drop as they are (not in the file): {}", report.not_in_file.join(", "))}</p>
                             })}
+                            {import_warnings(&report.warnings)}
                         </div>
                     }.into_any()
                 }
@@ -229,4 +230,16 @@ fn ReportPanel() -> impl IntoView {
             Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
         })}
     }
+}
+
+/// An import's warnings (a stock lowered below the units sold, …), as a list;
+/// nothing when there are none. The file box and the form editor show them alike.
+pub(crate) fn import_warnings(warnings: &[String]) -> impl IntoView + use<> {
+    (!warnings.is_empty()).then(|| {
+        let items = warnings
+            .iter()
+            .map(|w| view! { <li>{format!("Warning: {w}")}</li> })
+            .collect_view();
+        view! { <ul class="warnings" aria-label="Warnings">{items}</ul> }
+    })
 }
