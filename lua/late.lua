@@ -17,7 +17,8 @@
 --
 -- ARGV[1] sku   ARGV[2] change of on hand (signed: a sale is negative)
 -- ARGV[3] 'sale' | 'feed'   ARGV[4] the epoch the event carried ('' for none)
--- ARGV[5] guard ttl ms
+-- ARGV[5] guard ttl ms   ARGV[6] a snapshot's version (-1: not a snapshot),
+-- which the counter's version is raised to, so an older snapshot stays refused
 --
 -- Returns {'applied', available, owed}, {'current'} (the counter is the event's
 -- own: nothing to do), {'already'} or {'not_warmed'}.
@@ -30,6 +31,10 @@ local effective = tonumber(c[1]) - tonumber(c[2] or '0') + change
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+local version = tonumber(ARGV[6])
+if version >= 0 and version > tonumber(redis.call('HGET', KEYS[1], 'version') or '-1') then
+  redis.call('HSET', KEYS[1], 'version', version)
+end
 -- What PostgreSQL records now, the counter counts as recorded too.
 if ARGV[3] == 'sale' then
   redis.call('HINCRBY', KEYS[1], 'settled', -change)

@@ -329,13 +329,14 @@ pub fn parse_csv_partly(text: &str) -> Result<(DropSheet, Vec<u64>, Vec<Problem>
     let names: Vec<String> = header.iter().map(|h| h.trim().to_lowercase()).collect();
     for (i, name) in names.iter().enumerate() {
         if !CSV_COLUMNS.contains(&name.as_str()) {
+            let name = crate::text::clipped(name, 40);
             problems.push(Problem {
                 line: Some(*header_line),
-                column: name.clone(),
                 message: format!(
                     "unknown column '{name}': the columns are {}",
                     CSV_COLUMNS.join(", ")
                 ),
+                column: name,
             });
         } else if names[..i].contains(name) {
             problems.push(Problem {

@@ -18,6 +18,15 @@ pub fn thousands(n: impl Into<i128>) -> String {
     out
 }
 
+/// `s` cut to at most `max` characters, with `…` where it was cut: a value a
+/// person sent, echoed back in a message without echoing all of it.
+pub fn clipped(s: &str, max: usize) -> String {
+    match s.char_indices().nth(max) {
+        Some((end, _)) => format!("{}…", &s[..end]),
+        None => s.to_owned(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #[test]
@@ -26,5 +35,11 @@ mod tests {
         assert_eq!(super::thousands(999_u64), "999");
         assert_eq!(super::thousands(1_000_i64), "1,000");
         assert_eq!(super::thousands(-1_234_567_i64), "-1,234,567");
+    }
+
+    #[test]
+    fn clipped_at_a_character() {
+        assert_eq!(super::clipped("stock", 40), "stock");
+        assert_eq!(super::clipped("ééééé", 3), "ééé…");
     }
 }

@@ -1,5 +1,6 @@
-//! Benchmark: warm-up and reconciliation of 100,000 SKUs, write-behind throughput
-//! into PostgreSQL, and its lag while a drop is running.
+//! Benchmark: warm-up and reconciliation of 100,000 SKUs (or `--skus`), Redis
+//! memory per SKU and per open hold, write-behind throughput into PostgreSQL,
+//! and its lag while a drop is running.
 //!
 //! Uses a private `redis-server` and a fresh database `holdfast_bench` on the
 //! PostgreSQL in `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`).
@@ -44,6 +45,19 @@ async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefi
     while tasks.join_next().await.is_some() {}
 }
 
+/// Redis' `used_memory`, bytes.
+async fn used_memory(conn: &mut redis::aio::ConnectionManager) -> i64 {
+    let info: String = redis::cmd("INFO")
+        .arg("memory")
+        .query_async(conn)
+        .await
+        .unwrap();
+    info.lines()
+        .find_map(|l| l.strip_prefix("used_memory:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap()
+}
+
 #[tokio::main]
 async fn main() {
     let skus = flag("--skus", 100_000);
@@ -66,13 +80,27 @@ async fn main() {
         t.elapsed().as_millis()
     );
 
+    let mut conn = redis.connection().await;
+    let before_warm = used_memory(&mut conn).await;
     let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
         .await
         .unwrap();
     assert_eq!(warm.warmed, skus);
+    let per_sku = (used_memory(&mut conn).await - before_warm) as f64 / skus as f64;
+    // The counter alone (without its warm-up event, trimmed once written behind).
+    let mut pipe = redis::pipe();
+    let sample = skus.min(1_000);
+    for i in 0..sample {
+        pipe.cmd("MEMORY").arg("USAGE").arg(
+            engine
+                .keyspace()
+                .sku(&format!("B-{:06}", i * (skus / sample))),
+        );
+    }
+    let sizes: Vec<i64> = pipe.query_async(&mut conn).await.unwrap();
+    let per_counter = sizes.iter().sum::<i64>() as f64 / sizes.len() as f64;
 
     // Corrupt 1% of counters upward so reconciliation has real work.
-    let mut conn = redis.connection().await;
     let mut pipe = redis::pipe();
     for i in (0..skus).step_by(100) {
         pipe.cmd("HINCRBY")
@@ -143,6 +171,19 @@ async fn main() {
     tx.send(true).unwrap();
     task.await.unwrap();
 
+    // Memory per open hold: 10,000 holds of one unit (with a buyer, so the
+    // per-buyer counter is there too) on 2,000 SKUs, left open.
+    let holds = 10_000u64;
+    let before_holds = used_memory(&mut conn).await;
+    for i in 0..holds {
+        let sku = format!("B-{:06}", i % skus.min(2_000));
+        let req =
+            ReserveRequest::single(format!("open-{i}"), &sku, 1).for_buyer(format!("buyer-{i}"));
+        let r = engine.reserve(&req).await.unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    let per_hold = (used_memory(&mut conn).await - before_holds) as f64 / holds as f64;
+
     println!("| measure | result | budget |");
     println!("|---|---|---|");
     println!(
@@ -152,6 +193,12 @@ async fn main() {
     println!(
         "| reconciliation of {skus} SKUs ({} corrected) | {} ms | < 10,000 ms |",
         rec.corrected_down, rec.elapsed_ms
+    );
+    println!(
+        "| Redis memory per SKU: counter alone (MEMORY USAGE, {sample} sampled); with its warm-up stream entry | {per_counter:.0} B; {per_sku:.0} B | (no budget) |"
+    );
+    println!(
+        "| Redis memory per open hold (hold, due and SKU sets, buyer counter, stream entry; {holds} holds) | {per_hold:.0} B | (no budget) |"
     );
     println!(
         "| write-behind drain: {backlog} stream entries ({sales} sales) | {:.0} entries/s ({:.0} sales/s) | >= 10,000 events/s |",

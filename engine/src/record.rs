@@ -478,6 +478,8 @@ struct LedgerRows {
     rid: Vec<Option<String>>,
     /// The epoch of the counter each movement moved ('' for none).
     epoch: Vec<String>,
+    /// A snapshot's version (-1 for other movements).
+    version: Vec<i64>,
 }
 
 impl LedgerRows {
@@ -492,6 +494,7 @@ impl LedgerRows {
         rid: Option<String>,
     ) {
         self.epoch.push(e.epoch.clone().unwrap_or_default());
+        self.version.push(e.version.unwrap_or(-1));
         self.sku.push(e.sku.clone());
         self.kind.push(kind);
         self.qty.push(qty);
@@ -817,7 +820,8 @@ async fn apply_late(
                     "feed"
                 })
                 .arg(&ledger.epoch[i])
-                .arg(ttl_ms),
+                .arg(ttl_ms)
+                .arg(ledger.version[i]),
         );
     }
     let replies: Vec<Vec<Value>> = pipe.query_async(&mut conn).await?;

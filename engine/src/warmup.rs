@@ -429,37 +429,49 @@ async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> 
 
 /// Watches for Redis losing its data, by a mark ([`crate::keys::Keyspace::LOSS_MARK`])
 /// that lives as long as Redis keeps its data: `seen` is the mark this caller
-/// saw last (`None` before its first look). The first look sets the mark where
-/// there is none (a Redis that was empty before this process, or lost its data
-/// before it started, is warmed by `serve --demo` or `holdfast warm`). When the
-/// mark is gone afterwards, every SKU is warmed again (each server that sees
-/// it does: warming is idempotent) and the mark set anew once that succeeded,
-/// so a warm-up cut short is tried again at the next look.
+/// saw last (`None` before its first look).
+///
+/// The first look only notes the mark (setting one where there is none: a
+/// Redis that was empty before this process, or lost its data before it
+/// started, is warmed by `serve --demo` or `holdfast warm`). After that, a mark
+/// that is gone, or is not the one seen (another process set a new one after a
+/// loss, perhaps on its own first look, without warming), means Redis lost its
+/// data: a new mark is set first, then every SKU is warmed (each server that
+/// sees it does: warming is idempotent), and only then is the mark taken as
+/// seen. A loss during the warm-up removes the new mark, and a warm-up cut
+/// short by an error leaves `seen` as it was: either way the next look warms again.
 pub async fn rewarm_after_loss(
     engine: &Engine,
     pg: &PgPool,
     seen: &mut Option<String>,
 ) -> Result<Option<WarmReport>, EngineError> {
     let mut conn = engine.conn.clone();
-    let mark = crate::keys::Keyspace::LOSS_MARK;
-    let current: Option<String> = redis::cmd("GET").arg(mark).query_async(&mut conn).await?;
-    if current.is_some() {
+    let key = crate::keys::Keyspace::LOSS_MARK;
+    let mut current: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+    if current.is_some() && (seen.is_none() || current == *seen) {
         *seen = current;
         return Ok(None);
     }
-    let report = if seen.is_some() {
-        tracing::error!("Redis lost its data (its mark is gone): warming every counter again");
-        Some(warm_all(engine, pg, WarmOptions::default(), |_| {}).await?)
-    } else {
-        None
-    };
-    let t: (String, String) = redis::cmd("TIME").query_async(&mut conn).await?;
-    redis::cmd("SET")
-        .arg(mark)
-        .arg(format!("{}.{}", t.0, t.1))
-        .arg("NX")
-        .query_async::<()>(&mut conn)
-        .await?;
-    *seen = redis::cmd("GET").arg(mark).query_async(&mut conn).await?;
-    Ok(report)
+    if current.is_none() {
+        let t: (String, String) = redis::cmd("TIME").query_async(&mut conn).await?;
+        redis::cmd("SET")
+            .arg(key)
+            .arg(format!("{}.{}", t.0, t.1))
+            .arg("NX")
+            .query_async::<()>(&mut conn)
+            .await?;
+        current = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+        if current.is_none() {
+            // Lost again at once: the next look starts over.
+            return Ok(None);
+        }
+        if seen.is_none() {
+            *seen = current;
+            return Ok(None);
+        }
+    }
+    tracing::error!("Redis lost its data (its mark is gone or new): warming every counter again");
+    let report = warm_all(engine, pg, WarmOptions::default(), |_| {}).await?;
+    *seen = current;
+    Ok(Some(report))
 }

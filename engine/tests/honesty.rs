@@ -791,7 +791,7 @@ async fn entries(b: &Backends, redis: &TestRedis) -> Vec<(String, Vec<(String, S
 /// redelivered to the new counter first.
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn movements_recorded_after_redis_lost_their_counter_are_applied_to_the_new_one(pg: PgPool) {
-    let (redis, b) = setup(&pg, &[("INF-1", 10), ("INF-2", 10)]).await;
+    let (redis, b) = setup(&pg, &[("INF-1", 10), ("INF-2", 10), ("INF-3", 10)]).await;
     let mut w = writer(&b, redis.connection().await);
     drain(&b, &mut w).await;
     // INF-1: 3 sold, 2 taken by a feed. INF-2: 4 sold, and a feed's -1 that is
@@ -810,6 +810,11 @@ async fn movements_recorded_after_redis_lost_their_counter_are_applied_to_the_ne
             .await
             .unwrap();
     }
+    // INF-3: a supplier count (version 7) says 4.
+    b.engine
+        .apply_snapshot("INF-3", 4, 7, "erp", "inf-s7")
+        .await
+        .unwrap();
     let carried = entries(&b, &redis).await;
 
     // The loss, and a warm-up from PostgreSQL, which has none of it yet.
@@ -861,13 +866,25 @@ async fn movements_recorded_after_redis_lost_their_counter_are_applied_to_the_ne
         .await
         .unwrap();
     assert_eq!(report.drifted, 0, "{report:?}");
-    for sku in ["INF-1", "INF-2"] {
+    assert_eq!(
+        (on_hand(&pg, "INF-3").await, available(&b, "INF-3").await),
+        (4, 4)
+    );
+    assert_eq!(
+        b.engine
+            .apply_snapshot("INF-3", 40, 6, "erp", "inf-s6")
+            .await
+            .unwrap(),
+        SnapshotOutcome::Stale { current_version: 7 },
+        "an older count stays refused"
+    );
+    for sku in ["INF-1", "INF-2", "INF-3"] {
         let f = b.engine.figures(sku).await.unwrap().unwrap();
         assert_eq!((f.reserved, f.sold_pending), (0, 0), "{sku}: {f:?}");
     }
     let counters: Vec<(i64, i64)> = {
         let mut pipe = redis::pipe();
-        for sku in ["INF-1", "INF-2"] {
+        for sku in ["INF-1", "INF-2", "INF-3"] {
             pipe.cmd("HMGET")
                 .arg(b.engine.keyspace().sku(sku))
                 .arg(&["settled", "fed"]);
@@ -921,14 +938,28 @@ async fn a_loss_of_redis_data_is_noticed_and_the_counters_warmed_again(pg: PgPoo
         (available(&b, "MRK-1").await, available(&b, "MRK-2").await),
         (7, 3)
     );
-    // Another server that looked before the loss finds the mark set again.
-    assert_eq!(
-        rewarm_after_loss(&b.engine, &pg, &mut two).await.unwrap(),
-        None
-    );
+    // Another server that looked before the loss finds a new mark: it warms
+    // too (nothing is missing now), then both agree.
+    let again = rewarm_after_loss(&b.engine, &pg, &mut two).await.unwrap();
+    assert_eq!(again.map(|r| r.warmed), Some(0));
     assert_eq!(one, two);
     assert_eq!(
         rewarm_after_loss(&b.engine, &pg, &mut one).await.unwrap(),
         None
     );
+
+    // Lost again, and a server starting now sets a new mark on its first look
+    // (it cannot tell): the one that ran before still warms.
+    flush(&redis).await;
+    let mut newcomer = None;
+    assert_eq!(
+        rewarm_after_loss(&b.engine, &pg, &mut newcomer)
+            .await
+            .unwrap(),
+        None
+    );
+    assert!(newcomer.is_some() && newcomer != one);
+    let report = rewarm_after_loss(&b.engine, &pg, &mut one).await.unwrap();
+    assert_eq!(report.map(|r| r.warmed), Some(2));
+    assert_eq!(available(&b, "MRK-2").await, 3);
 }
