@@ -22,7 +22,7 @@
 --
 -- Returns {'applied', available, owed}, {'current'} (the counter is the event's
 -- own: nothing to do), {'already'} or {'not_warmed'}.
-local c = redis.call('HMGET', KEYS[1], 'available', 'owed', 'epoch', 'reserved', 'sold_pending')
+local c = redis.call('HMGET', KEYS[1], 'available', 'owed', 'epoch', 'reserved', 'sold_pending', 'version')
 if not c[1] then return {'not_warmed'} end
 if (c[3] or '') == ARGV[4] then return {'current'} end
 if not redis.call('SET', KEYS[3], '1', 'NX', 'PX', ARGV[5]) then return {'already'} end
@@ -32,7 +32,7 @@ local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
 local version = tonumber(ARGV[6])
-if version >= 0 and version > tonumber(redis.call('HGET', KEYS[1], 'version') or '-1') then
+if version >= 0 and version > tonumber(c[6] or '-1') then
   redis.call('HSET', KEYS[1], 'version', version)
 end
 -- What PostgreSQL records now, the counter counts as recorded too.

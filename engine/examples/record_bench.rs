@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
+use holdfast_engine::redis_conn;
 use holdfast_engine::testkit::{TestRedis, flag};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest};
@@ -46,16 +47,11 @@ async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefi
 }
 
 /// Redis' `used_memory`, bytes.
-async fn used_memory(conn: &mut redis::aio::ConnectionManager) -> i64 {
-    let info: String = redis::cmd("INFO")
-        .arg("memory")
-        .query_async(conn)
+async fn used_memory(conn: &redis::aio::ConnectionManager) -> i64 {
+    let info = redis_conn::info(conn, Duration::from_secs(5))
         .await
         .unwrap();
-    info.lines()
-        .find_map(|l| l.strip_prefix("used_memory:"))
-        .and_then(|v| v.trim().parse().ok())
-        .unwrap()
+    redis_conn::ServerStats::from_info(&info).used_memory as i64
 }
 
 #[tokio::main]
@@ -81,12 +77,12 @@ async fn main() {
     );
 
     let mut conn = redis.connection().await;
-    let before_warm = used_memory(&mut conn).await;
+    let before_warm = used_memory(&conn).await;
     let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
         .await
         .unwrap();
     assert_eq!(warm.warmed, skus);
-    let per_sku = (used_memory(&mut conn).await - before_warm) as f64 / skus as f64;
+    let per_sku = (used_memory(&conn).await - before_warm) as f64 / skus as f64;
     // The counter alone (without its warm-up event, trimmed once written behind).
     let mut pipe = redis::pipe();
     let sample = skus.min(1_000);
@@ -174,7 +170,7 @@ async fn main() {
     // Memory per open hold: 10,000 holds of one unit (with a buyer, so the
     // per-buyer counter is there too) on 2,000 SKUs, left open.
     let holds = 10_000u64;
-    let before_holds = used_memory(&mut conn).await;
+    let before_holds = used_memory(&conn).await;
     for i in 0..holds {
         let sku = format!("B-{:06}", i % skus.min(2_000));
         let req =
@@ -182,7 +178,7 @@ async fn main() {
         let r = engine.reserve(&req).await.unwrap();
         assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
     }
-    let per_hold = (used_memory(&mut conn).await - before_holds) as f64 / holds as f64;
+    let per_hold = (used_memory(&conn).await - before_holds) as f64 / holds as f64;
 
     println!("| measure | result | budget |");
     println!("|---|---|---|");

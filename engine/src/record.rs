@@ -748,9 +748,10 @@ async fn insert_ledger(
     .bind(&ledger.rid)
     .fetch_all(&mut *tx)
     .await?;
-    let inserted: std::collections::HashSet<(String, String)> = rows.into_iter().collect();
+    let inserted: std::collections::HashSet<(&str, &str)> =
+        rows.iter().map(|(s, e)| (s.as_str(), e.as_str())).collect();
     Ok((0..ledger.sku.len())
-        .filter(|&i| inserted.contains(&(ledger.source[i].clone(), ledger.event_id[i].clone())))
+        .filter(|&i| inserted.contains(&(ledger.source[i].as_str(), ledger.event_id[i].as_str())))
         .collect())
 }
 
