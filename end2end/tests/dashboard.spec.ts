@@ -130,7 +130,13 @@ test('the locks page shows a lock a test took, live, and an admin can force it',
   await expect(left).not.toHaveText(first!, { timeout: 3000 });
   await page.screenshot({ path: 'output/locks.png', fullPage: true });
   await row.getByRole('button', { name: 'Force release…' }).click();
-  await row.getByLabel('Type the lock name to confirm').fill('e2e-maintenance');
+  const typed = row.getByLabel('Type the lock name to confirm');
+  await typed.fill('e2e-maintenance');
+  // Live samples keep arriving while the admin confirms: the form and what was
+  // typed survive them (they once rebuilt the row and lost both).
+  const before = await left.textContent();
+  await expect(left).not.toHaveText(before!, { timeout: 3000 });
+  await expect(typed).toHaveValue('e2e-maintenance');
   await row.getByRole('button', { name: 'Confirm force release' }).click();
   await expect(page.getByRole('status').filter({ hasText: 'Lock e2e-maintenance released' })).toBeVisible();
   await expect(row).toHaveCount(0, { timeout: 3000 });
