@@ -148,6 +148,10 @@ ensure_e2e_tools
 command -v curl >/dev/null || apt_install curl
 # libfaketime skews one server's clock in the drop-schedule test.
 [ -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ] || apt_install faketime
+# HAProxy runs docs/deploy/haproxy.cfg in front of several servers; openssl makes
+# the test CA for the TLS tests.
+command -v haproxy >/dev/null || [ -x /usr/sbin/haproxy ] || apt_install haproxy
+command -v openssl >/dev/null || apt_install openssl
 
 say "checking formatting"
 cargo fmt --all --check

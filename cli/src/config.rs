@@ -91,9 +91,18 @@ pub struct DoctorArgs {
 /// Settings for `holdfast simulate`.
 #[derive(Debug, Clone, Args)]
 pub struct SimulateArgs {
-    /// The running Holdfast to drive.
-    #[arg(long, env = "HOLDFAST_URL", default_value = "http://127.0.0.1:3000")]
-    pub url: String,
+    /// The running Holdfast to drive; several servers of one deployment as
+    /// several `--url`s (or a comma-separated list): shoppers are spread over
+    /// them, and each one's retry and payment go to another server than its
+    /// reservation.
+    #[arg(
+        long,
+        env = "HOLDFAST_URL",
+        default_value = "http://127.0.0.1:3000",
+        value_delimiter = ',',
+        num_args = 1
+    )]
+    pub url: Vec<String>,
     /// An API token with the checkout scope; without one a temporary token is
     /// created in PostgreSQL and revoked at the end.
     #[arg(long, env = "HOLDFAST_TOKEN")]

@@ -16,7 +16,7 @@
 //! | `redis maxclients` | projected ≤ 80% | > 80% of `maxclients` | > 100% |
 //! | `redis memory headroom` | ≥ 40% of `maxmemory` free | < 40% free, or no `maxmemory` | < 20% free, or (no `maxmemory`) over 80% of the host's memory |
 //! | `clock skew` | ≤ 250 ms | > 250 ms | > 1 s |
-//! | `redis tls` | `rediss://`, a Unix socket or loopback | plain TCP beyond loopback | `rediss://` this build cannot speak |
+//! | `redis tls` | `rediss://` (verified), a Unix socket or loopback | plain TCP beyond loopback, `#insecure` | a URL [`redis_conn::client`] refuses (e.g. an unreadable CA file) |
 //! | `postgres reachable` | answers | | unreachable (its other lines are skipped) |
 //! | `postgres max_connections` | pools + margin fit | pools fit, margin does not | pools do not fit |
 //! | `postgres tls` | TLS in use with `verify-full`, or loopback | no TLS beyond loopback, or an unverified certificate | |
@@ -599,37 +599,21 @@ fn is_loopback(host: &str) -> bool {
             .is_ok_and(|ip| ip.is_loopback())
 }
 
-/// Whether this build's Redis client can speak TLS (`rediss://`): without a TLS
-/// feature, the client refuses such URLs before connecting.
-fn redis_tls_available() -> bool {
-    redis::Client::open("rediss://127.0.0.1:6379").is_ok()
-}
-
 const TUNNEL: &str = "keep it on a private network, or reach it through a TLS tunnel \
      (stunnel, spiped, an SSH tunnel) whose loopback end Holdfast connects to";
 
 fn redis_tls(url: &str) -> DoctorCheck {
     let name = check::REDIS_TLS;
     let shown = redact_url(url);
-    let client = match redis::Client::open(url) {
+    let client = match redis_conn::client(url) {
         Ok(client) => client,
         Err(e) => {
-            let tls = url.starts_with("rediss://") || url.starts_with("valkeys://");
-            return if tls && !redis_tls_available() {
-                line(
-                    name,
-                    CheckLevel::Fail,
-                    format!("{shown} asks for TLS, but this build's Redis client has none"),
-                    &format!("Use redis:// and {TUNNEL}"),
-                )
-            } else {
-                line(
-                    name,
-                    CheckLevel::Fail,
-                    format!("cannot read {shown}: {}", one_line(&e.to_string())),
-                    "Fix REDIS_URL",
-                )
-            };
+            return line(
+                name,
+                CheckLevel::Fail,
+                format!("cannot read {shown}: {e}"),
+                "Fix REDIS_URL",
+            );
         }
     };
     match client.get_connection_info().addr() {
@@ -655,13 +639,23 @@ fn redis_tls(url: &str) -> DoctorCheck {
                 "{host} is reached over plain TCP: stock, holds and the Redis password cross \
                  the network unencrypted"
             ),
-            &if redis_tls_available() {
-                format!("Use rediss:// (Redis with tls-port), or {TUNNEL}")
-            } else {
-                format!("This build's Redis client has no TLS: {TUNNEL}")
-            },
+            &format!("Use rediss:// (Redis with tls-port), or {TUNNEL}"),
         ),
-        _ => line(name, CheckLevel::Pass, format!("{shown} uses TLS"), ""),
+        redis::ConnectionAddr::TcpTls { insecure: true, .. } => line(
+            name,
+            CheckLevel::Warn,
+            format!(
+                "{shown} uses TLS without checking the certificate (#insecure): anyone in \
+                 between can pose as Redis"
+            ),
+            "Drop #insecure and name the server's CA with ?ssl_ca_certs=/path/ca.pem",
+        ),
+        _ => line(
+            name,
+            CheckLevel::Pass,
+            format!("{shown} uses TLS, certificate and host name verified"),
+            "",
+        ),
     }
 }
 
@@ -863,24 +857,19 @@ async fn pg_tls(options: &PgConnectOptions, f: &PgFacts, shown: &str) -> DoctorC
             )
         };
     }
-    // Find out why there is no TLS, so the advice fits: this build may lack
-    // it, or the server may not offer it.
-    let why = match pg_connect(options.clone().ssl_mode(PgSslMode::Require)).await {
+    // Find out whether the server offers TLS, so the advice fits.
+    let (why, action) = match pg_connect(options.clone().ssl_mode(PgSslMode::Require)).await {
         Ok(pool) => {
             pool.close().await;
-            "the server offers TLS".to_owned()
+            (
+                "the server offers TLS".to_owned(),
+                "Set sslmode=verify-full (and sslrootcert) in DATABASE_URL".to_owned(),
+            )
         }
-        Err(sqlx::Error::Tls(e)) if e.to_string().contains("without TLS support") => {
-            "this build of Holdfast has no TLS for PostgreSQL".to_owned()
-        }
-        Err(e) => format!("asking for TLS failed: {}", one_line(&e.to_string())),
-    };
-    let action = if why.starts_with("the server offers") {
-        "Set sslmode=verify-full (and sslrootcert) in DATABASE_URL".to_owned()
-    } else if why.starts_with("this build") {
-        format!("This build cannot encrypt PostgreSQL traffic: {TUNNEL}")
-    } else {
-        format!("Enable ssl on the server and set sslmode=verify-full, or {TUNNEL}")
+        Err(e) => (
+            format!("asking for TLS failed: {}", one_line(&e.to_string())),
+            format!("Enable ssl on the server and set sslmode=verify-full, or {TUNNEL}"),
+        ),
     };
     line(
         name,
@@ -1108,12 +1097,24 @@ mod tests {
         let remote = redis_tls("redis://:pw@10.0.0.5:6379");
         assert_eq!(remote.level, CheckLevel::Warn);
         assert!(!remote.finding.contains("pw"), "no password shown");
-        let tls = redis_tls("rediss://10.0.0.5:6379");
-        if redis_tls_available() {
-            assert_eq!(tls.level, CheckLevel::Pass);
-        } else {
-            assert_eq!(tls.level, CheckLevel::Fail);
-        }
+        assert_eq!(redis_tls("rediss://10.0.0.5:6379").level, CheckLevel::Pass);
+        assert_eq!(
+            redis_tls("rediss://10.0.0.5:6379/#insecure").level,
+            CheckLevel::Warn,
+            "an unverified certificate is a risk"
+        );
+        let missing = redis_tls("rediss://10.0.0.5:6379/?ssl_ca_certs=/nonexistent/ca.pem");
+        assert_eq!(missing.level, CheckLevel::Fail);
+        assert!(
+            missing.finding.contains("/nonexistent/ca.pem"),
+            "{}",
+            missing.finding
+        );
+        assert_eq!(
+            redis_tls("redis://10.0.0.5:6379/?ssl_ca_certs=/tmp/ca.pem").level,
+            CheckLevel::Fail,
+            "certificate files without TLS are a mistake"
+        );
     }
 
     #[test]

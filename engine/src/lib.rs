@@ -115,6 +115,7 @@ pub mod stock;
 pub mod telemetry;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod tls;
 pub mod tokens;
 pub mod users;
 pub mod verify;

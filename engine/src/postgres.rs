@@ -32,7 +32,16 @@ pub async fn connect_and_migrate(url: &str, max_connections: u32) -> Result<PgPo
         .map_err(unreachable)?;
     if !exists {
         tracing::info!(url = %redact_url(url), "creating the database");
-        Postgres::create_database(url).await.map_err(unreachable)?;
+        match Postgres::create_database(url).await {
+            // Another server of the deployment, started at the same moment,
+            // created it first (`duplicate_database`, or the catalog's unique
+            // index when both inserts raced): it exists, which is all we need.
+            Err(e)
+                if e.as_database_error()
+                    .and_then(|d| d.code())
+                    .is_some_and(|c| c == "42P04" || c == "23505") => {}
+            other => other.map_err(unreachable)?,
+        }
     }
     // Bounded waits: a request never queues longer than ACQUIRE_TIMEOUT for a
     // connection, and no statement runs longer than STATEMENT_TIMEOUT (a stuck

@@ -34,7 +34,7 @@ pub const GROUP: &str = "holdfast-record";
 /// How the write-behind batches and recovers.
 #[derive(Debug, Clone)]
 pub struct WriteBehindConfig {
-    /// This consumer's name, unique per process (host and pid).
+    /// This consumer's name, unique per process ([`crate::redis_conn::consumer_name`]).
     pub consumer: String,
     /// Most entries per shard per read.
     pub batch_max: usize,
@@ -68,7 +68,7 @@ pub enum Fault {
 impl Default for WriteBehindConfig {
     fn default() -> Self {
         Self {
-            consumer: format!("record-{}", std::process::id()),
+            consumer: redis_conn::consumer_name("record"),
             batch_max: 2_000,
             block: Duration::from_millis(200),
             claim_idle: Duration::from_secs(30),

@@ -1,4 +1,12 @@
 //! Redis: connecting with a self-healing connection and refusing evicting policies.
+//!
+//! A `rediss://` URL speaks TLS and verifies the server's certificate and host
+//! name against the system's trust roots, or against the CA named by the URL's
+//! `ssl_ca_certs` parameter; `ssl_certfile` and `ssl_keyfile` add a client
+//! certificate (Redis' `tls-auth-clients`). The parameter names are redis-py's,
+//! so one URL serves both. A user and password in the URL authenticate (`AUTH`,
+//! ACL users included). Verification is only skipped when the URL ends in
+//! `#insecure`, which `holdfast doctor` reports as a risk.
 
 use std::time::Duration;
 
@@ -26,7 +34,7 @@ pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
         url: redact_url(url),
         reason,
     };
-    let client = redis::Client::open(url).map_err(|e| unreachable(one_line(&e.to_string())))?;
+    let client = client(url).map_err(unreachable)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(3)))
         .set_response_timeout(Some(Duration::from_secs(5)))
@@ -40,6 +48,71 @@ pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
         .await
         .map_err(|e| unreachable(one_line(&e.to_string())))?;
     Ok(conn)
+}
+
+/// The URL parameters that name certificate files: taken out of the URL before
+/// it reaches the client, which has no such parameters.
+const CA_CERTS: &str = "ssl_ca_certs";
+const CERT_FILE: &str = "ssl_certfile";
+const KEY_FILE: &str = "ssl_keyfile";
+
+/// One URL query parameter, decoded.
+type Pair = (String, String);
+
+/// A Redis client for `url` (not yet connected): plain for `redis://` and Unix
+/// sockets; TLS for `rediss://`, with the certificate files its parameters name
+/// read now, so a wrong path is a start-up error that names it.
+pub fn client(url: &str) -> Result<redis::Client, String> {
+    crate::tls::install_provider();
+    let parsed = url::Url::parse(url).ok();
+    let is_ours = |k: &str| [CA_CERTS, CERT_FILE, KEY_FILE].contains(&k);
+    let Some(mut parsed) = parsed.filter(|u| u.query_pairs().any(|(k, _)| is_ours(&k))) else {
+        return redis::Client::open(url).map_err(|e| one_line(&e.to_string()));
+    };
+    if !matches!(parsed.scheme(), "rediss" | "valkeys") {
+        return Err(format!(
+            "{CA_CERTS}, {CERT_FILE} and {KEY_FILE} need a rediss:// URL (TLS); this one is {}://",
+            parsed.scheme()
+        ));
+    }
+    let (files, rest): (Vec<Pair>, Vec<Pair>) = parsed
+        .query_pairs()
+        .into_owned()
+        .partition(|(k, _)| is_ours(k));
+    let file = |name: &str| {
+        files
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    };
+    let read = |name: &str, path: &str| {
+        std::fs::read(path).map_err(|e| format!("cannot read {name} {path}: {e}"))
+    };
+    let root_cert = file(CA_CERTS).map(|p| read(CA_CERTS, p)).transpose()?;
+    let client_tls = match (file(CERT_FILE), file(KEY_FILE)) {
+        (Some(cert), Some(key)) => Some(redis::ClientTlsConfig {
+            client_cert: read(CERT_FILE, cert)?,
+            client_key: read(KEY_FILE, key)?,
+        }),
+        (None, None) => None,
+        _ => {
+            return Err(format!(
+                "{CERT_FILE} and {KEY_FILE} go together: give both or neither"
+            ));
+        }
+    };
+    parsed.set_query(None);
+    if !rest.is_empty() {
+        parsed.query_pairs_mut().extend_pairs(rest);
+    }
+    redis::Client::build_with_tls(
+        parsed.as_str(),
+        redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+    .map_err(|e| one_line(&e.to_string()))
 }
 
 /// Reads `maxmemory-policy` and refuses anything but `noeviction` unless
@@ -91,6 +164,27 @@ pub async fn ping(conn: &ConnectionManager, timeout: Duration) -> Result<(), Str
         Ok(Err(e)) => Err(one_line(&e.to_string())),
         Err(_) => Err(format!("no answer within {} ms", timeout.as_millis())),
     }
+}
+
+/// A stream consumer's name for `role` (e.g. `record`, `feeds-0`), unique to
+/// this process among every server of a deployment: host name, process id and
+/// a random tag drawn once per process. Two servers must never share a name
+/// (containers often all run as pid 1): a consumer re-reads its own pending
+/// entries, so a shared name would let two servers apply the same entries at
+/// once, and neither could tell the other had died.
+pub fn consumer_name(role: &str) -> String {
+    static PROCESS: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let process = PROCESS.get_or_init(|| {
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .ok()
+            .or_else(|| std::env::var("HOSTNAME").ok())
+            .map(|h| h.trim().to_owned())
+            .filter(|h| !h.is_empty())
+            .unwrap_or_else(|| "host".to_owned());
+        let tag = uuid::Uuid::new_v4().simple().to_string();
+        format!("{host}-{}-{}", std::process::id(), &tag[..6])
+    });
+    format!("{role}-{process}")
 }
 
 /// Creates consumer group `group` on `stream` (and the stream), doing nothing if

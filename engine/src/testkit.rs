@@ -15,6 +15,8 @@ pub struct TestRedis {
     dir: tempfile::TempDir,
     child: Option<Child>,
     extra_args: Vec<String>,
+    /// The CA whose certificate the server presents, when it speaks TLS only.
+    tls_ca: Option<PathBuf>,
 }
 
 impl TestRedis {
@@ -30,6 +32,43 @@ impl TestRedis {
     /// Like [`TestRedis::start`], with extra `redis-server` arguments (e.g.
     /// `["--maxmemory-policy", "allkeys-lru"]`).
     pub fn start_with(args: &[&str]) -> Self {
+        Self::launch(args, None)
+    }
+
+    /// A server that speaks TLS only (no plain port), presenting `ca`'s server
+    /// certificate, with extra `args` (e.g. ACL users).
+    pub fn start_tls(ca: &TestCa, args: &[&str]) -> Self {
+        let mut all: Vec<String> = [
+            "--tls-cert-file",
+            &ca.file("server.crt"),
+            "--tls-key-file",
+            &ca.file("server.key"),
+            "--tls-ca-cert-file",
+            &ca.file("ca.crt"),
+            "--tls-auth-clients",
+            "no",
+        ]
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+        all.extend(args.iter().map(|s| (*s).to_owned()));
+        let all: Vec<&str> = all.iter().map(String::as_str).collect();
+        Self::launch(&all, Some(ca.dir.path().join("ca.crt")))
+    }
+
+    /// A TLS-only server (as [`TestRedis::start_tls`]) whose one usable account
+    /// is the ACL user `user` with `password` (the default user is off).
+    pub fn start_tls_as(ca: &TestCa, user: &str, password: &str) -> Self {
+        let secret = format!(">{password}");
+        Self::start_tls(
+            ca,
+            &[
+                "--user", "default", "off", "--user", user, "on", &secret, "~*", "&*", "+@all",
+            ],
+        )
+    }
+
+    fn launch(args: &[&str], tls_ca: Option<PathBuf>) -> Self {
         let port = free_port();
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
         let mut redis = Self {
@@ -37,14 +76,23 @@ impl TestRedis {
             dir,
             child: None,
             extra_args: args.iter().map(|s| (*s).to_owned()).collect(),
+            tls_ca,
         };
         redis.spawn();
         redis
     }
 
-    /// The `redis://` URL of this server.
+    /// The URL of this server: `redis://`, or for a TLS server `rediss://` naming
+    /// the test CA (`ssl_ca_certs`).
     pub fn url(&self) -> String {
-        format!("redis://127.0.0.1:{}", self.port)
+        match &self.tls_ca {
+            None => format!("redis://127.0.0.1:{}", self.port),
+            Some(ca) => format!(
+                "rediss://127.0.0.1:{}/?ssl_ca_certs={}",
+                self.port,
+                ca.display()
+            ),
+        }
     }
 
     /// The TCP port this server listens on.
@@ -78,8 +126,14 @@ impl TestRedis {
 
     fn spawn(&mut self) {
         let log: PathBuf = self.dir.path().join("redis.log");
+        let port = self.port.to_string();
+        let ports: &[&str] = if self.tls_ca.is_some() {
+            &["--port", "0", "--tls-port", &port]
+        } else {
+            &["--port", &port]
+        };
         let child = Command::new("redis-server")
-            .args(["--port", &self.port.to_string()])
+            .args(ports)
             .args(["--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
             .arg("--dir")
             .arg(self.dir.path())
@@ -203,6 +257,78 @@ pub fn closed_port() -> u16 {
     free_port()
 }
 
+/// A throwaway certificate authority and a server certificate it signed for
+/// `localhost` and `127.0.0.1` (ECDSA P-256, valid two days), made with the
+/// `openssl` command in a temp dir: `ca.crt`, `server.crt`, `server.key`.
+pub struct TestCa {
+    dir: tempfile::TempDir,
+}
+
+impl TestCa {
+    /// Creates the CA and the server certificate.
+    ///
+    /// # Panics
+    /// When `openssl` is missing or fails.
+    pub fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir for certificates");
+        let ca = Self { dir };
+        let ec = "-newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+        ca.openssl(
+            &format!("req -x509 {ec} -keyout ca.key -out ca.crt -days 2"),
+            &[
+                "-subj",
+                "/CN=Holdfast test CA",
+                "-addext",
+                "basicConstraints=critical,CA:TRUE",
+                "-addext",
+                "keyUsage=critical,keyCertSign,cRLSign",
+            ],
+        );
+        ca.openssl(
+            &format!("req {ec} -keyout server.key -out server.csr"),
+            &["-subj", "/CN=localhost"],
+        );
+        std::fs::write(
+            ca.dir.path().join("server.ext"),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write the certificate extensions");
+        ca.openssl(
+            "x509 -req -in server.csr -CA ca.crt -CAkey ca.key -CAcreateserial \
+             -out server.crt -days 2 -extfile server.ext",
+            &[],
+        );
+        ca
+    }
+
+    /// The path of one of the files (`ca.crt`, `server.crt`, `server.key`).
+    pub fn file(&self, name: &str) -> String {
+        self.dir.path().join(name).display().to_string()
+    }
+
+    /// Runs `openssl` with `words` (split on spaces) then `args` (kept whole).
+    fn openssl(&self, words: &str, args: &[&str]) {
+        let out = Command::new("openssl")
+            .args(words.split_whitespace())
+            .args(args)
+            .current_dir(self.dir.path())
+            .output()
+            .expect("run openssl (is it installed?)");
+        assert!(
+            out.status.success(),
+            "openssl {words} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+impl Default for TestCa {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// A private PostgreSQL server (initdb in a temp dir, trust auth, loopback only)
 /// that tests may stop and start again. Stopped when dropped.
 pub struct TestPostgres {
@@ -210,6 +336,8 @@ pub struct TestPostgres {
     dir: tempfile::TempDir,
     bin: PathBuf,
     running: bool,
+    /// Extra `-c name=value` settings for every start.
+    settings: Vec<String>,
 }
 
 impl TestPostgres {
@@ -218,6 +346,38 @@ impl TestPostgres {
     /// # Panics
     /// When the PostgreSQL server binaries are missing or the cluster does not start.
     pub fn start() -> Self {
+        let mut pg = Self::init();
+        pg.start_again();
+        pg
+    }
+
+    /// Like [`TestPostgres::start`], with TLS on (`ssl=on`), presenting `ca`'s
+    /// server certificate; plain connections are still accepted, so a test can
+    /// show what each `sslmode` does.
+    pub fn start_tls(ca: &TestCa) -> Self {
+        let mut pg = Self::init();
+        for name in ["server.crt", "server.key"] {
+            let to = pg.dir.path().join(name);
+            std::fs::copy(ca.dir.path().join(name), &to).expect("copy the server certificate");
+            pg.give_to_postgres(&to);
+        }
+        let key = pg.dir.path().join("server.key");
+        let ok = Command::new("chmod").arg("600").arg(&key).status();
+        assert!(ok.is_ok_and(|s| s.success()), "chmod the server key");
+        pg.settings = vec![
+            "ssl=on".into(),
+            format!(
+                "ssl_cert_file={}",
+                pg.dir.path().join("server.crt").display()
+            ),
+            format!("ssl_key_file={}", key.display()),
+        ];
+        pg.start_again();
+        pg
+    }
+
+    /// Runs initdb in a fresh temp dir (not started).
+    fn init() -> Self {
         let bin = std::fs::read_dir("/usr/lib/postgresql")
             .expect("PostgreSQL server binaries under /usr/lib/postgresql")
             .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
@@ -236,18 +396,9 @@ impl TestPostgres {
             dir,
             bin,
             running: false,
+            settings: Vec::new(),
         };
-        if is_root() {
-            let ok = Command::new("chown")
-                .arg("-R")
-                .arg("postgres:postgres")
-                .arg(pg.dir.path())
-                .status();
-            assert!(
-                ok.is_ok_and(|s| s.success()),
-                "chown the PostgreSQL temp dir to postgres"
-            );
-        }
+        pg.give_to_postgres(pg.dir.path());
         let data = pg.dir.path().join("data");
         let status = pg
             .as_postgres(&pg.bin.join("initdb"))
@@ -259,9 +410,24 @@ impl TestPostgres {
             .status()
             .expect("run initdb");
         assert!(status.success(), "initdb failed");
-        let mut pg = pg;
-        pg.start_again();
         pg
+    }
+
+    /// Makes `path` (recursively) the `postgres` user's when running as root,
+    /// since the server runs as that user.
+    fn give_to_postgres(&self, path: &Path) {
+        if is_root() {
+            let ok = Command::new("chown")
+                .arg("-R")
+                .arg("postgres:postgres")
+                .arg(path)
+                .status();
+            assert!(
+                ok.is_ok_and(|s| s.success()),
+                "chown {} to postgres",
+                path.display()
+            );
+        }
     }
 
     fn as_postgres(&self, program: &Path) -> Command {
@@ -296,11 +462,15 @@ impl TestPostgres {
 
     /// Starts the (stopped) server again on the same port with the same data.
     pub fn start_again(&mut self) {
-        let opts = format!(
+        let mut opts = format!(
             "-p {} -c listen_addresses=127.0.0.1 -k {} -c fsync=off",
             self.port,
             self.dir.path().display()
         );
+        for setting in &self.settings {
+            opts.push_str(" -c ");
+            opts.push_str(setting);
+        }
         let status = self
             .as_postgres(&self.bin.join("pg_ctl"))
             .arg("-D")

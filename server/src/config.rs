@@ -10,7 +10,10 @@ use clap::{ArgAction, Args, Parser, ValueEnum};
 /// Settings every command shares.
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// Redis holding the live counters and holds.
+    /// Redis holding the live counters and holds. `rediss://` speaks TLS and
+    /// verifies the server against the system's roots or the CA file named by
+    /// `?ssl_ca_certs=/path/ca.pem` (a client certificate: `&ssl_certfile=…&ssl_keyfile=…`);
+    /// `user:password@` authenticates (ACL users too).
     #[arg(
         long,
         env = "REDIS_URL",
@@ -19,6 +22,7 @@ pub struct GlobalArgs {
     )]
     pub redis_url: String,
     /// PostgreSQL, the system of record. The database is created if it is missing.
+    /// TLS as libpq spells it: `?sslmode=verify-full&sslrootcert=/path/ca.pem`.
     #[arg(
         long,
         env = "DATABASE_URL",
@@ -172,6 +176,13 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub write_behind_batch: usize,
+    /// Seconds a stream entry (a sale for the write-behind, a webhook for an
+    /// ingestion lane) may stay pending on one server before another takes it
+    /// over: how long a server that died mid-batch delays what it had read.
+    /// Longer than a healthy batch ever takes, so a live server is never robbed.
+    #[arg(long, env = "HOLDFAST_TAKEOVER_AFTER_SECS", default_value_t = 30,
+          value_parser = clap::value_parser!(u64).range(1..=3_600))]
+    pub takeover_after_secs: u64,
     /// Webhook sources, `name=lane:secret` (lane `orders` or `feeds`; secret of 16+
     /// characters), comma-separated in the environment. None by default.
     #[arg(

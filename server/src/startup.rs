@@ -570,6 +570,7 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
         },
         write_behind: WriteBehindConfig {
             batch_max: args.write_behind_batch,
+            claim_idle: Duration::from_secs(args.takeover_after_secs),
             ..WriteBehindConfig::default()
         },
         reconcile_every: (args.reconcile_every_secs > 0)
@@ -581,6 +582,7 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
             .iter()
             .map(|lane| {
                 let mut cfg = LaneConfig::default_for(*lane);
+                cfg.claim_idle = Duration::from_secs(args.takeover_after_secs);
                 if *lane == Lane::Feeds {
                     cfg.rate_per_sec = args.feeds_rate;
                 }

@@ -138,7 +138,7 @@ impl Workers {
                     lane.clone(),
                     lane_stats.clone(),
                 );
-                let name = format!("{}-{}-{n}", lane.name, std::process::id());
+                let name = redis_conn::consumer_name(&format!("{}-{n}", lane.name));
                 tasks.push(supervise(
                     "lane consumer",
                     rx.clone(),

@@ -235,8 +235,10 @@ pub fn percentile(sorted: &[u32], p: f64) -> f64 {
 /// Where to send requests.
 #[derive(Debug, Clone)]
 pub struct Target {
-    /// `http://host:port`.
-    pub base: String,
+    /// `http://host:port` of each server (at least one). Shoppers are spread
+    /// over them, and each shopper's retry and payment go to another server
+    /// than its reservation, as a load balancer may send them.
+    pub bases: Vec<String>,
     /// Bearer token with checkout scope.
     pub token: String,
     /// The SKU on sale.
@@ -245,15 +247,24 @@ pub struct Target {
     pub run: String,
 }
 
+impl Target {
+    /// The server for a shopper's `turn`-th request.
+    fn base(&self, turn: u64) -> &str {
+        &self.bases[turn as usize % self.bases.len()]
+    }
+}
+
 enum Answer {
     Held(String),
     Refused,
     Failed,
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn reserve(
     http: &reqwest::Client,
     t: &Target,
+    base: &str,
     key: &str,
     buyer: &str,
     qty: i64,
@@ -261,7 +272,7 @@ async fn reserve(
     tally: &Tally,
 ) -> (Answer, Option<(u16, String)>) {
     let res = http
-        .post(format!("{}/api/v1/reservations", t.base))
+        .post(format!("{base}/api/v1/reservations"))
         .bearer_auth(&t.token)
         .header("Idempotency-Key", key)
         .json(&serde_json::json!({ "sku": t.sku, "qty": qty, "buyer": buyer, "ttl_ms": ttl.as_millis() as u64 }))
@@ -338,8 +349,20 @@ async fn shopper(
         let key = format!("{}-{n}-{attempt}", t.run);
         let qty = 1 + (draws[0] * b.max_qty as f64) as i64;
         tally.attempts.fetch_add(1, Ordering::Relaxed);
-        let (answer, raw) =
-            reserve(http, t, &key, &buyer, qty.min(b.max_qty), b.hold_ttl, tally).await;
+        let turn = n + attempt;
+        let ask = |turn| {
+            reserve(
+                http,
+                t,
+                t.base(turn),
+                &key,
+                &buyer,
+                qty.min(b.max_qty),
+                b.hold_ttl,
+                tally,
+            )
+        };
+        let (answer, raw) = ask(turn).await;
         let elapsed = due.elapsed();
         tally.latency(second, elapsed.as_micros() as u64);
         let decided = started.elapsed().as_secs() as usize;
@@ -349,8 +372,7 @@ async fn shopper(
         if draws[5] < b.retry {
             // The shopper's network "failed": the same request again must get the same answer.
             tally.retries.fetch_add(1, Ordering::Relaxed);
-            let (_, again) =
-                reserve(http, t, &key, &buyer, qty.min(b.max_qty), b.hold_ttl, tally).await;
+            let (_, again) = ask(turn + 1).await;
             if again.is_none() || raw.as_ref().map(|r| &r.1) != again.as_ref().map(|r| &r.1) {
                 tally.retry_mismatch.fetch_add(1, Ordering::Relaxed);
             }
@@ -397,7 +419,10 @@ async fn shopper(
         }
         tokio::time::sleep(b.think.mul_f64(draws[2])).await;
         let res = http
-            .post(format!("{}/api/v1/reservations/{id}/{ending}", t.base))
+            .post(format!(
+                "{}/api/v1/reservations/{id}/{ending}",
+                t.base(turn + 1)
+            ))
             .bearer_auth(&t.token)
             .header("Idempotency-Key", format!("{key}-{ending}"))
             .send()

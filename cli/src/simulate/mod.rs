@@ -97,13 +97,24 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
         anyhow::bail!("--confirm plus --abandon is more than 1 (the rest release their holds)");
     }
     let backends = holdfast_server::startup::connect_with(global, 4).await?;
-    let base = args.url.trim_end_matches('/').to_owned();
-    reqwest::get(format!("{base}/healthz"))
-        .await
-        .and_then(reqwest::Response::error_for_status)
-        .with_context(|| {
-            format!("Holdfast does not answer at {base}; start it (scripts/run.sh) or pass --url")
-        })?;
+    let bases: Vec<String> = args
+        .url
+        .iter()
+        .map(|u| u.trim_end_matches('/').to_owned())
+        .collect();
+    let Some(base) = bases.first().cloned() else {
+        anyhow::bail!("--url needs at least one server");
+    };
+    for base in &bases {
+        reqwest::get(format!("{base}/healthz"))
+            .await
+            .and_then(reqwest::Response::error_for_status)
+            .with_context(|| {
+                format!(
+                    "Holdfast does not answer at {base}; start it (scripts/run.sh) or pass --url"
+                )
+            })?;
+    }
 
     let run_id = format!("sim{}", chrono::Utc::now().format("%H%M%S%3f"));
     let sku = args
@@ -134,7 +145,7 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
 
     let tally = Arc::new(Tally::default());
     let target = Target {
-        base: base.clone(),
+        bases,
         token,
         sku: sku.clone(),
         run: run_id.clone(),

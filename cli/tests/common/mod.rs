@@ -77,3 +77,73 @@ pub fn holdfast(args: &[&str], redis: &str, pg: &str) -> (bool, String, String) 
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A child process killed and reaped when dropped, so a failing test leaves no
+/// server behind (one would hold the test's output open).
+pub struct KillOnDrop(pub std::process::Child);
+
+impl KillOnDrop {
+    /// Kills and reaps the process now.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Loads the demo drop into the (migrated or empty) database at `db`, warms
+/// its counters in the Redis at `redis` with `holdfast warm`, and creates an
+/// API token with the checkout and read scopes: the pool and the token.
+pub async fn demo_with_token(redis: &str, db: &str) -> (sqlx::PgPool, String) {
+    let pg = holdfast_engine::postgres::connect_and_migrate(db, 2)
+        .await
+        .expect("PostgreSQL");
+    holdfast_engine::catalog::load_demo_drop(&pg)
+        .await
+        .expect("the demo drop");
+    let (ok, _, err) = holdfast(&["warm"], redis, db);
+    assert!(ok, "warm: {err}");
+    let (ok, out, err) = holdfast(
+        &[
+            "token",
+            "create",
+            "--name",
+            "test",
+            "--scopes",
+            "checkout,read",
+        ],
+        redis,
+        db,
+    );
+    assert!(ok, "token create: {err}");
+    let token = out.lines().nth(1).expect("the secret").to_owned();
+    (pg, token)
+}
+
+/// Waits until PostgreSQL has recorded `sold` units of `sku` (at most `limit`),
+/// then a little longer, and returns the units recorded: a test compares them
+/// with what it sold, so a sale recorded twice shows.
+pub async fn recorded_units(
+    pg: &sqlx::PgPool,
+    sku: &str,
+    sold: i64,
+    limit: std::time::Duration,
+) -> i64 {
+    let started = std::time::Instant::now();
+    let read = || async {
+        holdfast_engine::catalog::recorded(pg, sku)
+            .await
+            .expect("read sold_recorded")
+            .map_or(0, |(_, sold)| sold)
+    };
+    while read().await < sold && started.elapsed() < limit {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    read().await
+}
