@@ -52,6 +52,11 @@ pub struct EngineConfig {
     pub login_failures_per_address: i64,
     /// Most events one webhook payload may carry (more: dead-lettered).
     pub max_payload_events: usize,
+    /// Redis replicas that must acknowledge a payment before it is answered
+    /// (0: answered as soon as the master has it). See [`crate::replicas`].
+    pub confirm_replicas: u32,
+    /// Longest wait for those acknowledgements before answering 503.
+    pub confirm_replica_timeout: Duration,
 }
 
 impl Default for EngineConfig {
@@ -69,6 +74,8 @@ impl Default for EngineConfig {
             login_failures_per_user_and_address: crate::users::LOGIN_FAILURES,
             login_failures_per_address: crate::users::LOGIN_FAILURES_PER_ADDRESS,
             max_payload_events: crate::payload::DEFAULT_MAX_EVENTS,
+            confirm_replicas: 0,
+            confirm_replica_timeout: Duration::from_millis(1_000),
         }
     }
 }
@@ -82,6 +89,8 @@ pub struct Engine {
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) keys: Keyspace,
     pub(crate) config: Arc<EngineConfig>,
+    /// Replica acknowledgements for payments, when asked for.
+    pub(crate) acks: Option<crate::replicas::ReplicaAcks>,
 }
 
 /// Whether `s` is a valid SKU code: what PostgreSQL's `skus.sku` check accepts.
@@ -163,7 +172,22 @@ impl Engine {
             scripts: Arc::new(scripts),
             keys: Keyspace::new(config.shards),
             config: Arc::new(config),
+            acks: None,
         }
+    }
+
+    /// This engine answering payments only once replicas acknowledged them
+    /// ([`crate::replicas`]), the rounds running on `conn`, a connection used
+    /// for nothing else; as configured by `confirm_replicas` (0: unchanged).
+    pub fn with_replica_acks(mut self, conn: ConnectionManager) -> Self {
+        if self.config.confirm_replicas > 0 {
+            self.acks = Some(crate::replicas::ReplicaAcks::start(
+                conn,
+                self.config.confirm_replicas,
+                self.config.confirm_replica_timeout,
+            ));
+        }
+        self
     }
 
     /// The key layout in use.
@@ -681,6 +705,11 @@ impl Engine {
             }
             _ => self.confirm_cart(rid, parts).await?,
         };
+        if let (Some(acks), ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed) =
+            (&self.acks, &outcome)
+        {
+            acks.wait().await?;
+        }
         let after = match outcome {
             ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {
                 Some(HoldState::Confirmed)

@@ -50,6 +50,23 @@ pub enum EngineError {
     /// A Redis command failed after start-up.
     #[error("Redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// A payment was recorded on the master, but fewer replicas than asked
+    /// (`--confirm-replicas`) acknowledged it in time: it is not answered as
+    /// paid, since losing the master now would lose it. A retry waits again.
+    #[error(
+        "the payment waits for {wanted} Redis replica(s) to acknowledge it; {acked} did within \
+         {timeout_ms} ms{reason}. Retry shortly"
+    )]
+    ReplicasBehind {
+        /// Replicas asked for.
+        wanted: u32,
+        /// Replicas that acknowledged.
+        acked: i64,
+        /// How long the round waited.
+        timeout_ms: u64,
+        /// Why the round failed, when it did (with a leading `: `), else empty.
+        reason: String,
+    },
     /// The work is already being done elsewhere (its lock is held).
     #[error("{0}")]
     Busy(String),
@@ -92,7 +109,8 @@ impl EngineError {
             Self::Postgres(_)
             | Self::Redis(_)
             | Self::PostgresUnreachable { .. }
-            | Self::RedisUnreachable { .. } => ErrorCode::Unavailable,
+            | Self::RedisUnreachable { .. }
+            | Self::ReplicasBehind { .. } => ErrorCode::Unavailable,
             Self::Busy(_) => ErrorCode::Busy,
             Self::Throttled { .. } => ErrorCode::RateLimited,
             _ => ErrorCode::Internal,

@@ -157,6 +157,9 @@ impl Keyspace {
 
     /// The mark whose disappearance says Redis lost its data.
     pub const LOSS_MARK: &'static str = "hf:{mark}";
+    /// The counter each replica acknowledgement round writes and waits for
+    /// ([`crate::replicas`]).
+    pub const ACK_MARK: &'static str = "hf:{ack}";
 
     /// The lease key of lock `name`.
     pub fn lock(name: &str) -> String {

@@ -78,6 +78,7 @@
 //!   idempotency keys, late payments, stored answers to retried requests.
 //! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
 //! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
+//! - [`replicas`]: payments acknowledged by replicas before they are answered.
 //! - [`remediation`]: late payments, oversells and lost holds awaiting support.
 //! - [`cart`]: carts across shards, reserved, confirmed and expired as one unit.
 //! - [`verify`]: the truth check operators run any time on live data.
@@ -107,6 +108,7 @@ pub mod reaper;
 pub mod reconcile;
 pub mod record;
 pub mod remediation;
+pub mod replicas;
 mod reply;
 pub mod report;
 pub mod schedule;

@@ -119,6 +119,11 @@ impl TestRedis {
         self.spawn();
     }
 
+    /// The process id, while it runs (to pause it with SIGSTOP, say).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Whether the process is currently running.
     pub fn is_running(&self) -> bool {
         self.child.is_some()

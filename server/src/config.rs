@@ -49,6 +49,19 @@ pub struct GlobalArgs {
 /// Reservation rules shared by every command that touches stock.
 #[derive(Debug, Clone, Args)]
 pub struct EngineArgs {
+    /// Redis replicas that must hold a payment before it is answered as paid
+    /// (Redis' WAIT, on a connection of its own, shared by concurrent payments):
+    /// a paid hold then survives losing the master to a promoted replica. When
+    /// fewer acknowledge in time the payment is answered 503 (it stands on the
+    /// master; a retry waits again). 0: answered at once (a failover can lose
+    /// the last moments of sales).
+    #[arg(long, env = "HOLDFAST_CONFIRM_REPLICAS", default_value_t = 0, global = true,
+          value_parser = clap::value_parser!(u32).range(0..=16))]
+    pub confirm_replicas: u32,
+    /// Longest wait for those acknowledgements, in milliseconds.
+    #[arg(long, env = "HOLDFAST_CONFIRM_REPLICA_TIMEOUT_MS", default_value_t = 1_000, global = true,
+          value_parser = clap::value_parser!(u64).range(10..=4_000))]
+    pub confirm_replica_timeout_ms: u64,
     /// Hash-tag shards SKUs are spread over in Redis. Fixed per deployment:
     /// changing it moves every SKU's keys.
     #[arg(long, env = "HOLDFAST_REDIS_SHARDS", default_value_t = 16, global = true,
@@ -114,6 +127,10 @@ impl EngineArgs {
             login_failures_per_user_and_address: self.login_failures_per_user_and_address,
             login_failures_per_address: self.login_failures_per_address,
             max_payload_events: self.webhook_max_events,
+            confirm_replicas: self.confirm_replicas,
+            confirm_replica_timeout: std::time::Duration::from_millis(
+                self.confirm_replica_timeout_ms,
+            ),
             ..holdfast_engine::EngineConfig::default()
         }
     }

@@ -59,7 +59,14 @@ pub async fn connect(
         ),
     }
     let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
-    Ok(Backends::new(pg, redis, engine))
+    let acks = engine.confirm_replicas > 0;
+    let mut backends = Backends::new(pg, redis, engine);
+    if acks {
+        // WAIT blocks its connection: the acknowledgements get their own.
+        let conn = redis_conn::connect(redis_url).await?;
+        backends.engine = backends.engine.with_replica_acks(conn);
+    }
+    Ok(backends)
 }
 
 /// [`connect`] with the settings every command shares.

@@ -888,3 +888,71 @@ async fn many_skus_are_read_in_one_redis_round_trip(pool: PgPool) {
     );
     assert_eq!(trips, 1.0, "six SKUs, one round trip");
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_payment_no_replica_acknowledged_is_503_and_its_retry_is_answered_once_one_does(
+    pool: PgPool,
+) {
+    // A master with no replica yet, payments waiting for one.
+    let redis = TestRedis::start();
+    let config = holdfast_engine::EngineConfig {
+        confirm_replicas: 1,
+        confirm_replica_timeout: Duration::from_millis(100),
+        ..holdfast_engine::EngineConfig::default()
+    };
+    let mut backends =
+        holdfast_engine::Backends::new(pool.clone(), redis.connection().await, config);
+    backends.engine = backends.engine.with_replica_acks(redis.connection().await);
+    let engine = backends.engine.clone();
+    let api = Api {
+        http: Client::new(),
+        server: common::spawn(backends).await,
+        token: tokens::create(&pool, "replicas", &[Scope::Checkout])
+            .await
+            .unwrap()
+            .secret,
+    };
+    stock(&engine, "R-1", 3).await;
+    let (s, b, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("rep"),
+            json!({"sku": "R-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, 201, "reservations do not wait for replicas");
+    let id = b["id"].as_str().unwrap().to_owned();
+    let pay = format!("/api/v1/reservations/{id}/confirm");
+    let (s, e, retry) = api.post(&pay, Some("rep-pay"), json!({})).await;
+    assert_eq!(
+        (s, e["code"].as_str()),
+        (StatusCode::SERVICE_UNAVAILABLE, Some("unavailable"))
+    );
+    assert!(retry.is_some(), "Retry-After is set");
+    assert!(
+        e["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("1 Redis replica"),
+        "{e}"
+    );
+    // A replica joins; the retry (same key) is answered paid.
+    let replica = TestRedis::start_with(&["--replicaof", "127.0.0.1", &redis.port().to_string()]);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (s, b, _) = api.post(&pay, Some("rep-pay"), json!({})).await;
+        if s == StatusCode::OK {
+            assert_eq!(b["state"], "confirmed", "{b}");
+            break;
+        }
+        assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{b}");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never acknowledged"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let figures = engine.figures("R-1").await.unwrap().unwrap();
+    assert_eq!((figures.sold, figures.available), (1, 2), "sold once");
+    drop(replica);
+}

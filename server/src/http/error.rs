@@ -143,6 +143,9 @@ impl ApiError {
         tracing::error!(error = %e, "API request failed");
         let code = e.code();
         let message = match code {
+            ErrorCode::Unavailable if matches!(e, EngineError::ReplicasBehind { .. }) => {
+                e.to_string()
+            }
             ErrorCode::Unavailable => "a backing service is unavailable; retry shortly".to_owned(),
             ErrorCode::Busy | ErrorCode::RateLimited => e.to_string(),
             _ => "something went wrong on our side".to_owned(),
