@@ -253,13 +253,7 @@ async fn three_servers_behave_as_one_and_survive_losing_one() {
                 reserve(&http, base, &token, &format!("kill-{i}"), "DROP-001", 1).await;
             assert_eq!(status, 201, "{held}");
             let id = held["id"].as_str().unwrap();
-            let paid = http
-                .post(format!("{base}/api/v1/reservations/{id}/confirm"))
-                .bearer_auth(&token)
-                .send()
-                .await
-                .unwrap();
-            assert_eq!(paid.status(), 200);
+            assert_eq!(common::confirm(&http, base, &token, id).await, 200);
             confirmed += 1;
         }
     }

@@ -51,13 +51,7 @@ async fn a_sale_over_tls_to_redis_and_postgres() {
         .as_str()
         .unwrap()
         .to_owned();
-    let paid = http
-        .post(format!("{base}/api/v1/reservations/{id}/confirm"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(paid.status(), 200);
+    assert_eq!(common::confirm(&http, &base, &token, &id).await, 200);
     // The write-behind records the sale in PostgreSQL over TLS.
     let recorded = common::recorded_units(&pg, "DROP-001", 1, Duration::from_secs(20)).await;
     assert_eq!(recorded, 1, "the sale reached PostgreSQL once");

@@ -147,3 +147,14 @@ pub async fn recorded_units(
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     read().await
 }
+
+/// Pays hold `id` on the server at `base` with `token`: the answer's status.
+pub async fn confirm(http: &reqwest::Client, base: &str, token: &str, id: &str) -> u16 {
+    http.post(format!("{base}/api/v1/reservations/{id}/confirm"))
+        .bearer_auth(token)
+        .send()
+        .await
+        .expect("an answer to the payment")
+        .status()
+        .as_u16()
+}
