@@ -3,8 +3,8 @@
 -- the reconciler read when it computed the drift; otherwise stock moved meanwhile
 -- and the SKU is left for the next run.
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[2]  shard event stream   hf:{hfN}:events
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[2]  shard event stream   hf:{hfN.j}:events
 --
 -- ARGV[1] sku   ARGV[2] observed available   ARGV[3] observed reserved
 -- ARGV[4] observed sold_pending   ARGV[5] observed owed

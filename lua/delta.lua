@@ -1,8 +1,8 @@
 -- delta.lua: apply a stock movement from a feed ("+50 received", "-3 damaged"), once.
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[2]  shard event stream   hf:{hfN}:events
--- KEYS[3]  event guard          hf:{hfN}:seen:<source>:<event id>
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[2]  shard event stream   hf:{hfN.j}:events
+-- KEYS[3]  event guard          hf:{hfN.j}:seen:<source>:<event id>
 --
 -- ARGV[1] sku   ARGV[2] delta (signed whole number)   ARGV[3] source   ARGV[4] event id
 -- ARGV[5] guard ttl ms (how long a delivered event id is remembered)

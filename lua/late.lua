@@ -9,9 +9,9 @@
 -- under a share lock, so it saw the movement (and the counter's epoch is not
 -- older than it) or built the counter before it (and the epochs differ).
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[2]  shard event stream   hf:{hfN}:events
--- KEYS[3]  event guard          hf:{hfN}:seen:<source>:<event id> (the feed's
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[2]  shard event stream   hf:{hfN.j}:events
+-- KEYS[3]  event guard          hf:{hfN.j}:seen:<source>:<event id> (the feed's
 --          own guard, or the sale line's): applied once, and not at all when a
 --          redelivered feed event was applied to the new counter already
 --

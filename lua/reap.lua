@@ -3,7 +3,7 @@
 -- 'expired', which is idempotent, so several reapers may list the same hold and it
 -- is still released exactly once.
 --
--- KEYS[1]  shard due zset   hf:{hfN}:due
+-- KEYS[1]  shard due zset   hf:{hfN.j}:due
 -- ARGV[1]  batch size (at most this many ids)
 --
 -- Returns {rid, ...}, the most overdue first; empty when nothing is due.

@@ -2,9 +2,9 @@
 -- Used by shoppers, checkout and support (reason 'released') and by the reaper
 -- (reason 'expired', which only ends holds whose deadline has passed).
 --
--- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
--- KEYS[2]  shard due zset       hf:{hfN}:due
--- KEYS[3]  shard event stream   hf:{hfN}:events
+-- KEYS[1]  hold hash            hf:{hfN.j}:hold:<rid>
+-- KEYS[2]  shard due zset       hf:{hfN.j}:due
+-- KEYS[3]  shard event stream   hf:{hfN.j}:events
 -- then, for line i = 1..n (the hold's lines, in its order), at b = 3 + 3 * (i - 1):
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --

@@ -1,14 +1,14 @@
 -- reserve.lua: hold units of one SKU, or of every line of a cart, all or nothing.
 --
 -- All keys share the hash tag of one shard, so the script is valid on Redis Cluster.
--- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>
--- KEYS[2]  shard due zset       hf:{hfN}:due            member rid, score deadline (ms)
--- KEYS[3]  shard event stream   hf:{hfN}:events
+-- KEYS[1]  hold hash            hf:{hfN.j}:hold:<rid>
+-- KEYS[2]  shard due zset       hf:{hfN.j}:due            member rid, score deadline (ms)
+-- KEYS[3]  shard event stream   hf:{hfN.j}:events
 -- then, for line i = 1..n, at b = 3 + 3 * (i - 1):
--- KEYS[b+1] SKU counters hash   hf:{hfN}:sku:<sku>      available, reserved, sold_pending, sold, limit,
+-- KEYS[b+1] SKU counters hash   hf:{hfN.j}:sku:<sku>      available, reserved, sold_pending, sold, limit,
 --                               opens, closes (the drop's schedule, Unix ms; 0 or absent: none)
--- KEYS[b+2] SKU holds zset      hf:{hfN}:holds:<sku>    member rid, score deadline (ms)
--- KEYS[b+3] buyer counter       hf:{hfN}:buyer:<sku>:<buyer>  (untouched when buyer is '')
+-- KEYS[b+2] SKU holds zset      hf:{hfN.j}:holds:<sku>    member rid, score deadline (ms)
+-- KEYS[b+3] buyer counter       hf:{hfN.j}:buyer:<sku>:<buyer>  (untouched when buyer is '')
 --
 -- ARGV[1] reservation id   ARGV[2] ttl ms        ARGV[3] buyer ('' for none)
 -- ARGV[4] fingerprint of the request (same id + same request = a retry)

@@ -2,7 +2,7 @@
 -- against Redis' clock, and its per-buyer limit. A missing counter is left
 -- missing (warm.lua writes both when it creates one): never a half-made counter.
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
 -- ARGV[1] opens, ARGV[2] closes: Unix ms, 0 for none
 -- ARGV[3] per-buyer limit (0 = none; absent: left as it is)
 --

@@ -2,9 +2,9 @@
 -- and count it in `settled` (compared with PostgreSQL's skus.sold_recorded by
 -- reconciliation, so a sale between commit and settle is never taken for drift).
 --
--- KEYS[1]  hold hash            hf:{hfN}:hold:<rid>   (remembers which lines are settled)
--- KEYS[2]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[3]  shard event stream   hf:{hfN}:events
+-- KEYS[1]  hold hash            hf:{hfN.j}:hold:<rid>   (remembers which lines are settled)
+-- KEYS[2]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[3]  shard event stream   hf:{hfN.j}:events
 --
 -- ARGV[1] reservation id   ARGV[2] sku   ARGV[3] qty
 --

@@ -1,8 +1,8 @@
 -- snapshot.lua: apply an absolute stock count from a feed, if it is newer than the last.
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[2]  shard event stream   hf:{hfN}:events
--- KEYS[3]  event guard          hf:{hfN}:seen:<source>:<event id>
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[2]  shard event stream   hf:{hfN.j}:events
+-- KEYS[3]  event guard          hf:{hfN.j}:seen:<source>:<event id>
 --
 -- ARGV[1] sku   ARGV[2] on_hand per the feed (whole, >= 0)   ARGV[3] version
 -- (monotonic per SKU)   ARGV[4] source   ARGV[5] event id   ARGV[6] guard ttl ms

@@ -3,8 +3,8 @@
 -- Only where the counter is missing, unless forced: a live counter is the truth
 -- for open holds, so a plain warm-up never overwrites it.
 --
--- KEYS[1]  SKU counters hash    hf:{hfN}:sku:<sku>
--- KEYS[2]  shard event stream   hf:{hfN}:events
+-- KEYS[1]  SKU counters hash    hf:{hfN.j}:sku:<sku>
+-- KEYS[2]  shard event stream   hf:{hfN.j}:events
 --
 -- ARGV[1] sku   ARGV[2] on_hand (PostgreSQL's)   ARGV[3] reserved (units in holds
 -- that survived a lost counter; a new counter only)   ARGV[4] sold_recorded

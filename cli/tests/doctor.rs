@@ -188,7 +188,7 @@ fn help_states_the_exit_codes() {
 }
 
 /// Clients connected to the Redis `conn` talks to, not counting `conn`.
-async fn clients(conn: &mut redis::aio::ConnectionManager) -> u64 {
+async fn clients(conn: &mut holdfast_engine::RedisConn) -> u64 {
     let info: String = redis::cmd("INFO")
         .arg("clients")
         .query_async(conn)

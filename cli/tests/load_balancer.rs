@@ -3,7 +3,8 @@
 //! a badge's WebSocket work through it, and when one server is killed mid-sale
 //! no shopper sees an error (requests that hit the dead server are retried on
 //! the other, safely: each carries an Idempotency-Key), the dead server is
-//! taken out by its `/readyz` check, and every paid hold is recorded once.
+//! taken out by its `/readyz/checkout` check, a PostgreSQL outage takes no
+//! server out (checkout goes on), and every paid hold is recorded once.
 
 mod common;
 
@@ -98,7 +99,7 @@ impl Drop for Haproxy {
 #[tokio::test]
 async fn the_documented_haproxy_keeps_a_sale_going_when_a_server_dies() {
     let redis = TestRedis::start();
-    let pg_server = TestPostgres::start();
+    let mut pg_server = TestPostgres::start();
     let db = pg_server.url("holdfast");
     let (pg, token) = common::demo_with_token(&redis.url(), &db).await;
     let env = [
@@ -154,27 +155,7 @@ async fn the_documented_haproxy_keeps_a_sale_going_when_a_server_dies() {
         if i == 150 {
             first.kill();
         }
-        let key = format!("lb-{i}");
-        let held = http
-            .post(format!("{base}/api/v1/reservations"))
-            .bearer_auth(&token)
-            .header("Idempotency-Key", &key)
-            .json(&json!({ "sku": "DROP-001", "qty": 1, "buyer": key }))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("reservation {i}: {e}"));
-        let status = held.status();
-        let body: Value = held.json().await.unwrap_or(Value::Null);
-        assert_eq!(status, 201, "reservation {i}: {body}");
-        let id = body["id"].as_str().unwrap();
-        let confirmed = http
-            .post(format!("{base}/api/v1/reservations/{id}/confirm"))
-            .bearer_auth(&token)
-            .header("Idempotency-Key", format!("{key}-pay"))
-            .send()
-            .await
-            .unwrap_or_else(|e| panic!("payment {i}: {e}"));
-        assert_eq!(confirmed.status(), 200, "payment {i}");
+        sell_one(&http, &base, &token, &format!("lb-{i}")).await;
         paid += 1;
     }
     // The badge socket lived on the first or the second server; either way a
@@ -193,11 +174,56 @@ async fn the_documented_haproxy_keeps_a_sale_going_when_a_server_dies() {
     };
     assert_eq!(answer["state"], "in_stock", "{answer}");
 
-    let recorded = common::recorded_units(&pg, "DROP-001", paid, Duration::from_secs(30)).await;
+    // PostgreSQL, which both servers share, goes down: the proxy's check is
+    // /readyz/checkout, so the server stays in rotation and shoppers can still
+    // buy (their sales wait in Redis), while /readyz says recording is down.
+    pg_server.stop();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    for i in 0..20 {
+        sell_one(&http, &base, &token, &format!("lb-pg-down-{i}")).await;
+        paid += 1;
+    }
+    let full = http.get(format!("{base}/readyz")).send().await.unwrap();
+    assert_eq!(full.status(), 503, "/readyz says PostgreSQL is down");
+    let sell = http
+        .get(format!("{base}/readyz/checkout"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sell.status(), 200, "the server can still sell");
+    pg_server.start_again();
+
+    let recorded = common::recorded_units(&pg, "DROP-001", paid, Duration::from_secs(60)).await;
     assert_eq!(recorded, paid, "every paid hold recorded once");
     println!(
-        "{paid} holds paid through HAProxy, 150 of them after a server was killed, with no error"
+        "{paid} holds paid through HAProxy, 150 of them after a server was killed and 20 while \
+         PostgreSQL was down, with no error"
     );
     let (ok, out, err) = common::holdfast(&["verify"], &redis.url(), &db);
     assert!(ok, "verify:\n{out}{err}");
+}
+
+/// Reserves one unit of DROP-001 and pays for it through the proxy, under
+/// Idempotency-Key `key`; any other answer than 201 then 200 fails the test.
+async fn sell_one(http: &reqwest::Client, base: &str, token: &str, key: &str) {
+    let held = http
+        .post(format!("{base}/api/v1/reservations"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", key)
+        .json(&json!({ "sku": "DROP-001", "qty": 1, "buyer": key }))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("reservation {key}: {e}"));
+    let status = held.status();
+    let body: Value = held.json().await.unwrap_or(Value::Null);
+    assert_eq!(status, 201, "reservation {key}: {body}");
+    let id = body["id"].as_str().unwrap();
+    let confirmed = http
+        .post(format!("{base}/api/v1/reservations/{id}/confirm"))
+        .bearer_auth(token)
+        .header("Idempotency-Key", format!("{key}-pay"))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("payment {key}: {e}"));
+    assert_eq!(confirmed.status(), 200, "payment {key}");
 }

@@ -3,8 +3,10 @@
 //! sales made on another within a second, a sold-out answer remembered by one
 //! server is forgotten when stock returns through another, a rehearsal spread
 //! over all of them (each shopper's retry and payment on another server than
-//! its reservation) passes every truth check, and when one server dies with
-//! sales it had read but not recorded, the others record them, each once.
+//! its reservation) passes every truth check, when one server dies with
+//! sales it had read but not recorded, the others record them, each once, and
+//! a server frozen in the middle of a PostgreSQL transaction does not stop the
+//! others from recording.
 
 mod common;
 
@@ -27,22 +29,21 @@ type Server = (common::KillOnDrop, String, String, BufReader<ChildStdout>);
 type Socket =
     tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<tokio::net::TcpStream>>;
 
-/// Starts `n` servers at once on `redis` and `db`.
-fn start_servers(n: usize, redis: &TestRedis, db: &str) -> Vec<Server> {
+/// Starts `n` servers at once on `redis` and `db`, with `extra` settings.
+fn start_servers(n: usize, redis: &TestRedis, db: &str, extra: &[(&str, &str)]) -> Vec<Server> {
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..n)
             .map(|_| {
                 s.spawn(|| {
-                    common::serve(
-                        redis,
-                        db,
-                        &[
-                            ("HOLDFAST_TAKEOVER_AFTER_SECS", "2"),
-                            ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
-                            ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
-                            ("HOLDFAST_REAPER_INTERVAL_MS", "100"),
-                        ],
-                    )
+                    let mut env = vec![
+                        ("HOLDFAST_TAKEOVER_AFTER_SECS", "2"),
+                        ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
+                        ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
+                        ("HOLDFAST_REAPER_INTERVAL_MS", "100"),
+                    ];
+                    // Later settings win (the process sees the last one).
+                    env.extend_from_slice(extra);
+                    common::serve(redis, db, &env)
                 })
             })
             .collect();
@@ -86,7 +87,7 @@ async fn reserve(
 
 /// Each write-behind consumer of process `pid` with entries pending, summed
 /// over the shard streams.
-async fn pending_on(conn: &mut redis::aio::ConnectionManager, pid: u32) -> u64 {
+async fn pending_on(conn: &mut holdfast_engine::RedisConn, pid: u32) -> u64 {
     let engine_keys = holdfast_engine::keys::Keyspace::default();
     let mut total = 0;
     for shard in 0..engine_keys.shards() {
@@ -120,7 +121,7 @@ async fn three_servers_behave_as_one_and_survive_losing_one() {
     let pg_server = TestPostgres::start();
     let db = pg_server.url("holdfast");
     // All three create and migrate the empty database at the same moment.
-    let mut servers = start_servers(3, &redis, &db);
+    let mut servers = start_servers(3, &redis, &db, &[]);
     let bases: Vec<String> = servers.iter().map(|s| s.1.clone()).collect();
     let (pg, token) = common::demo_with_token(&redis.url(), &db).await;
     let http = reqwest::Client::builder()
@@ -192,40 +193,7 @@ async fn three_servers_behave_as_one_and_survive_losing_one() {
     }
 
     // A rehearsal spread over the three passes every truth check.
-    let mut args = vec![
-        "holdfast".to_owned(),
-        "--redis-url".into(),
-        redis.url(),
-        "--database-url".into(),
-        db.clone(),
-        "simulate".into(),
-    ];
-    for base in &bases {
-        args.extend(["--url".into(), base.clone()]);
-    }
-    args.extend(
-        [
-            "--shoppers",
-            "600",
-            "--units",
-            "80",
-            "--peak-rps",
-            "300",
-            "--peak-secs",
-            "1",
-            "--decay-secs",
-            "1",
-            "--hold-ttl-secs",
-            "1",
-            "--think-ms",
-            "200",
-            "--retry",
-            "0.2",
-            "--settle-secs",
-            "30",
-        ]
-        .map(str::to_owned),
-    );
+    let args = common::rehearsal_over(&redis.url(), &db, &bases);
     holdfast_cli::commands::run(Cli::parse_from(args))
         .await
         .expect("a rehearsal over three servers passes every truth check");
@@ -283,4 +251,83 @@ async fn three_servers_behave_as_one_and_survive_losing_one() {
     );
     let (ok, out, err) = common::holdfast(&["verify"], &redis.url(), &db);
     assert!(ok, "verify after losing a server:\n{out}{err}");
+
+    // Server 2 freezes (SIGSTOP) in the middle of recording: it is made to wait
+    // for a row lock with sales read, frozen, and the lock lifted, so its
+    // transaction gets the lock and then sits open, holding it, while the
+    // process cannot go on. PostgreSQL ends that transaction after
+    // IDLE_IN_TRANSACTION; server 3 takes the frozen server's sales over and
+    // records every sale, each once, while server 2 is still frozen.
+    let mut blocker = pg.begin().await.unwrap();
+    sqlx::query("SELECT sku FROM skus WHERE sku = 'DROP-001' FOR UPDATE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let victim = servers[1].0.0.id();
+    let live = [bases[1].clone(), bases[2].clone()];
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while pending_on(&mut conn, victim).await == 0 {
+        assert!(Instant::now() < deadline, "server 2 never read a sale");
+        for base in &live {
+            i += 1;
+            let (status, held) =
+                reserve(&http, base, &token, &format!("freeze-{i}"), "DROP-001", 1).await;
+            assert_eq!(status, 201, "{held}");
+            let id = held["id"].as_str().unwrap();
+            assert_eq!(common::confirm(&http, base, &token, id).await, 200);
+            confirmed += 1;
+        }
+    }
+    signal(victim, "STOP");
+    let frozen = Instant::now();
+    blocker.rollback().await.unwrap();
+    let recorded =
+        common::recorded_units(&pg, "DROP-001", confirmed, Duration::from_secs(45)).await;
+    let took = frozen.elapsed();
+    signal(victim, "CONT");
+    assert_eq!(
+        recorded, confirmed,
+        "every sale recorded while a server is frozen mid-transaction"
+    );
+    println!("server 2 frozen mid-recording: server 3 recorded all {confirmed} sales in {took:?}");
+    let (ok, out, err) = common::holdfast(&["verify"], &redis.url(), &db);
+    assert!(ok, "verify after a frozen server:\n{out}{err}");
+}
+
+/// Sends `SIG<name>` to process `pid`.
+fn signal(pid: u32, name: &str) {
+    let sent = std::process::Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .unwrap();
+    assert!(sent.success(), "kill -{name} {pid}");
+}
+
+/// Every server schedules a reconciliation each second; together they run one
+/// a second, not one each (the check is made under the reconcile lock).
+#[tokio::test]
+async fn scheduled_reconciliation_runs_once_per_interval_whatever_the_server_count() {
+    let redis = TestRedis::start();
+    let pg_server = TestPostgres::start();
+    let db = pg_server.url("holdfast");
+    let started = Instant::now();
+    let servers = start_servers(3, &redis, &db, &[("HOLDFAST_RECONCILE_EVERY_SECS", "1")]);
+    let (pg, _token) = common::demo_with_token(&redis.url(), &db).await;
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    let runs: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM reconciliation_runs WHERE trigger = 'schedule'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    let seconds = started.elapsed().as_secs_f64();
+    println!(
+        "3 servers, one scheduled reconciliation a second: {runs} runs in about {seconds:.0} s"
+    );
+    assert!(runs >= 3, "scheduled runs happen: {runs}");
+    assert!(
+        (runs as f64) <= seconds + 1.0,
+        "{runs} scheduled runs in {seconds:.1} s with 3 servers: each server ran its own"
+    );
+    drop(servers);
 }

@@ -47,7 +47,7 @@ async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefi
 }
 
 /// Redis' `used_memory`, bytes.
-async fn used_memory(conn: &redis::aio::ConnectionManager) -> i64 {
+async fn used_memory(conn: &holdfast_engine::RedisConn) -> i64 {
     let info = redis_conn::info(conn, Duration::from_secs(5))
         .await
         .unwrap();

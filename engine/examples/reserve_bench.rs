@@ -8,57 +8,11 @@
 //!
 //! Prints a Markdown table and one JSON line (for scripts).
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
-
-use holdfast_engine::testkit::{TestRedis, flag, redis_benchmark_reserve, stock};
+use holdfast_engine::testkit::{TestRedis, flag, redis_benchmark_reserve, reserve_load, stock};
 use holdfast_engine::{Engine, EngineConfig, ReserveOutcome, ReserveRequest};
 
 const SKU: &str = "BENCH-1";
 const STOCK: i64 = 1_000_000_000_000;
-
-/// Latency percentile, in milliseconds, of a sorted sample of nanoseconds.
-fn pct(sorted: &[u32], p: f64) -> f64 {
-    if sorted.is_empty() {
-        return 0.0;
-    }
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    f64::from(sorted[i]) / 1_000_000.0
-}
-
-async fn engine_run(engine: &Engine, clients: usize, seconds: u64) -> (f64, f64, f64) {
-    let stop = Arc::new(AtomicBool::new(false));
-    let next = Arc::new(AtomicU64::new(0));
-    let mut tasks = tokio::task::JoinSet::new();
-    for _ in 0..clients {
-        let (engine, stop, next) = (engine.clone(), stop.clone(), next.clone());
-        tasks.spawn(async move {
-            let mut lat = Vec::with_capacity(200_000);
-            while !stop.load(Ordering::Relaxed) {
-                let rid = format!("b-{}", next.fetch_add(1, Ordering::Relaxed));
-                let t = Instant::now();
-                let out = engine
-                    .reserve(&ReserveRequest::single(rid, SKU, 1))
-                    .await
-                    .expect("reserve");
-                lat.push(t.elapsed().as_nanos() as u32);
-                assert!(matches!(out, ReserveOutcome::Reserved { .. }), "{out:?}");
-            }
-            lat
-        });
-    }
-    let started = Instant::now();
-    tokio::time::sleep(Duration::from_secs(seconds)).await;
-    stop.store(true, Ordering::Relaxed);
-    let mut all = Vec::new();
-    while let Some(lat) = tasks.join_next().await {
-        all.extend(lat.expect("client task"));
-    }
-    let elapsed = started.elapsed().as_secs_f64();
-    all.sort_unstable();
-    (all.len() as f64 / elapsed, pct(&all, 0.5), pct(&all, 0.99))
-}
 
 #[tokio::main]
 async fn main() {
@@ -75,7 +29,8 @@ async fn main() {
         .unwrap();
     assert!(matches!(warm_up, ReserveOutcome::Reserved { .. }));
 
-    let (e_rps, e_p50, e_p99) = engine_run(&engine, clients, seconds).await;
+    let (e_rps, e_p50, e_p99) =
+        reserve_load(&engine, clients as u64, seconds, |_| SKU.to_owned()).await;
     redis::cmd("FLUSHALL")
         .query_async::<()>(&mut admin)
         .await

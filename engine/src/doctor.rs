@@ -16,7 +16,7 @@
 //! | `redis maxclients` | projected ≤ 80% | > 80% of `maxclients` | > 100% |
 //! | `redis memory headroom` | ≥ 40% of `maxmemory` free | < 40% free, or no `maxmemory` | < 20% free, or (no `maxmemory`) over 80% of the host's memory |
 //! | `clock skew` | ≤ 250 ms | > 250 ms | > 1 s |
-//! | `redis tls` | `rediss://` (verified), a Unix socket or loopback | plain TCP beyond loopback, `#insecure` | a URL [`redis_conn::client`] refuses (e.g. an unreadable CA file) |
+//! | `redis tls` | `rediss://` (verified by a connection made), a Unix socket or loopback | plain TCP beyond loopback, `rediss://` not yet verified (no connection) | `#insecure` (refused), a URL [`redis_conn::client`] refuses (e.g. an unreadable CA file) |
 //! | `postgres reachable` | answers | | unreachable (its other lines are skipped) |
 //! | `postgres max_connections` | pools + margin fit | pools fit, margin does not | pools do not fit |
 //! | `postgres tls` | TLS in use with `verify-full`, or loopback | no TLS beyond loopback, or an unverified certificate | |
@@ -30,9 +30,9 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use crate::redis_conn::RedisConn;
 use holdfast_domain::Lane;
 pub use holdfast_domain::doctor::{CheckLevel, DoctorCheck, DoctorReport};
-use redis::aio::ConnectionManager;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions, PgSslMode};
 
 use crate::error::{EngineError, redact_url};
@@ -169,7 +169,9 @@ pub fn redis_connections_per_server() -> RedisConnections {
 /// Runs every check against `config`'s services and settings.
 pub async fn run(config: &DoctorConfig) -> DoctorReport {
     let mut report = DoctorReport::default();
-    match redis_conn::connect(&config.redis_url).await {
+    let connected = redis_conn::connect(&config.redis_url).await;
+    let reached = connected.is_ok();
+    match connected {
         Ok(mut conn) => redis_checks(&mut report, &mut conn, config).await,
         Err(e) => {
             // The error's own advice is the action column's; keep the reason.
@@ -187,7 +189,7 @@ pub async fn run(config: &DoctorConfig) -> DoctorReport {
             )
         }
     }
-    report.checks.push(redis_tls(&config.redis_url));
+    report.checks.push(redis_tls(&config.redis_url, reached));
     postgres_checks(&mut report, config).await;
     report.checks.push(webhook_sources(&config.webhook_sources));
     report.checks.push(badge_origins(&config.badge_origins));
@@ -219,7 +221,7 @@ fn line(name: &str, level: CheckLevel, finding: String, action: &str) -> DoctorC
 
 /// A setting from `CONFIG GET`, or `None` when the command is refused (some
 /// managed services rename or forbid it).
-async fn config_get(conn: &mut ConnectionManager, name: &str) -> Option<String> {
+async fn config_get(conn: &mut RedisConn, name: &str) -> Option<String> {
     let pair: Vec<String> = redis::cmd("CONFIG")
         .arg("GET")
         .arg(name)
@@ -233,7 +235,7 @@ fn number(info: &HashMap<String, String>, field: &str) -> Option<u64> {
     info.get(field).and_then(|v| v.parse().ok())
 }
 
-async fn redis_checks(report: &mut DoctorReport, conn: &mut ConnectionManager, c: &DoctorConfig) {
+async fn redis_checks(report: &mut DoctorReport, conn: &mut RedisConn, c: &DoctorConfig) {
     let info = match redis_conn::info(conn, REDIS_TIMEOUT).await {
         Ok(info) => info,
         Err(reason) => {
@@ -545,7 +547,7 @@ fn memory(used: Option<u64>, max: Option<u64>, system: Option<u64>) -> DoctorChe
 
 /// Redis' clock minus this host's, in milliseconds, and the round trip it was
 /// measured over (the best of three: the shortest round trip bounds the error).
-async fn clock_skew(conn: &mut ConnectionManager) -> Result<(i64, Duration), EngineError> {
+async fn clock_skew(conn: &mut RedisConn) -> Result<(i64, Duration), EngineError> {
     let mut best: Option<(i64, Duration)> = None;
     for _ in 0..3 {
         let sent = SystemTime::now();
@@ -602,7 +604,9 @@ fn is_loopback(host: &str) -> bool {
 const TUNNEL: &str = "keep it on a private network, or reach it through a TLS tunnel \
      (stunnel, spiped, an SSH tunnel) whose loopback end Holdfast connects to";
 
-fn redis_tls(url: &str) -> DoctorCheck {
+/// The `redis tls` line for `url`; `reached`: whether a connection was made,
+/// so a TLS URL is only called verified when a handshake actually verified.
+fn redis_tls(url: &str, reached: bool) -> DoctorCheck {
     let name = check::REDIS_TLS;
     let shown = redact_url(url);
     let client = match redis_conn::client(url) {
@@ -643,12 +647,21 @@ fn redis_tls(url: &str) -> DoctorCheck {
         ),
         redis::ConnectionAddr::TcpTls { insecure: true, .. } => line(
             name,
-            CheckLevel::Warn,
+            CheckLevel::Fail,
             format!(
-                "{shown} uses TLS without checking the certificate (#insecure): anyone in \
-                 between can pose as Redis"
+                "{shown} asks for TLS without checking the certificate (#insecure), which \
+                 Holdfast refuses: anyone in between could pose as Redis"
             ),
             "Drop #insecure and name the server's CA with ?ssl_ca_certs=/path/ca.pem",
+        ),
+        redis::ConnectionAddr::TcpTls { .. } if !reached => line(
+            name,
+            CheckLevel::Warn,
+            format!(
+                "{shown} is set to use TLS with certificate checks, but no connection was \
+                 made, so the certificate is not checked yet"
+            ),
+            "Fix what `redis reachable` says, then run `holdfast doctor` again",
         ),
         _ => line(
             name,
@@ -1090,20 +1103,28 @@ mod tests {
 
     #[test]
     fn tls_passes_on_loopback_and_warns_beyond() {
-        assert_eq!(redis_tls("redis://127.0.0.1:6379").level, CheckLevel::Pass);
-        assert_eq!(redis_tls("redis://localhost:6379").level, CheckLevel::Pass);
-        assert_eq!(redis_tls("redis://[::1]:6379").level, CheckLevel::Pass);
-        assert_eq!(redis_tls("unix:///run/redis.sock").level, CheckLevel::Pass);
-        let remote = redis_tls("redis://:pw@10.0.0.5:6379");
+        let tls = |url| redis_tls(url, true);
+        assert_eq!(tls("redis://127.0.0.1:6379").level, CheckLevel::Pass);
+        assert_eq!(tls("redis://localhost:6379").level, CheckLevel::Pass);
+        assert_eq!(tls("redis://[::1]:6379").level, CheckLevel::Pass);
+        assert_eq!(tls("unix:///run/redis.sock").level, CheckLevel::Pass);
+        let remote = tls("redis://:pw@10.0.0.5:6379");
         assert_eq!(remote.level, CheckLevel::Warn);
         assert!(!remote.finding.contains("pw"), "no password shown");
-        assert_eq!(redis_tls("rediss://10.0.0.5:6379").level, CheckLevel::Pass);
+        assert_eq!(tls("rediss://10.0.0.5:6379").level, CheckLevel::Pass);
+        let unverified = redis_tls("rediss://10.0.0.5:6379", false);
         assert_eq!(
-            redis_tls("rediss://10.0.0.5:6379/#insecure").level,
+            unverified.level,
             CheckLevel::Warn,
-            "an unverified certificate is a risk"
+            "not called verified without a connection: {}",
+            unverified.finding
         );
-        let missing = redis_tls("rediss://10.0.0.5:6379/?ssl_ca_certs=/nonexistent/ca.pem");
+        assert_eq!(
+            redis_tls("rediss://10.0.0.5:6379/#insecure", false).level,
+            CheckLevel::Fail,
+            "an unverified certificate is refused, as serve refuses it"
+        );
+        let missing = tls("rediss://10.0.0.5:6379/?ssl_ca_certs=/nonexistent/ca.pem");
         assert_eq!(missing.level, CheckLevel::Fail);
         assert!(
             missing.finding.contains("/nonexistent/ca.pem"),
@@ -1111,7 +1132,7 @@ mod tests {
             missing.finding
         );
         assert_eq!(
-            redis_tls("redis://10.0.0.5:6379/?ssl_ca_certs=/tmp/ca.pem").level,
+            tls("redis://10.0.0.5:6379/?ssl_ca_certs=/tmp/ca.pem").level,
             CheckLevel::Fail,
             "certificate files without TLS are a mistake"
         );

@@ -11,8 +11,8 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::redis_conn::RedisConn;
 use redis::Value;
-use redis::aio::ConnectionManager;
 
 use crate::error::EngineError;
 use crate::keys::Keyspace;
@@ -62,7 +62,7 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     fn default() -> Self {
         Self {
-            shards: 16,
+            shards: crate::keys::DEFAULT_SHARDS,
             default_hold_ttl: Duration::from_secs(600),
             max_hold_ttl: Duration::from_secs(3_600),
             max_qty_per_line: 10,
@@ -84,7 +84,7 @@ impl Default for EngineConfig {
 #[derive(Clone)]
 pub struct Engine {
     /// Redis, every round trip timed into `telemetry`.
-    pub(crate) conn: Measured<ConnectionManager>,
+    pub(crate) conn: Measured<RedisConn>,
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) keys: Keyspace,
@@ -162,8 +162,9 @@ fn invalid(field: &str, message: impl Into<String>) -> Invalid {
 }
 
 impl Engine {
-    /// An engine over `conn` with `config`.
-    pub fn new(conn: ConnectionManager, config: EngineConfig) -> Self {
+    /// An engine over `conn` (one node or a cluster) with `config`.
+    pub fn new(conn: impl Into<RedisConn>, config: EngineConfig) -> Self {
+        let conn = conn.into();
         let scripts = Scripts::new();
         let telemetry = Arc::new(Telemetry::new(scripts.names()));
         Self {
@@ -179,10 +180,10 @@ impl Engine {
     /// This engine answering payments only once replicas acknowledged them
     /// ([`crate::replicas`]), the rounds running on `conn`, a connection used
     /// for nothing else; as configured by `confirm_replicas` (0: unchanged).
-    pub fn with_replica_acks(mut self, conn: ConnectionManager) -> Self {
+    pub fn with_replica_acks(mut self, conn: impl Into<RedisConn>) -> Self {
         if self.config.confirm_replicas > 0 {
             self.acks = Some(crate::replicas::ReplicaAcks::start(
-                conn,
+                conn.into(),
                 self.config.confirm_replicas,
                 self.config.confirm_replica_timeout,
             ));
@@ -206,8 +207,31 @@ impl Engine {
     }
 
     /// A clone of the Redis connection, for reads outside the scripts.
-    pub fn connection(&self) -> ConnectionManager {
+    pub fn connection(&self) -> RedisConn {
         self.conn.inner().clone()
+    }
+
+    /// Refuses to work over Redis data laid out in another shard count or tag
+    /// scheme than this engine's (keys would be looked for where they are
+    /// not: every SKU would read as not warmed, its holds stranded). The
+    /// first process to look records its layout ([`Keyspace::LAYOUT`]).
+    pub async fn check_layout(&self) -> Result<(), EngineError> {
+        let want = self.keys.layout();
+        let had: Option<String> = redis::cmd("SET")
+            .arg(Keyspace::LAYOUT)
+            .arg(&want)
+            .arg("NX")
+            .arg("GET")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        match had {
+            Some(had) if had != want => Err(EngineError::Unsupported(format!(
+                "Redis holds data laid out as `{had}`, and this process is set to `{want}` \
+                 (--redis-shards / HOLDFAST_REDIS_SHARDS): use the count the data was written \
+                 with, or empty Redis (FLUSHALL) and warm again from PostgreSQL"
+            ))),
+            _ => Ok(()),
+        }
     }
 
     /// What this engine measures (Redis round trips, reservation outcomes).

@@ -96,6 +96,10 @@ pub enum EngineError {
     /// between `lua/` and the code, or keys edited by hand).
     #[error("unexpected reply from Redis: {0}")]
     UnexpectedReply(String),
+    /// Settings that cannot work together on this deployment (refused at
+    /// start-up, saying which and why).
+    #[error("{0}")]
+    Unsupported(String),
 }
 
 impl EngineError {

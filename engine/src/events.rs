@@ -1,5 +1,5 @@
 //! The event log: every mutating script appends one entry per SKU it changed to
-//! its shard's stream (`hf:{hfN}:events`), in the same atomic step.
+//! its shard's stream (`hf:{hfN.j}:events`), in the same atomic step.
 //!
 //! One log feeds the live dashboard, the shopper badges and the write-behind to
 //! PostgreSQL. Entry fields:
@@ -17,8 +17,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use crate::redis_conn::RedisConn;
 use redis::Value;
-use redis::aio::ConnectionManager;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
@@ -299,13 +299,13 @@ pub async fn for_sku_since(
 /// Tails every shard's event stream. Give it a connection of its own: a blocking
 /// `XREAD` would hold up every other command on a shared multiplexed connection.
 pub struct EventReader {
-    conn: ConnectionManager,
+    conn: RedisConn,
     keys: Keyspace,
 }
 
 impl EventReader {
     /// A reader over `conn` (dedicated) for the streams of `keys`.
-    pub fn new(conn: ConnectionManager, keys: Keyspace) -> Self {
+    pub fn new(conn: RedisConn, keys: Keyspace) -> Self {
         Self { conn, keys }
     }
 
@@ -343,18 +343,14 @@ impl EventReader {
         count: usize,
         block: Option<Duration>,
     ) -> Result<Vec<Event>, EngineError> {
-        let mut cmd = redis::cmd("XREAD");
-        cmd.arg("COUNT").arg(count.max(1));
-        if let Some(block) = block {
-            cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
-        }
-        cmd.arg("STREAMS")
-            .arg(self.keys.all_events())
-            .arg(&cursor.ids);
-        let reply: Option<redis::streams::StreamReadReply> =
-            cmd.query_async(&mut self.conn).await?;
+        let mut head = redis::cmd("XREAD");
+        head.arg("COUNT").arg(count.max(1));
+        let streams = self
+            .conn
+            .read_streams(&head, &self.keys.all_events(), &cursor.ids, block)
+            .await?;
         let mut events = Vec::new();
-        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+        for stream in streams {
             let Some(shard) = (0..self.keys.shards()).find(|s| self.keys.events(*s) == stream.key)
             else {
                 continue;

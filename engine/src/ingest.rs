@@ -13,8 +13,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
+use crate::redis_conn::RedisConn;
 use redis::Value;
-use redis::aio::ConnectionManager;
 use redis::streams::StreamReadReply;
 use serde::Serialize;
 
@@ -159,7 +159,7 @@ pub struct Caps {
 /// Appends a raw payload from `source` to `lane`, unless the lane is at one of
 /// its `caps`.
 pub async fn enqueue(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     lane: Lane,
     source: &str,
     body: &[u8],
@@ -198,7 +198,7 @@ pub async fn enqueue(
 }
 
 /// Payload bytes waiting on `lane`.
-pub async fn lane_bytes(conn: &mut ConnectionManager, lane: Lane) -> Result<u64, EngineError> {
+pub async fn lane_bytes(conn: &mut RedisConn, lane: Lane) -> Result<u64, EngineError> {
     let n: Option<i64> = redis::cmd("GET")
         .arg(bytes_key(lane))
         .query_async(conn)
@@ -207,7 +207,7 @@ pub async fn lane_bytes(conn: &mut ConnectionManager, lane: Lane) -> Result<u64,
 }
 
 /// Stops `lane`'s consumers (payloads still queue, up to the cap).
-pub async fn pause(conn: &mut ConnectionManager, lane: Lane) -> Result<(), EngineError> {
+pub async fn pause(conn: &mut RedisConn, lane: Lane) -> Result<(), EngineError> {
     Ok(redis::cmd("SET")
         .arg(paused_key(lane))
         .arg("1")
@@ -216,7 +216,7 @@ pub async fn pause(conn: &mut ConnectionManager, lane: Lane) -> Result<(), Engin
 }
 
 /// Lets `lane`'s consumers run again.
-pub async fn resume(conn: &mut ConnectionManager, lane: Lane) -> Result<(), EngineError> {
+pub async fn resume(conn: &mut RedisConn, lane: Lane) -> Result<(), EngineError> {
     Ok(redis::cmd("DEL")
         .arg(paused_key(lane))
         .query_async(conn)
@@ -224,7 +224,7 @@ pub async fn resume(conn: &mut ConnectionManager, lane: Lane) -> Result<(), Engi
 }
 
 /// The state of `lane`.
-pub async fn status(conn: &mut ConnectionManager, lane: Lane) -> Result<LaneStatus, EngineError> {
+pub async fn status(conn: &mut RedisConn, lane: Lane) -> Result<LaneStatus, EngineError> {
     let (backlog, paused): (u64, bool) = redis::pipe()
         .cmd("XLEN")
         .arg(lane_key(lane))
@@ -258,7 +258,7 @@ pub async fn status(conn: &mut ConnectionManager, lane: Lane) -> Result<LaneStat
 }
 
 /// The state of every lane, in [`Lane::ALL`] order.
-pub async fn statuses(conn: &mut ConnectionManager) -> Result<Vec<LaneStatus>, EngineError> {
+pub async fn statuses(conn: &mut RedisConn) -> Result<Vec<LaneStatus>, EngineError> {
     let mut out = Vec::with_capacity(Lane::ALL.len());
     for lane in Lane::ALL {
         out.push(status(conn, lane).await?);
@@ -282,7 +282,7 @@ pub struct DeadLetter {
 }
 
 async fn bury(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     lane: Lane,
     source: &str,
     body: &str,
@@ -308,13 +308,13 @@ async fn bury(
 }
 
 /// How many dead letters wait.
-pub async fn dead_letter_count(conn: &mut ConnectionManager) -> Result<u64, EngineError> {
+pub async fn dead_letter_count(conn: &mut RedisConn) -> Result<u64, EngineError> {
     Ok(redis::cmd("XLEN").arg(DEAD_KEY).query_async(conn).await?)
 }
 
 /// The newest `count` dead letters, newest first.
 pub async fn dead_letters(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     count: usize,
 ) -> Result<Vec<DeadLetter>, EngineError> {
     let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XREVRANGE")
@@ -339,7 +339,7 @@ pub async fn dead_letters(
 
 /// Puts dead letter `id` back on its lane (after the cause was fixed, e.g. the SKU
 /// was created and warmed); returns the new lane entry id, or `None` if unknown.
-pub async fn replay(conn: &mut ConnectionManager, id: &str) -> Result<Option<String>, EngineError> {
+pub async fn replay(conn: &mut RedisConn, id: &str) -> Result<Option<String>, EngineError> {
     let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
         .arg(DEAD_KEY)
         .arg(id)
@@ -421,7 +421,7 @@ fn payload_of(entry: redis::streams::StreamId) -> (String, String, Vec<u8>) {
 /// One consumer of one lane.
 pub struct LaneConsumer {
     engine: Engine,
-    conn: ConnectionManager,
+    conn: RedisConn,
     lane: LaneConfig,
     name: String,
     stats: Arc<LaneStats>,
@@ -438,7 +438,7 @@ impl LaneConsumer {
     /// Consumer `name` of `lane`, reading with `conn` (its own: reads block).
     pub fn new(
         engine: Engine,
-        conn: ConnectionManager,
+        conn: RedisConn,
         lane: LaneConfig,
         name: String,
         stats: Arc<LaneStats>,
@@ -625,6 +625,14 @@ impl LaneConsumer {
     /// Takes over payloads another consumer of this lane left pending longer than
     /// its `claim_idle`: that process died after the sender was answered 202.
     async fn claim_abandoned(&mut self) -> Result<Vec<(String, String, Vec<u8>)>, EngineError> {
+        self.engine
+            .forget_idle_consumers(
+                &lane_key(self.lane.name),
+                GROUP,
+                redis_conn::FORGET_CONSUMERS_AFTER,
+                &self.name,
+            )
+            .await?;
         let reply: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
             .arg(lane_key(self.lane.name))
             .arg(GROUP)

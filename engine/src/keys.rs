@@ -1,33 +1,58 @@
 //! Where everything lives in Redis.
 //!
-//! Each SKU belongs to one of `shards` hash tags (`{hf0}` … `{hfN}`), chosen by a
-//! stable hash of its code. Every key of that SKU, every hold on it and the
-//! shard's event stream carry the same tag, so each script touches one slot and
-//! runs unchanged on Redis Cluster. A bounded number of shards also means a bounded
-//! number of event streams for readers to tail, however many SKUs there are.
+//! Each SKU belongs to one of `shards` hash tags, chosen by a stable hash of its
+//! code. Every key of that SKU, every hold on it and the shard's event stream
+//! carry the same tag, so each script touches one slot and runs unchanged on
+//! Redis Cluster. A bounded number of shards also means a bounded number of
+//! event streams for readers to tail, however many SKUs there are.
+//!
+//! **Even shards.** Redis Cluster gives each master a contiguous range of the
+//! 16,384 slots. Shard `i`'s tag (`hf<i>` with a suffix, e.g. `{hf3.41}`) is
+//! chosen so its slot falls in the `i`-th of `shards` equal slices of that
+//! range: with `m` masters each holds `shards / m` shards, give or take one.
+//! Plain `{hf0}`…`{hf15}` would land where CRC16 puts them (3/8/5 shards on
+//! three masters, none at all on four of eight). The default of 64 shards
+//! gives every master of a cluster of up to 64 an equal share within one
+//! (32 masters: two each); more shards than masters is what lets a cluster
+//! grow. The count is fixed per deployment: it is written to Redis
+//! ([`Keyspace::LAYOUT`]) and a process configured otherwise is refused at
+//! start-up ([`crate::Engine::check_layout`]).
 //!
 //! | key | type | holds |
 //! |---|---|---|
-//! | `hf:{hfN}:sku:<sku>` | hash | `available`, `reserved`, `sold_pending`, `sold`, `limit`, `version` |
-//! | `hf:{hfN}:holds:<sku>` | zset | open holds on the SKU, scored by deadline (ms) |
-//! | `hf:{hfN}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
-//! | `hf:{hfN}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp`, `after` (the first answer); or a refused request's record (`state` `refused`, kept 24 h) |
-//! | `hf:{hfN}:due` | zset | the shard's open holds by deadline, for the reaper |
-//! | `hf:{hfN}:due:aside` | zset | holds the reaper could not read or end, set aside for an operator |
-//! | `hf:{hfN}:events` | stream | every change, see [`crate::events`] |
-//! | `hf:{hfN}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
+//! | `hf:{hfN.j}:sku:<sku>` | hash | `available`, `reserved`, `sold_pending`, `sold`, `limit`, `version` |
+//! | `hf:{hfN.j}:holds:<sku>` | zset | open holds on the SKU, scored by deadline (ms) |
+//! | `hf:{hfN.j}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
+//! | `hf:{hfN.j}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp`, `after` (the first answer); or a refused request's record (`state` `refused`, kept 24 h) |
+//! | `hf:{hfN.j}:due` | zset | the shard's open holds by deadline, for the reaper |
+//! | `hf:{hfN.j}:due:aside` | zset | holds the reaper could not read or end, set aside for an operator |
+//! | `hf:{hfN.j}:events` | stream | every change, see [`crate::events`] |
+//! | `hf:{hfN.j}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
 //! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (kept as long as the longest hold and its tombstone: 25 h by default); every path checks it, so one id is never held for two requests |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
 //! | `hf:feed:{<source>}:<event id>` | string | the fingerprint of a feed event id's first payload (24 h) |
-//! | `hf:{mark}` | string | this Redis' data generation: gone means Redis lost its data (see [`crate::warmup::rewarm_after_loss`]) |
+//! | `hf:{hfN.j}:mark` | string | the shard's data generation: gone means the shard lost its data (see [`crate::warmup::rewarm_after_loss`]) |
+//! | `hf:{layout}` | string | the shard count and tag scheme the data is laid out in |
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+
+/// Slots in a Redis Cluster.
+const SLOTS: u32 = 16_384;
+
+/// The version of the tag scheme, written with the shard count to
+/// [`Keyspace::LAYOUT`].
+const TAG_SCHEME: &str = "even1";
 
 /// Key names for one deployment: the prefix is fixed, the shard count is configured.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Keyspace {
     shards: u16,
+    /// Each shard's key prefix, `hf:{<tag>}`.
+    tags: &'static [String],
 }
 
 impl Keyspace {
@@ -35,14 +60,21 @@ impl Keyspace {
     ///
     /// Changing the count moves SKUs between tags, so it is fixed per deployment.
     pub fn new(shards: u16) -> Self {
+        let shards = shards.max(1);
         Self {
-            shards: shards.max(1),
+            shards,
+            tags: tags(shards),
         }
     }
 
     /// How many shards there are.
     pub fn shards(&self) -> u16 {
         self.shards
+    }
+
+    /// The shard count and tag scheme, as [`Keyspace::LAYOUT`] records them.
+    pub fn layout(&self) -> String {
+        format!("shards={} tags={TAG_SCHEME}", self.shards)
     }
 
     /// The shard of `sku` (FNV-1a, stable across processes and releases).
@@ -55,8 +87,8 @@ impl Keyspace {
         (hash % u32::from(self.shards)) as u16
     }
 
-    fn tag(shard: u16) -> String {
-        format!("hf:{{hf{shard}}}")
+    fn tag(&self, shard: u16) -> &str {
+        &self.tags[usize::from(shard)]
     }
 
     /// Which request owns reservation id `rid` (its fingerprint): the one place
@@ -77,38 +109,44 @@ impl Keyspace {
 
     /// The counters hash of `sku`.
     pub fn sku(&self, sku: &str) -> String {
-        format!("{}:sku:{sku}", Self::tag(self.shard_of(sku)))
+        format!("{}:sku:{sku}", self.tag(self.shard_of(sku)))
     }
 
     /// The open-holds zset of `sku`.
     pub fn sku_holds(&self, sku: &str) -> String {
-        format!("{}:holds:{sku}", Self::tag(self.shard_of(sku)))
+        format!("{}:holds:{sku}", self.tag(self.shard_of(sku)))
     }
 
     /// The per-buyer counter of `buyer` on `sku`.
     pub fn buyer(&self, sku: &str, buyer: &str) -> String {
-        format!("{}:buyer:{sku}:{buyer}", Self::tag(self.shard_of(sku)))
+        format!("{}:buyer:{sku}:{buyer}", self.tag(self.shard_of(sku)))
     }
 
     /// The hold hash of reservation `rid` in `shard`.
     pub fn hold(&self, shard: u16, rid: &str) -> String {
-        format!("{}:hold:{rid}", Self::tag(shard))
+        format!("{}:hold:{rid}", self.tag(shard))
     }
 
     /// The due-holds zset of `shard`.
     pub fn due(&self, shard: u16) -> String {
-        format!("{}:due", Self::tag(shard))
+        format!("{}:due", self.tag(shard))
     }
 
     /// Holds of `shard` the reaper could not read or end, set aside for an
     /// operator (zset, scored by when).
     pub fn set_aside(&self, shard: u16) -> String {
-        format!("{}:due:aside", Self::tag(shard))
+        format!("{}:due:aside", self.tag(shard))
+    }
+
+    /// The mark whose disappearance says `shard` lost its data
+    /// ([`crate::warmup::rewarm_after_loss`]).
+    pub fn mark(&self, shard: u16) -> String {
+        format!("{}:mark", self.tag(shard))
     }
 
     /// The event stream of `shard`.
     pub fn events(&self, shard: u16) -> String {
-        format!("{}:events", Self::tag(shard))
+        format!("{}:events", self.tag(shard))
     }
 
     /// Every shard's event stream, in shard order.
@@ -118,7 +156,7 @@ impl Keyspace {
 
     /// The guard marking feed event `event_id` from `source` as applied to `sku`'s shard.
     pub fn seen(&self, sku: &str, source: &str, event_id: &str) -> String {
-        format!("{}:seen:{source}:{event_id}", Self::tag(self.shard_of(sku)))
+        format!("{}:seen:{source}:{event_id}", self.tag(self.shard_of(sku)))
     }
 
     /// The claim on feed event `event_id` of `source`, whatever its SKU: one event
@@ -155,11 +193,11 @@ impl Keyspace {
         format!("hf:login:addr:{{{ip}}}:failures")
     }
 
-    /// The mark whose disappearance says Redis lost its data.
-    pub const LOSS_MARK: &'static str = "hf:{mark}";
     /// The counter each replica acknowledgement round writes and waits for
     /// ([`crate::replicas`]).
     pub const ACK_MARK: &'static str = "hf:{ack}";
+    /// The layout the data in Redis was written in ([`Keyspace::layout`]).
+    pub const LAYOUT: &'static str = "hf:{layout}";
 
     /// The lease key of lock `name`.
     pub fn lock(name: &str) -> String {
@@ -179,8 +217,80 @@ impl Keyspace {
 
 impl Default for Keyspace {
     fn default() -> Self {
-        Self::new(16)
+        Self::new(DEFAULT_SHARDS)
     }
+}
+
+/// The shard count a deployment gets unless configured otherwise.
+pub const DEFAULT_SHARDS: u16 = 64;
+
+/// The key prefixes of `shards` shards, made once per count (a process uses
+/// one, tests a few) and kept for the process' life.
+fn tags(shards: u16) -> &'static [String] {
+    static MADE: OnceLock<Mutex<HashMap<u16, &'static [String]>>> = OnceLock::new();
+    let mut made = MADE
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    made.entry(shards).or_insert_with(|| {
+        let tags: Vec<String> = (0..shards)
+            .map(|i| format!("hf:{{{}}}", even_tag(i, shards)))
+            .collect();
+        Box::leak(tags.into_boxed_slice())
+    })
+}
+
+/// The hash tag of shard `i` of `shards`: `hf<i>`, or `hf<i>.<j>` with the
+/// smallest `j` that puts its slot in the `i`-th of `shards` equal slices of
+/// the slot range (about `shards` tries).
+fn even_tag(i: u16, shards: u16) -> String {
+    let (lo, hi) = (
+        u32::from(i) * SLOTS / u32::from(shards),
+        (u32::from(i) + 1) * SLOTS / u32::from(shards),
+    );
+    (0..)
+        .map(|j| {
+            if j == 0 {
+                format!("hf{i}")
+            } else {
+                format!("hf{i}.{j}")
+            }
+        })
+        .find(|tag| (lo..hi).contains(&u32::from(slot(tag))))
+        .expect("some suffix lands in every slice")
+}
+
+/// The Redis Cluster slot of a hash tag's content (CRC16-XMODEM, mod 16,384).
+pub fn slot(tag: &str) -> u16 {
+    crc_slot(tag.as_bytes())
+}
+
+/// The Redis Cluster slot of `key`: of its hash tag (the text between the
+/// first `{` and the next `}`, when not empty), else of the whole key.
+pub fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|b| *b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|b| *b == b'}')
+            .filter(|close| *close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc_slot(tagged.unwrap_or(key))
+}
+
+fn crc_slot(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    (u32::from(crc) % SLOTS) as u16
 }
 
 #[cfg(test)]
@@ -202,6 +312,59 @@ mod tests {
             ks.seen("DROP-001", "erp", "e1"),
         ];
         assert!(keys.iter().all(|k| tag(k) == tag(&keys[0])), "{keys:?}");
+    }
+
+    #[test]
+    fn key_slots_follow_the_hash_tag() {
+        use super::key_slot;
+        assert_eq!(key_slot(b"hf:{hf0}:due"), 9_493);
+        assert_eq!(key_slot(b"hf0"), 9_493);
+        // An empty tag hashes the whole key, as Redis does.
+        assert_eq!(key_slot(b"{}hf0"), super::slot("{}hf0"));
+    }
+
+    #[test]
+    fn slots_match_redis() {
+        // CLUSTER KEYSLOT on Redis 7.0 for these tags.
+        assert_eq!(super::slot("hf0"), 9_493);
+        assert_eq!(super::slot("hf1"), 13_620);
+        assert_eq!(super::slot("hf0.1"), 9_092);
+        assert_eq!(super::slot("123456789"), 12_739);
+    }
+
+    #[test]
+    fn shards_spread_evenly_over_the_slot_range() {
+        for shards in [1_u16, 3, 16, 64, 100] {
+            let ks = Keyspace::new(shards);
+            for masters in [1_u32, 3, 8, 32, 64] {
+                if u32::from(shards) < masters {
+                    continue;
+                }
+                // Each of `masters` gets an equal contiguous slot range.
+                let mut per_master = vec![0_u32; masters as usize];
+                for i in 0..shards {
+                    let key = ks.due(i);
+                    let tag = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
+                    let slot = u32::from(super::slot(tag));
+                    per_master[(slot * masters / super::SLOTS) as usize] += 1;
+                }
+                let (min, max) = (
+                    per_master.iter().min().unwrap(),
+                    per_master.iter().max().unwrap(),
+                );
+                // Within one of an equal share; within two when the count
+                // does not divide (slices and masters' ranges then straddle).
+                let tolerance = if u32::from(shards) % masters == 0 {
+                    1
+                } else {
+                    2
+                };
+                assert!(
+                    max - min <= tolerance,
+                    "{shards} shards on {masters} masters: {per_master:?}"
+                );
+            }
+        }
     }
 
     #[test]

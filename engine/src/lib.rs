@@ -126,6 +126,7 @@ pub mod warmup;
 pub use engine::{Engine, EngineConfig, fingerprint as request_fingerprint};
 pub use error::{EngineError, redact_url};
 pub use model::*;
+pub use redis_conn::RedisConn;
 
 /// The connections every part of Holdfast works through: one PostgreSQL pool and
 /// one multiplexed, self-reconnecting Redis connection with the engine over it.
@@ -135,18 +136,16 @@ pub struct Backends {
     /// The system of record.
     pub pg: sqlx::PgPool,
     /// The hot path (raw connection, for probes and reads outside the scripts).
-    pub redis: redis::aio::ConnectionManager,
+    pub redis: RedisConn,
     /// The reservation engine over `redis`.
     pub engine: Engine,
 }
 
 impl Backends {
-    /// Bundles `pg` and `redis` with an engine configured by `config`.
-    pub fn new(
-        pg: sqlx::PgPool,
-        redis: redis::aio::ConnectionManager,
-        config: EngineConfig,
-    ) -> Self {
+    /// Bundles `pg` and `redis` (one node or a cluster) with an engine
+    /// configured by `config`.
+    pub fn new(pg: sqlx::PgPool, redis: impl Into<RedisConn>, config: EngineConfig) -> Self {
+        let redis = redis.into();
         let engine = Engine::new(redis.clone(), config);
         Self { pg, redis, engine }
     }

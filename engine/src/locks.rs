@@ -101,27 +101,15 @@ impl Engine {
     /// Every held lock, found with `SCAN` (never `KEYS`), sorted by name.
     pub async fn list_locks(&self) -> Result<Vec<LockInfo>, EngineError> {
         let mut conn = self.conn.clone();
-        let mut names = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let (next, keys): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg("hf:lock:{*}")
-                .arg("COUNT")
-                .arg(500)
-                .query_async(&mut conn)
-                .await?;
-            names.extend(
-                keys.iter()
-                    .filter_map(|k| Keyspace::lock_name(k))
-                    .map(str::to_owned),
-            );
-            if next == 0 {
-                break;
-            }
-            cursor = next;
-        }
+        // Every master's keys on a cluster: each lock has its own slot.
+        let mut names: Vec<String> = self
+            .connection()
+            .scan_match("hf:lock:{*}")
+            .await?
+            .iter()
+            .filter_map(|k| Keyspace::lock_name(k))
+            .map(str::to_owned)
+            .collect();
         names.sort();
         names.dedup();
         let mut locks = Vec::with_capacity(names.len());

@@ -46,11 +46,20 @@ pub async fn connect_and_migrate(url: &str, max_connections: u32) -> Result<PgPo
     // Bounded waits: a request never queues longer than ACQUIRE_TIMEOUT for a
     // connection, and no statement runs longer than STATEMENT_TIMEOUT (a stuck
     // query fails and is retried rather than holding a connection forever).
+    // A transaction left open by a process that froze (paused, swapped out, cut
+    // off mid-batch) is ended by PostgreSQL after IDLE_IN_TRANSACTION, so its
+    // row locks cannot stop every other server from recording.
     let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(unreachable)?;
-    let options = options.options([(
-        "statement_timeout",
-        format!("{}", STATEMENT_TIMEOUT.as_millis()),
-    )]);
+    let options = options.options([
+        (
+            "statement_timeout",
+            format!("{}", STATEMENT_TIMEOUT.as_millis()),
+        ),
+        (
+            "idle_in_transaction_session_timeout",
+            format!("{}", IDLE_IN_TRANSACTION.as_millis()),
+        ),
+    ]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)
         .acquire_timeout(ACQUIRE_TIMEOUT)
@@ -67,6 +76,14 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Longest any one statement may run (PostgreSQL's `statement_timeout`).
 pub const STATEMENT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Longest a transaction may sit open with no statement running
+/// (PostgreSQL's `idle_in_transaction_session_timeout`): past it PostgreSQL
+/// closes the session and rolls the transaction back. Holdfast's transactions
+/// wait between statements only for one Redis call (answered in milliseconds,
+/// cut at 5 s), so only a frozen or cut-off process reaches it; what it was
+/// recording stays pending in Redis and is recorded again.
+pub const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(10);
 
 /// How long a lookup on a path that must not wait on PostgreSQL (token checks,
 /// badge thresholds) may take before the last known answer is used instead.

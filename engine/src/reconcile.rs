@@ -38,6 +38,11 @@ pub struct ReconcileOptions {
     pub page: usize,
     /// The lease; extended after every page.
     pub lease: Duration,
+    /// Skip the run (answering [`EngineError::Busy`]) when another one started
+    /// less than this long ago: with several servers each scheduling a run
+    /// every interval, one run per interval happens, whichever server's turn
+    /// comes first. Checked under the lock, so two servers cannot both pass.
+    pub unless_run_within: Option<Duration>,
 }
 
 impl Default for ReconcileOptions {
@@ -47,6 +52,7 @@ impl Default for ReconcileOptions {
             trigger: "cli".into(),
             page: 2_000,
             lease: Duration::from_secs(30),
+            unless_run_within: None,
         }
     }
 }
@@ -116,7 +122,14 @@ pub async fn reconcile_all(
             "a reconciliation is already running (the reconcile lock is held)".into(),
         ));
     };
-    let result = match run(engine, pg, options, &lease, progress).await {
+    let result = match ran_within(pg, options.unless_run_within).await {
+        Ok(false) => run(engine, pg, options, &lease, progress).await,
+        Ok(true) => Err(EngineError::Busy(
+            "a reconciliation ran within the interval (on this or another server)".into(),
+        )),
+        Err(e) => Err(e),
+    };
+    let result = match result {
         // A run that failed after its lease lapsed (it was paused, or too
         // slow) says so: that, not the error it met on the way, is the cause.
         Err(e)
@@ -135,6 +148,23 @@ pub async fn reconcile_all(
         tracing::warn!(error = %e, "could not release the reconcile lock; it lapses by itself");
     }
     result
+}
+
+/// Whether a reconciliation started less than `within` ago (PostgreSQL's
+/// clock, which every server shares).
+async fn ran_within(pg: &PgPool, within: Option<Duration>) -> Result<bool, EngineError> {
+    let Some(within) = within else {
+        return Ok(false);
+    };
+    // The newest run by id (its primary key, so no scan however many runs).
+    let recent: Option<bool> = sqlx::query_scalar(
+        "SELECT started_at > now() - make_interval(secs => $1)
+           FROM reconciliation_runs ORDER BY id DESC LIMIT 1",
+    )
+    .bind(within.as_secs_f64())
+    .fetch_optional(pg)
+    .await?;
+    Ok(recent.unwrap_or(false))
 }
 
 async fn run(

@@ -17,9 +17,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
+use crate::redis_conn::RedisConn;
 use redis::Value;
-use redis::aio::ConnectionManager;
-use redis::streams::{StreamAutoClaimReply, StreamReadReply};
+use redis::streams::StreamAutoClaimReply;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -151,7 +151,7 @@ struct ShardBatch {
 pub struct WriteBehind {
     engine: Engine,
     pg: PgPool,
-    conn: ConnectionManager,
+    conn: RedisConn,
     config: WriteBehindConfig,
     stats: Arc<WriteBehindStats>,
     groups_ready: bool,
@@ -162,7 +162,7 @@ impl WriteBehind {
     pub fn new(
         engine: Engine,
         pg: PgPool,
-        conn: ConnectionManager,
+        conn: RedisConn,
         config: WriteBehindConfig,
         stats: Arc<WriteBehindStats>,
     ) -> Self {
@@ -212,6 +212,14 @@ impl WriteBehind {
         let mut batches = Vec::new();
         for shard in 0..self.engine.keyspace().shards() {
             let key = self.engine.keyspace().events(shard);
+            self.engine
+                .forget_idle_consumers(
+                    &key,
+                    GROUP,
+                    redis_conn::FORGET_CONSUMERS_AFTER,
+                    &self.config.consumer,
+                )
+                .await?;
             let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
                 .arg(&key)
                 .arg(GROUP)
@@ -245,21 +253,17 @@ impl WriteBehind {
 
     async fn read(&mut self, new: bool) -> Result<Vec<ShardBatch>, EngineError> {
         let keys = self.engine.keyspace().all_events();
-        let ids = vec![if new { ">" } else { "0" }; keys.len()];
-        let mut cmd = redis::cmd("XREADGROUP");
-        cmd.arg("GROUP")
+        let ids = vec![if new { ">" } else { "0" }.to_owned(); keys.len()];
+        let mut head = redis::cmd("XREADGROUP");
+        head.arg("GROUP")
             .arg(GROUP)
             .arg(&self.config.consumer)
             .arg("COUNT")
             .arg(self.config.batch_max);
-        if new {
-            cmd.arg("BLOCK")
-                .arg(self.config.block.as_millis().max(1) as u64);
-        }
-        cmd.arg("STREAMS").arg(&keys).arg(&ids);
-        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
+        let block = new.then_some(self.config.block);
+        let streams = self.conn.read_streams(&head, &keys, &ids, block).await?;
         let mut batches = Vec::new();
-        for stream in reply.map(|r| r.keys).unwrap_or_default() {
+        for stream in streams {
             let Some(shard) = keys.iter().position(|k| *k == stream.key) else {
                 continue;
             };
@@ -965,6 +969,28 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
 }
 
 impl Engine {
+    /// Deletes the consumers of `group` on `stream` that have nothing pending
+    /// and have not read for `idle` (names left by processes that are gone),
+    /// never `own`; returns how many went. One script checks and deletes, so
+    /// no entry a consumer takes meanwhile is dropped with it.
+    pub async fn forget_idle_consumers(
+        &self,
+        stream: &str,
+        group: &str,
+        idle: Duration,
+        own: &str,
+    ) -> Result<u64, EngineError> {
+        Ok(self
+            .scripts
+            .forget_consumers
+            .key(stream)
+            .arg(group)
+            .arg(idle.as_millis() as u64)
+            .arg(own)
+            .invoke_async(&mut self.conn.clone())
+            .await?)
+    }
+
     /// Trims each shard's event stream behind what every consumer group has
     /// acknowledged, keeping at least `retain` of history, and returns how many
     /// entries went. A stream without a group is left alone: nothing has read it,

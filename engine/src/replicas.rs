@@ -14,7 +14,7 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
+use crate::redis_conn::RedisConn;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::EngineError;
@@ -35,7 +35,7 @@ pub struct ReplicaAcks {
 impl ReplicaAcks {
     /// Starts the rounds on `conn` (a connection used for nothing else):
     /// `wanted` replicas, each round waiting at most `timeout`.
-    pub fn start(conn: ConnectionManager, wanted: u32, timeout: Duration) -> Self {
+    pub fn start(conn: RedisConn, wanted: u32, timeout: Duration) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(rounds(conn, wanted, timeout, rx));
         Self {
@@ -69,7 +69,7 @@ impl ReplicaAcks {
 }
 
 async fn rounds(
-    mut conn: ConnectionManager,
+    mut conn: RedisConn,
     wanted: u32,
     timeout: Duration,
     mut rx: mpsc::UnboundedReceiver<oneshot::Sender<Answer>>,

@@ -37,6 +37,8 @@ pub struct Scripts {
     pub correct: Script,
     /// `lua/late.lua`.
     pub late: Script,
+    /// `lua/forget_consumers.lua`.
+    pub forget_consumers: Script,
 }
 
 impl Scripts {
@@ -57,12 +59,13 @@ impl Scripts {
             settle: Script::new(include_str!("../../lua/settle.lua")),
             correct: Script::new(include_str!("../../lua/correct.lua")),
             late: Script::new(include_str!("../../lua/late.lua")),
+            forget_consumers: Script::new(include_str!("../../lua/forget_consumers.lua")),
         }
     }
 
     /// Every script's name (its file without `.lua`) and SHA1, so a measured
     /// `EVALSHA` can be told by name.
-    pub fn names(&self) -> [(&'static str, &str); 14] {
+    pub fn names(&self) -> [(&'static str, &str); 15] {
         [
             ("reserve", self.reserve.get_hash()),
             ("confirm", self.confirm.get_hash()),
@@ -78,6 +81,7 @@ impl Scripts {
             ("settle", self.settle.get_hash()),
             ("correct", self.correct.get_hash()),
             ("late", self.late.get_hash()),
+            ("forget_consumers", self.forget_consumers.get_hash()),
         ]
     }
 

@@ -10,6 +10,12 @@ use std::time::{Duration, Instant};
 
 /// A `redis-server` on a free loopback port with its own temporary directory,
 /// killed when dropped.
+///
+/// With `HOLDFAST_TEST_CLUSTER=1` in the environment ([`cluster_mode`]), each
+/// plain server is a one-node Redis Cluster holding every slot: it refuses any
+/// command, pipeline transaction or script whose keys span slots, as a real
+/// cluster does, so a suite run that way proves the code it drives works on a
+/// cluster (the engine then talks to it through the cluster client).
 pub struct TestRedis {
     port: u16,
     dir: tempfile::TempDir,
@@ -17,6 +23,35 @@ pub struct TestRedis {
     extra_args: Vec<String>,
     /// The CA whose certificate the server presents, when it speaks TLS only.
     tls_ca: Option<PathBuf>,
+    /// How this server takes part in a cluster.
+    cluster: ClusterRole,
+}
+
+/// How a [`TestRedis`] takes part in a Redis Cluster.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ClusterRole {
+    /// A plain server.
+    None,
+    /// A cluster of one node that holds every slot.
+    Alone,
+    /// A node of a [`TestCluster`] (slots given by `redis-cli --cluster create`).
+    Member,
+}
+
+/// The arguments that make a `redis-server` a cluster node (its state file in
+/// its own directory; a failed master's replica takes over after 2 s).
+const CLUSTER_ARGS: [&str; 6] = [
+    "--cluster-enabled",
+    "yes",
+    "--cluster-config-file",
+    "nodes.conf",
+    "--cluster-node-timeout",
+    "2000",
+];
+
+/// Whether plain test servers run as one-node clusters (`HOLDFAST_TEST_CLUSTER=1`).
+pub fn cluster_mode() -> bool {
+    std::env::var("HOLDFAST_TEST_CLUSTER").is_ok_and(|v| v == "1")
 }
 
 impl TestRedis {
@@ -32,7 +67,12 @@ impl TestRedis {
     /// Like [`TestRedis::start`], with extra `redis-server` arguments (e.g.
     /// `["--maxmemory-policy", "allkeys-lru"]`).
     pub fn start_with(args: &[&str]) -> Self {
-        Self::launch(args, None)
+        let role = if cluster_mode() {
+            ClusterRole::Alone
+        } else {
+            ClusterRole::None
+        };
+        Self::launch(args, None, role)
     }
 
     /// A server that speaks TLS only (no plain port), presenting `ca`'s server
@@ -53,7 +93,7 @@ impl TestRedis {
         .collect();
         all.extend(args.iter().map(|s| (*s).to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
-        Self::launch(&all, Some(ca.dir.path().join("ca.crt")))
+        Self::launch(&all, Some(ca.dir.path().join("ca.crt")), ClusterRole::None)
     }
 
     /// A TLS-only server (as [`TestRedis::start_tls`]) whose one usable account
@@ -68,18 +108,60 @@ impl TestRedis {
         )
     }
 
-    fn launch(args: &[&str], tls_ca: Option<PathBuf>) -> Self {
+    fn launch(args: &[&str], tls_ca: Option<PathBuf>, cluster: ClusterRole) -> Self {
         let port = free_port();
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
+        let mut extra_args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
+        if cluster != ClusterRole::None {
+            extra_args.extend(CLUSTER_ARGS.iter().map(|s| (*s).to_owned()));
+        }
         let mut redis = Self {
             port,
             dir,
             child: None,
-            extra_args: args.iter().map(|s| (*s).to_owned()).collect(),
+            extra_args,
             tls_ca,
+            cluster,
         };
         redis.spawn();
+        if cluster == ClusterRole::Alone {
+            redis.command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
+            redis.await_cluster_ok();
+        }
         redis
+    }
+
+    /// Runs one command on this node (blocking), panicking on failure.
+    fn command(&self, args: &[&str]) -> redis::Value {
+        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
+            .expect("a test redis URL");
+        let mut conn = client
+            .get_connection()
+            .expect("connect to a test redis-server");
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        cmd.query(&mut conn)
+            .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
+    }
+
+    /// Waits (up to 20 s) until this node says `cluster_state:ok`.
+    fn await_cluster_ok(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::from_redis_value(self.command(&["CLUSTER", "INFO"]))
+                .expect("CLUSTER INFO is text");
+            if info.contains("cluster_state:ok") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster node on port {} never reached cluster_state:ok:\n{info}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 
     /// The URL of this server: `redis://`, or for a TLS server `rediss://` naming
@@ -113,10 +195,14 @@ impl TestRedis {
         }
     }
 
-    /// Starts the server again on the same port, empty (nothing is persisted).
+    /// Starts the server again on the same port, empty (nothing is persisted;
+    /// a cluster node keeps its place and slots, from its `nodes.conf`).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
+        if self.cluster == ClusterRole::Alone {
+            self.await_cluster_ok();
+        }
     }
 
     /// The process id, while it runs (to pause it with SIGSTOP, say).
@@ -167,8 +253,9 @@ impl TestRedis {
 }
 
 impl TestRedis {
-    /// A connection to this server (self-reconnecting).
-    pub async fn connection(&self) -> redis::aio::ConnectionManager {
+    /// A connection to this server as Holdfast makes one (self-reconnecting;
+    /// a cluster client when the server is a cluster node).
+    pub async fn connection(&self) -> crate::RedisConn {
         crate::redis_conn::connect(&self.url())
             .await
             .expect("connect to the test redis-server")
@@ -238,6 +325,109 @@ pub fn skus_same_and_other_shard(engine: &crate::Engine) -> (String, String, Str
         .find(|s| ks.shard_of(s) != shard)
         .expect("other shard");
     (first, same, other)
+}
+
+/// A Redis Cluster of `masters` masters with `replicas` replicas each, on free
+/// loopback ports, formed by `redis-cli --cluster create`; every node is
+/// killed when dropped. Node `i` of [`TestCluster::node`] starts as a master
+/// for `i < masters`.
+pub struct TestCluster {
+    nodes: Vec<TestRedis>,
+    masters: usize,
+}
+
+impl TestCluster {
+    /// Starts the nodes, forms the cluster and waits until every node says
+    /// `cluster_state:ok` (about 2 s: Redis' own delay before a new cluster
+    /// takes writes).
+    pub fn start(masters: usize, replicas: usize) -> Self {
+        assert!(
+            masters >= 3,
+            "redis-cli forms clusters of three masters or more"
+        );
+        let nodes: Vec<TestRedis> = (0..masters * (1 + replicas))
+            .map(|_| TestRedis::launch(&[], None, ClusterRole::Member))
+            .collect();
+        let mut create = Command::new("redis-cli");
+        create.arg("--cluster").arg("create");
+        for node in &nodes {
+            create.arg(format!("127.0.0.1:{}", node.port));
+        }
+        let out = create
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+            .stdin(Stdio::null())
+            .output()
+            .expect("run redis-cli --cluster create (is redis-tools installed?)");
+        assert!(
+            out.status.success(),
+            "redis-cli --cluster create failed:\n{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        for node in &nodes {
+            node.await_cluster_ok();
+        }
+        Self { nodes, masters }
+    }
+
+    /// The cluster's seed URLs, comma-separated (how `REDIS_URL` names a cluster).
+    pub fn url(&self) -> String {
+        self.nodes[..self.masters]
+            .iter()
+            .map(TestRedis::url)
+            .collect::<Vec<_>>()
+            .join(",")
+    }
+
+    /// Node `i` (to kill, pause or restart it).
+    pub fn node(&mut self, i: usize) -> &mut TestRedis {
+        &mut self.nodes[i]
+    }
+
+    /// How many nodes there are.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// Whether there are no nodes (never, once started).
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The index of the node that is master of `key`'s slot now, asked of a
+    /// running node.
+    pub fn master_of(&self, key: &str) -> usize {
+        let asker = self
+            .nodes
+            .iter()
+            .find(|n| n.is_running())
+            .expect("a running node");
+        let slot: i64 = redis::from_redis_value(asker.command(&["CLUSTER", "KEYSLOT", key]))
+            .expect("CLUSTER KEYSLOT is a number");
+        let slots = asker.command(&["CLUSTER", "SLOTS"]);
+        let redis::Value::Array(ranges) = slots else {
+            panic!("CLUSTER SLOTS: {slots:?}")
+        };
+        for range in ranges {
+            let redis::Value::Array(parts) = range else {
+                continue;
+            };
+            let num = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).unwrap_or(-1);
+            let (start, end) = (num(&parts[0]), num(&parts[1]));
+            if (start..=end).contains(&slot) {
+                let redis::Value::Array(master) = &parts[2] else {
+                    continue;
+                };
+                let port = num(&master[1]);
+                return self
+                    .nodes
+                    .iter()
+                    .position(|n| i64::from(n.port) == port)
+                    .expect("the master is one of ours");
+            }
+        }
+        panic!("no master serves slot {slot}")
+    }
 }
 
 impl Drop for TestRedis {
@@ -539,6 +729,64 @@ pub async fn fresh_database(name: &str) -> (sqlx::PgPool, String) {
     (pool, url)
 }
 
+/// The `p` percentile (0 to 1), in milliseconds, of a sorted sample of
+/// nanoseconds (0 for an empty sample).
+pub fn percentile_ms(sorted: &[u64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i] as f64 / 1_000_000.0
+}
+
+/// Closed-loop reserve load for benchmarks: `clients` tasks, each reserving
+/// one unit of `sku_of(n)` (the `n`-th call overall) again and again for
+/// `seconds`, every call expected to reserve: (reserves/s, p50 ms, p99 ms).
+pub async fn reserve_load(
+    engine: &crate::Engine,
+    clients: u64,
+    seconds: u64,
+    sku_of: fn(u64) -> String,
+) -> (f64, f64, f64) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let stop = Arc::new(AtomicBool::new(false));
+    let next = Arc::new(AtomicU64::new(0));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..clients {
+        let (engine, stop, next) = (engine.clone(), stop.clone(), next.clone());
+        tasks.spawn(async move {
+            let mut lat = Vec::with_capacity(200_000);
+            while !stop.load(Ordering::Relaxed) {
+                let n = next.fetch_add(1, Ordering::Relaxed);
+                let request = crate::ReserveRequest::single(format!("b-{n}"), sku_of(n), 1);
+                let t = Instant::now();
+                let out = engine.reserve(&request).await.expect("reserve");
+                lat.push(t.elapsed().as_nanos() as u64);
+                assert!(
+                    matches!(out, crate::ReserveOutcome::Reserved { .. }),
+                    "{out:?}"
+                );
+            }
+            lat
+        });
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(seconds)).await;
+    stop.store(true, Ordering::Relaxed);
+    let mut all = Vec::new();
+    while let Some(lat) = tasks.join_next().await {
+        all.extend(lat.expect("client task"));
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    all.sort_unstable();
+    (
+        all.len() as f64 / elapsed,
+        percentile_ms(&all, 0.5),
+        percentile_ms(&all, 0.99),
+    )
+}
+
 /// The number after `--name` on the command line, or `default` (for benchmarks).
 ///
 /// # Panics
@@ -660,7 +908,7 @@ pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i
 /// Queues a raw webhook payload from `source` on `lane` with no caps, as the
 /// webhook route would after checking its signature; returns its entry id.
 pub async fn queue_payload(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut crate::RedisConn,
     lane: holdfast_domain::Lane,
     source: &str,
     body: &[u8],

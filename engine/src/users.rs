@@ -730,7 +730,7 @@ static LOGIN_TAKE_BACK: std::sync::LazyLock<redis::Script> =
 /// Takes back one counted attempt from each of `keys` (each still counting).
 /// One call per key: the keys live in different slots.
 async fn take_back(
-    conn: &mut redis::aio::ConnectionManager,
+    conn: &mut crate::redis_conn::RedisConn,
     keys: &[&str],
 ) -> Result<(), EngineError> {
     for key in keys {

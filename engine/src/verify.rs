@@ -24,6 +24,8 @@ use std::time::Duration;
 use holdfast_domain::{Counters, HoldState};
 use sqlx::PgPool;
 
+use crate::redis_conn::RedisConn;
+
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::warmup::{read_counters, stock_page, stock_row};
@@ -252,24 +254,60 @@ pub(crate) async fn lasting_drift(
     Ok(true)
 }
 
+/// The `state` of the hold at `hold`, if it exists.
+async fn hold_state(conn: &mut RedisConn, hold: String) -> Result<Option<String>, EngineError> {
+    Ok(redis::cmd("HGET")
+        .arg(hold)
+        .arg("state")
+        .query_async(conn)
+        .await?)
+}
+
+/// Whether the hold at `hold` is open and whether `rid` is in the due set
+/// `due`, read in one transaction (both keys share the shard's slot).
+async fn hold_and_due(
+    conn: &mut RedisConn,
+    hold: String,
+    due: String,
+    rid: &str,
+) -> Result<(bool, bool), EngineError> {
+    let (state, score): (Option<String>, Option<f64>) = redis::pipe()
+        .atomic()
+        .hget(hold, "state")
+        .zscore(due, rid)
+        .query_async(conn)
+        .await?;
+    let open = matches!(
+        state.as_deref().and_then(HoldState::parse),
+        Some(HoldState::Held | HoldState::Confirming)
+    );
+    Ok((open, score.is_some()))
+}
+
 /// Checks 3 and 4: holds against due sets, and carts.
 async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Result<(), EngineError> {
     let keys = engine.keyspace();
     let mut conn = engine.connection();
     let (mut unindexed, mut orphans, mut broken_carts, mut open) = (0u64, 0u64, 0u64, 0u64);
+    let mut suspects = Vec::new();
     for shard in 0..keys.shards() {
         // Every hold of the shard (SCAN: an operator's check, never on the hot path).
         let pattern = keys.hold(shard, "*");
         let mut cursor = 0u64;
         let mut held: HashMap<String, (String, String)> = HashMap::new();
         loop {
-            let (next, batch): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1_000)
-                .query_async(&mut conn)
+            // On the master serving this shard's slot (on a cluster, SCAN
+            // sees one node's keys).
+            let (next, batch): (u64, Vec<String>) = conn
+                .query_at(
+                    &pattern,
+                    redis::cmd("SCAN")
+                        .arg(cursor)
+                        .arg("MATCH")
+                        .arg(&pattern)
+                        .arg("COUNT")
+                        .arg(1_000),
+                )
                 .await?;
             if !batch.is_empty() {
                 let mut pipe = redis::pipe();
@@ -304,7 +342,7 @@ async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Resul
             if live {
                 open += 1;
                 if !due_set.contains(rid) {
-                    unindexed += 1;
+                    suspects.push(rid.clone());
                 }
             }
             if live && !parts.is_empty() {
@@ -313,22 +351,26 @@ async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Resul
                     if other == shard {
                         continue;
                     }
-                    let st: Option<String> = redis::cmd("HGET")
-                        .arg(keys.hold(other, rid))
-                        .arg("state")
-                        .query_async(&mut conn)
-                        .await?;
-                    // Held or deciding parts agree; a part sold next to one still
-                    // merely held (not being confirmed) is half a sale.
-                    let other_state = st.as_deref().and_then(HoldState::parse);
-                    let agrees = match other_state {
-                        Some(HoldState::Held | HoldState::Confirming) => true,
-                        Some(HoldState::Confirmed) => {
-                            HoldState::parse(state) == Some(HoldState::Confirming)
+                    let agrees = |mine: Option<HoldState>, theirs: Option<String>| {
+                        // Held or deciding parts agree; a part sold next to one
+                        // still merely held (not being confirmed) is half a sale.
+                        match theirs.as_deref().and_then(HoldState::parse) {
+                            Some(HoldState::Held | HoldState::Confirming) => true,
+                            Some(HoldState::Confirmed) => mine == Some(HoldState::Confirming),
+                            _ => false,
                         }
-                        _ => false,
                     };
-                    if !agrees {
+                    let theirs = hold_state(&mut conn, keys.hold(other, rid)).await?;
+                    if agrees(HoldState::parse(state), theirs) {
+                        continue;
+                    }
+                    // Read again, this part first: a cart paid or ended between
+                    // the scan and now has moved on, which is no fault.
+                    let mine = hold_state(&mut conn, keys.hold(shard, rid)).await?;
+                    let mine = mine.as_deref().and_then(HoldState::parse);
+                    let theirs = hold_state(&mut conn, keys.hold(other, rid)).await?;
+                    let still_open = matches!(mine, Some(HoldState::Held | HoldState::Confirming));
+                    if still_open && !agrees(mine, theirs) {
                         broken_carts += 1;
                     }
                 }
@@ -342,7 +384,18 @@ async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Resul
                 )
             });
             if !live {
-                orphans += 1;
+                suspects.push(rid.clone());
+            }
+        }
+        // The holds and the due set were read at different moments, during a
+        // sale: a hold paid or made between the two reads looks unindexed or
+        // orphaned. Each suspect is read again, hold and due entry at once (one
+        // slot, one transaction), and only a disagreement that stands counts.
+        for rid in suspects.drain(..) {
+            match hold_and_due(&mut conn, keys.hold(shard, &rid), keys.due(shard), &rid).await? {
+                (true, false) => unindexed += 1,
+                (false, true) => orphans += 1,
+                _ => {}
             }
         }
     }

@@ -427,40 +427,67 @@ async fn orphaned_units(engine: &Engine, sku: &str) -> Result<i64, EngineError> 
         .sum())
 }
 
-/// Watches for Redis losing its data, by a mark ([`crate::keys::Keyspace::LOSS_MARK`])
-/// that lives as long as Redis keeps its data: `seen` is the mark this caller
-/// saw last (`None` before its first look).
+/// Watches for Redis losing its data, by a mark in every shard
+/// ([`crate::keys::Keyspace::mark`]) that lives as long as that shard's data:
+/// `seen` is the marks this caller saw last (`None` before its first look).
+/// One mark per shard, because on a cluster each master can lose its data
+/// alone (restarted empty, with no replica to take over).
 ///
-/// The first look only notes the mark (setting one where there is none: a
+/// The first look only notes the marks (setting any that are missing: a
 /// Redis that was empty before this process, or lost its data before it
 /// started, is warmed by `serve --demo` or `holdfast warm`). After that, a mark
 /// that is gone, or is not the one seen (another process set a new one after a
-/// loss, perhaps on its own first look, without warming), means Redis lost its
-/// data: a new mark is set first, then every SKU is warmed (each server that
-/// sees it does: warming is idempotent), and only then is the mark taken as
-/// seen. A loss during the warm-up removes the new mark, and a warm-up cut
-/// short by an error leaves `seen` as it was: either way the next look warms again.
+/// loss, perhaps on its own first look, without warming), means that shard
+/// lost its data: new marks are set first, then every SKU is warmed (each
+/// server that sees it does: warming is idempotent, and the shards that kept
+/// their data are left as they are), and only then are the marks taken as
+/// seen. A loss during the warm-up removes a new mark, and a warm-up cut short
+/// by an error leaves `seen` as it was: either way the next look warms again.
 pub async fn rewarm_after_loss(
     engine: &Engine,
     pg: &PgPool,
     seen: &mut Option<String>,
 ) -> Result<Option<WarmReport>, EngineError> {
-    let mut conn = engine.conn.clone();
-    let key = crate::keys::Keyspace::LOSS_MARK;
-    let mut current: Option<String> = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+    let mut conn = engine.connection();
+    let keys = engine.keyspace();
+    let marks: Vec<String> = (0..keys.shards()).map(|s| keys.mark(s)).collect();
+    let read = |conn: &mut crate::redis_conn::RedisConn| {
+        let mut pipe = redis::pipe();
+        for mark in &marks {
+            pipe.cmd("GET").arg(mark);
+        }
+        let mut conn = conn.clone();
+        async move { pipe.query_async::<Vec<Option<String>>>(&mut conn).await }
+    };
+    let mut found = read(&mut conn).await?;
+    let joined = |found: &[Option<String>]| -> Option<String> {
+        found
+            .iter()
+            .cloned()
+            .collect::<Option<Vec<String>>>()
+            .map(|all| all.join(","))
+    };
+    let mut current = joined(&found);
     if current.is_some() && (seen.is_none() || current == *seen) {
         *seen = current;
         return Ok(None);
     }
     if current.is_none() {
         let t: (String, String) = redis::cmd("TIME").query_async(&mut conn).await?;
-        redis::cmd("SET")
-            .arg(key)
-            .arg(format!("{}.{}", t.0, t.1))
-            .arg("NX")
-            .query_async::<()>(&mut conn)
-            .await?;
-        current = redis::cmd("GET").arg(key).query_async(&mut conn).await?;
+        let generation = format!("{}.{}", t.0, t.1);
+        let mut pipe = redis::pipe();
+        for (mark, had) in marks.iter().zip(&found) {
+            if had.is_none() {
+                pipe.cmd("SET")
+                    .arg(mark)
+                    .arg(&generation)
+                    .arg("NX")
+                    .ignore();
+            }
+        }
+        pipe.query_async::<()>(&mut conn).await?;
+        found = read(&mut conn).await?;
+        current = joined(&found);
         if current.is_none() {
             // Lost again at once: the next look starts over.
             return Ok(None);
@@ -470,7 +497,7 @@ pub async fn rewarm_after_loss(
             return Ok(None);
         }
     }
-    tracing::error!("Redis lost its data (its mark is gone or new): warming every counter again");
+    tracing::error!("Redis lost data (a shard's mark is gone or new): warming every counter again");
     let report = warm_all(engine, pg, WarmOptions::default(), |_| {}).await?;
     *seen = current;
     Ok(Some(report))

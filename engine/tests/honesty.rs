@@ -30,7 +30,7 @@ async fn setup(pg: &PgPool, skus: &[(&str, i64)]) -> (TestRedis, Backends) {
     (redis, backends)
 }
 
-fn writer(b: &Backends, conn: redis::aio::ConnectionManager) -> WriteBehind {
+fn writer(b: &Backends, conn: holdfast_engine::RedisConn) -> WriteBehind {
     WriteBehind::new(
         b.engine.clone(),
         b.pg.clone(),
@@ -324,7 +324,13 @@ async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
-    let (redis, b) = setup(&pg, &[("LUA-1", 10), ("LUA-2", 10)]).await;
+    // A second SKU in LUA-1's shard: one script only ever sees one shard.
+    let ks = holdfast_engine::keys::Keyspace::default();
+    let twin = (2..)
+        .map(|i| format!("LUA-{i}"))
+        .find(|s| ks.shard_of(s) == ks.shard_of("LUA-1"))
+        .unwrap();
+    let (redis, b) = setup(&pg, &[("LUA-1", 10), (&twin, 10)]).await;
     let keys = b.engine.keyspace();
     let shard = keys.shard_of("LUA-1");
     let script = redis::Script::new(include_str!("../../lua/reserve.lua"));
@@ -334,7 +340,7 @@ async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
     for (rid, lines) in [
         ("bad-0", vec![("LUA-1", "0")]),
         ("bad-neg", vec![("LUA-1", "-3")]),
-        ("bad-frac", vec![("LUA-1", "1"), ("LUA-2", "1.5")]),
+        ("bad-frac", vec![("LUA-1", "1"), (twin.as_str(), "1.5")]),
         ("bad-dup", vec![("LUA-1", "10"), ("LUA-1", "10")]),
     ] {
         let mut inv = script.prepare_invoke();
@@ -360,7 +366,7 @@ async fn the_scripts_refuse_bad_numbers_before_writing_anything(pg: PgPool) {
         let tag: String = redis::from_redis_value_ref(&reply[0]).unwrap();
         assert_eq!(tag, "invalid", "{rid}");
     }
-    for sku in ["LUA-1", "LUA-2"] {
+    for sku in ["LUA-1", twin.as_str()] {
         let f = b.engine.figures(sku).await.unwrap().unwrap();
         assert_eq!((f.available, f.reserved), (10, 0), "{sku} untouched");
     }

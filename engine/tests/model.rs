@@ -62,7 +62,7 @@ fn rid(id: u8) -> String {
 }
 
 /// Makes hold `id` overdue (as if its time had passed) and runs the reaper.
-async fn expire(engine: &Engine, redis: &mut redis::aio::ConnectionManager, id: u8) -> u64 {
+async fn expire(engine: &Engine, redis: &mut holdfast_engine::RedisConn, id: u8) -> u64 {
     let ks = engine.keyspace();
     let shard = ks.shard_of(SKU);
     let exists: bool = redis::cmd("EXISTS")
@@ -103,7 +103,7 @@ async fn expire(engine: &Engine, redis: &mut redis::aio::ConnectionManager, id: 
 
 async fn run_case(
     engine: &Engine,
-    admin: &mut redis::aio::ConnectionManager,
+    admin: &mut holdfast_engine::RedisConn,
     ops: &[Op],
 ) -> Result<(), TestCaseError> {
     redis::cmd("FLUSHALL")
@@ -248,7 +248,7 @@ fn random_lifecycles_match_the_model_and_conserve_stock() {
         ..Config::default()
     });
     let result = runner.run(&prop::collection::vec(op(), 1..40), |ops| {
-        // ConnectionManager clones share one connection; a clone per case is free.
+        // RedisConn clones share one connection; a clone per case is free.
         rt.block_on(run_case(&engine, &mut admin.clone(), &ops))
     });
     if let Err(e) = result {

@@ -31,7 +31,7 @@ async fn sell(engine: &Engine, prefix: &str, sku: &str, n: usize) {
 fn worker(
     engine: &Engine,
     pg: &PgPool,
-    conn: redis::aio::ConnectionManager,
+    conn: holdfast_engine::RedisConn,
     config: WriteBehindConfig,
 ) -> WriteBehind {
     WriteBehind::new(
@@ -641,4 +641,114 @@ async fn a_buyer_search_reads_the_index_and_is_bounded(pool: PgPool) {
         "by id"
     );
     assert!(find_holds(&backends, "nobody").await.unwrap().is_empty());
+}
+
+/// Names left in a stream group by processes that are gone (nothing pending,
+/// silent past the threshold) are deleted; a consumer with entries pending,
+/// one that read recently and the caller itself stay.
+#[tokio::test]
+async fn consumers_left_by_gone_processes_are_forgotten() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let mut conn = redis.connection().await;
+    let reader = conn.clone();
+    // A consumer that reads (and so exists, with what it read pending).
+    let read_as = |name: &'static str| {
+        let mut conn = reader.clone();
+        async move {
+            redis::cmd("XREADGROUP")
+                .arg("GROUP")
+                .arg("g")
+                .arg(name)
+                .arg("COUNT")
+                .arg(1)
+                .arg("STREAMS")
+                .arg("s")
+                .arg(">")
+                .query_async::<redis::Value>(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    // A consumer that exists with nothing read.
+    let join_as = |name: &'static str| {
+        let mut conn = reader.clone();
+        async move {
+            redis::cmd("XGROUP")
+                .arg("CREATECONSUMER")
+                .arg("s")
+                .arg("g")
+                .arg(name)
+                .query_async::<i64>(&mut conn)
+                .await
+                .unwrap();
+        }
+    };
+    redis::cmd("XGROUP")
+        .arg("CREATE")
+        .arg("s")
+        .arg("g")
+        .arg("$")
+        .arg("MKSTREAM")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    join_as("gone").await;
+    join_as("me").await;
+    redis::cmd("XADD")
+        .arg("s")
+        .arg("*")
+        .arg("k")
+        .arg("v")
+        .query_async::<String>(&mut conn)
+        .await
+        .unwrap();
+    read_as("busy").await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    join_as("recent").await;
+
+    let kept = |conn: &mut holdfast_engine::RedisConn| {
+        let mut conn = conn.clone();
+        async move {
+            let rows: Vec<std::collections::HashMap<String, redis::Value>> = redis::cmd("XINFO")
+                .arg("CONSUMERS")
+                .arg("s")
+                .arg("g")
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            let mut names: Vec<String> = rows
+                .iter()
+                .map(|r| redis::from_redis_value_ref(&r["name"]).unwrap())
+                .collect();
+            names.sort();
+            names
+        }
+    };
+    let hour = Duration::from_secs(3_600);
+    assert_eq!(
+        engine
+            .forget_idle_consumers("s", "g", hour, "me")
+            .await
+            .unwrap(),
+        0
+    );
+    assert_eq!(kept(&mut conn).await, ["busy", "gone", "me", "recent"]);
+    let idle = Duration::from_millis(200);
+    assert_eq!(
+        engine
+            .forget_idle_consumers("s", "g", idle, "me")
+            .await
+            .unwrap(),
+        1
+    );
+    assert_eq!(kept(&mut conn).await, ["busy", "me", "recent"]);
+    assert_eq!(
+        engine
+            .forget_idle_consumers("nothing", "g", idle, "me")
+            .await
+            .unwrap(),
+        0,
+        "no group: nothing to forget"
+    );
 }

@@ -64,7 +64,7 @@ pub struct EngineArgs {
     pub confirm_replica_timeout_ms: u64,
     /// Hash-tag shards SKUs are spread over in Redis. Fixed per deployment:
     /// changing it moves every SKU's keys.
-    #[arg(long, env = "HOLDFAST_REDIS_SHARDS", default_value_t = 16, global = true,
+    #[arg(long, env = "HOLDFAST_REDIS_SHARDS", default_value_t = holdfast_engine::keys::DEFAULT_SHARDS, global = true,
           value_parser = clap::value_parser!(u16).range(1..=1024))]
     pub redis_shards: u16,
     /// How long a hold lasts when the request names no TTL, in seconds.

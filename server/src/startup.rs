@@ -58,9 +58,19 @@ pub async fn connect(
             "could not read Redis' maxmemory-policy; make sure it is noeviction"
         ),
     }
-    let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
     let acks = engine.confirm_replicas > 0;
+    if acks && redis.is_cluster() {
+        // WAIT answers for the node it runs on, and a cluster's payments land
+        // on every master: not supported yet, so refused rather than ignored.
+        return Err(EngineError::Unsupported(
+            "--confirm-replicas works with one Redis master and its replicas, not yet with \
+             Redis Cluster: run without it on a cluster"
+                .into(),
+        ));
+    }
+    let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
     let mut backends = Backends::new(pg, redis, engine);
+    backends.engine.check_layout().await?;
     if acks {
         // WAIT blocks its connection: the acknowledgements get their own.
         let conn = redis_conn::connect(redis_url).await?;

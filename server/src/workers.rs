@@ -266,6 +266,11 @@ async fn reconcile_loop(
         let options = ReconcileOptions {
             correct_up,
             trigger: if requested { "requested" } else { "schedule" }.into(),
+            // A scheduled run is skipped when any server ran one this
+            // interval; a requested one (an event came back empty) is not.
+            // 90%: this server's own last run started a little after its
+            // timer fired, and must not make it skip its next turn.
+            unless_run_within: every.filter(|_| !requested).map(|e| e.mul_f64(0.9)),
             ..ReconcileOptions::default()
         };
         match reconcile::reconcile_all(&backends.engine, &backends.pg, &options, |_| {}).await {
@@ -282,7 +287,8 @@ async fn reconcile_loop(
                 checked = r.checked,
                 "reconciliation found no drift"
             ),
-            // Another process is running one: nothing to do this time.
+            // Another process is running one, or ran one this interval:
+            // nothing to do this time.
             Err(EngineError::Busy(_)) => {}
             Err(e) => tracing::warn!(error = %e, "scheduled reconciliation failed"),
         }

@@ -655,7 +655,7 @@ async fn failures_spread_over_addresses_cannot_lock_a_known_browser_out(pool: Pg
     assert_eq!(status, 200);
 }
 
-async fn redis_conn(redis: &TestRedis) -> redis::aio::ConnectionManager {
+async fn redis_conn(redis: &TestRedis) -> holdfast_engine::RedisConn {
     holdfast_engine::redis_conn::connect(&redis.url())
         .await
         .unwrap()

@@ -21,8 +21,24 @@ async fn readyz_reports_which_dependency_failed(pool: PgPool) {
     assert_eq!(body["status"], "ready");
     assert_eq!(body["redis"]["ok"], true);
     assert_eq!(body["postgres"]["ok"], true);
+    let sell = http
+        .get(server.url("/readyz/checkout"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sell.status(), 200);
+    let body: Value = sell.json().await.unwrap();
+    assert_eq!(body["status"], "ready", "{body}");
 
     redis.kill();
+    let sell = http
+        .get(server.url("/readyz/checkout"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(sell.status(), 503, "checkout needs Redis");
+    let body: Value = sell.json().await.unwrap();
+    assert_eq!(body["redis"]["ok"], false, "{body}");
     let degraded = http.get(server.url("/readyz")).send().await.unwrap();
     assert_eq!(degraded.status(), 503);
     let body: Value = degraded.json().await.unwrap();

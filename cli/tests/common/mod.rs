@@ -23,21 +23,29 @@ pub async fn spawn_live(backends: Backends, redis_url: &str) -> String {
 /// it printed up to then, and its output (kept open: the server prints on).
 /// The caller kills and reaps the child; the lint cannot see that across the
 /// return.
-#[allow(clippy::zombie_processes)]
 pub fn serve(
     redis: &holdfast_engine::testkit::TestRedis,
     pg_url: &str,
     env: &[(&str, &str)],
-) -> (
+) -> Served {
+    serve_at(&redis.url(), pg_url, env)
+}
+
+/// What [`serve`] returns: the child, its URL, what it printed, its output.
+pub type Served = (
     std::process::Child,
     String,
     String,
     std::io::BufReader<std::process::ChildStdout>,
-) {
+);
+
+/// [`serve`] on the Redis (or cluster) that `redis_url` names.
+#[allow(clippy::zombie_processes)]
+pub fn serve_at(redis_url: &str, pg_url: &str, env: &[(&str, &str)]) -> Served {
     use std::io::BufRead;
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_holdfast"))
         .arg("serve")
-        .env("REDIS_URL", redis.url())
+        .env("REDIS_URL", redis_url)
         .env("DATABASE_URL", pg_url)
         .env("HOLDFAST_LISTEN", "127.0.0.1:0")
         .env("HOLDFAST_LOG", "warn")
@@ -157,4 +165,48 @@ pub async fn confirm(http: &reqwest::Client, base: &str, token: &str, id: &str) 
         .expect("an answer to the payment")
         .status()
         .as_u16()
+}
+
+/// The command line of a short rehearsal (600 shoppers, 80 units, holds of
+/// 1 s, a fifth of reservations retried) spread over the servers at `bases`,
+/// with Redis at `redis` and PostgreSQL at `db`: it fails unless every truth
+/// check passes.
+pub fn rehearsal_over(redis: &str, db: &str, bases: &[String]) -> Vec<String> {
+    let mut args: Vec<String> = [
+        "holdfast",
+        "--redis-url",
+        redis,
+        "--database-url",
+        db,
+        "simulate",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    for base in bases {
+        args.extend(["--url".to_owned(), base.clone()]);
+    }
+    args.extend(
+        [
+            "--shoppers",
+            "600",
+            "--units",
+            "80",
+            "--peak-rps",
+            "300",
+            "--peak-secs",
+            "1",
+            "--decay-secs",
+            "1",
+            "--hold-ttl-secs",
+            "1",
+            "--think-ms",
+            "200",
+            "--retry",
+            "0.2",
+            "--settle-secs",
+            "30",
+        ]
+        .map(str::to_owned),
+    );
+    args
 }

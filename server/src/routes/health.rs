@@ -1,6 +1,12 @@
-//! Liveness and readiness probes. Both are public: `/readyz` says which
-//! dependency failed in fixed words, and the failure's own text (addresses,
-//! driver messages) goes to the log only.
+//! Liveness and readiness probes. All are public: they say which dependency
+//! failed in fixed words, and the failure's own text (addresses, driver
+//! messages) goes to the log only.
+//!
+//! Two kinds of ready: `/readyz` (everything works, recording included) is for
+//! people and alerts; `/readyz/checkout` (this server can sell: Redis answers)
+//! is for load balancers. PostgreSQL is shared by every server, so its outage
+//! must not take them all out of rotation while checkout still works and the
+//! write-behind queues in Redis.
 
 use std::time::Duration;
 
@@ -18,7 +24,7 @@ use crate::workers::WorkerStats;
 /// How long a readiness probe waits for each dependency.
 const PROBE_TIMEOUT: Duration = Duration::from_millis(1_500);
 
-/// `/healthz` and `/readyz`.
+/// `/healthz`, `/readyz` and `/readyz/checkout`.
 pub fn routes<S>() -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
@@ -28,6 +34,7 @@ where
     Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
+        .route("/readyz/checkout", get(checkout_ready))
 }
 
 /// The process is up and serving HTTP.
@@ -91,6 +98,30 @@ pub struct WriteBehindCheck {
     /// Events not yet in PostgreSQL, when Redis could say.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub lag: Option<holdfast_engine::record::Lag>,
+}
+
+/// The body of `/readyz/checkout`.
+#[derive(Debug, Serialize)]
+pub struct CheckoutReadiness {
+    /// `ready` when this server can take reservations and payments, otherwise
+    /// `unavailable`.
+    pub status: &'static str,
+    /// Redis' check: checkout needs Redis and nothing else.
+    pub redis: Check,
+}
+
+/// Redis answers: 200, whatever PostgreSQL does; otherwise 503.
+async fn checkout_ready(State(backends): State<Backends>) -> (StatusCode, Json<CheckoutReadiness>) {
+    let redis = Check::of(
+        "Redis",
+        redis_conn::ping(&backends.redis, PROBE_TIMEOUT).await,
+    );
+    let (code, status) = if redis.ok {
+        (StatusCode::OK, "ready")
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+    };
+    (code, Json(CheckoutReadiness { status, redis }))
 }
 
 /// Redis and PostgreSQL both answer: 200; otherwise 503 naming what failed.

@@ -26,9 +26,9 @@ use axum::routing::post;
 use hmac::{Hmac, Mac};
 use holdfast_domain::{ErrorCode, Lane};
 use holdfast_engine::ingest::{self, Intake};
+use holdfast_engine::redis_conn::RedisConn;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use redis::aio::ConnectionManager;
 use sha2::Sha256;
 
 use holdfast_app::server::guard::ClientIp;
@@ -161,7 +161,7 @@ impl IngestConfig {
 #[derive(Clone)]
 pub struct IngestState {
     /// Redis, where the lanes are.
-    pub redis: ConnectionManager,
+    pub redis: RedisConn,
     /// Sources and lane caps.
     pub config: Arc<IngestConfig>,
     /// Webhooks per source.
@@ -194,7 +194,7 @@ pub struct LaneLabel {
 
 impl IngestState {
     /// State over `redis` for `config`, allowing `per_source` webhooks per second per source.
-    pub fn new(redis: ConnectionManager, config: IngestConfig, per_source: u32) -> Self {
+    pub fn new(redis: RedisConn, config: IngestConfig, per_source: u32) -> Self {
         Self {
             redis,
             config: Arc::new(config),

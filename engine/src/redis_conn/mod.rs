@@ -1,12 +1,16 @@
-//! Redis: connecting with a self-healing connection and refusing evicting policies.
+//! Redis: connecting to one node or a cluster, and refusing evicting policies.
+//!
+//! `REDIS_URL` names one node, or a Redis Cluster: several seed URLs separated
+//! by commas, or one node that runs in cluster mode (asked at start-up). Both
+//! give a [`RedisConn`], which every part of Holdfast works through.
 //!
 //! A `rediss://` URL speaks TLS and verifies the server's certificate and host
 //! name against the system's trust roots, or against the CA named by the URL's
 //! `ssl_ca_certs` parameter; `ssl_certfile` and `ssl_keyfile` add a client
 //! certificate (Redis' `tls-auth-clients`). The parameter names are redis-py's,
 //! so one URL serves both. A user and password in the URL authenticate (`AUTH`,
-//! ACL users included). Verification is only skipped when the URL ends in
-//! `#insecure`, which `holdfast doctor` reports as a risk.
+//! ACL users included). A URL ending in `#insecure` (TLS without certificate
+//! checks) fails to connect, and `holdfast doctor` says why.
 
 use std::time::Duration;
 
@@ -14,6 +18,9 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 
 use crate::error::{EngineError, redact_url};
 use crate::postgres::one_line;
+
+mod link;
+pub use link::{CLUSTER_POLL, RedisConn};
 
 /// What Redis said about memory eviction, as checked at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -27,14 +34,32 @@ pub enum EvictionCheck {
     Unknown(String),
 }
 
-/// Opens a [`ConnectionManager`] to `url`, which reconnects by itself after Redis
-/// restarts, and proves the server answers `PING` before returning.
-pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
-    let unreachable = |reason: String| EngineError::RedisUnreachable {
-        url: redact_url(url),
-        reason,
-    };
-    let client = client(url).map_err(unreachable)?;
+/// Opens a connection to `url` and proves it answers `PING`: a Redis Cluster
+/// when `url` lists several seed nodes separated by commas, or when its one
+/// node says it runs in cluster mode; otherwise one node, through a
+/// [`ConnectionManager`] that reconnects by itself after Redis restarts.
+pub async fn connect(url: &str) -> Result<RedisConn, EngineError> {
+    let seeds: Vec<&str> = url
+        .split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .collect();
+    if seeds.len() > 1 {
+        return connect_cluster(url, &seeds).await;
+    }
+    let mut conn = connect_node(url).await?;
+    if runs_in_cluster_mode(&mut conn).await {
+        return connect_cluster(url, &seeds).await;
+    }
+    Ok(RedisConn::Node(conn))
+}
+
+/// Opens a [`ConnectionManager`] to the one node at `url` (never a cluster
+/// client): for what concerns that node itself, such as a test's or an
+/// operator's look at one server.
+pub async fn connect_node(url: &str) -> Result<ConnectionManager, EngineError> {
+    let unreachable = unreachable(url);
+    let client = client(url).map_err(&unreachable)?;
     let config = ConnectionManagerConfig::new()
         .set_connection_timeout(Some(Duration::from_secs(3)))
         .set_response_timeout(Some(Duration::from_secs(5)))
@@ -43,11 +68,70 @@ pub async fn connect(url: &str) -> Result<ConnectionManager, EngineError> {
     let mut conn = ConnectionManager::new_with_config(client, config)
         .await
         .map_err(|e| unreachable(one_line(&e.to_string())))?;
+    answers(&mut conn, &unreachable).await?;
+    Ok(conn)
+}
+
+/// Proves `conn` answers `PING`, or fails with `unreachable`'s error.
+async fn answers(
+    conn: &mut impl redis::aio::ConnectionLike,
+    unreachable: &impl Fn(String) -> EngineError,
+) -> Result<(), EngineError> {
     redis::cmd("PING")
-        .query_async::<String>(&mut conn)
+        .query_async::<String>(conn)
+        .await
+        .map(drop)
+        .map_err(|e| unreachable(one_line(&e.to_string())))
+}
+
+/// The start-up error for `url` (password hidden) failing with a reason.
+fn unreachable(url: &str) -> impl Fn(String) -> EngineError {
+    let url = redact_url(url);
+    move |reason| EngineError::RedisUnreachable {
+        url: url.clone(),
+        reason,
+    }
+}
+
+/// Whether the node behind `conn` is a cluster node (`cluster_enabled:1`).
+async fn runs_in_cluster_mode(conn: &mut ConnectionManager) -> bool {
+    let text: redis::RedisResult<String> =
+        redis::cmd("INFO").arg("cluster").query_async(conn).await;
+    text.is_ok_and(|t| {
+        parse_info(&t)
+            .get("cluster_enabled")
+            .is_some_and(|v| v == "1")
+    })
+}
+
+/// Connects to the cluster that `seeds` (URLs of some of its nodes) belong to.
+/// The client learns every node from them and follows slot moves and
+/// failovers; user, password and TLS come from the first seed.
+async fn connect_cluster(url: &str, seeds: &[&str]) -> Result<RedisConn, EngineError> {
+    let unreachable = unreachable(url);
+    let mut nodes = Vec::new();
+    let mut certs = None;
+    for seed in seeds {
+        let (node, tls) = tls_parts(seed).map_err(&unreachable)?;
+        nodes.push(node);
+        certs = certs.or(tls);
+    }
+    let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
+        .connection_timeout(Duration::from_secs(3))
+        .response_timeout(Duration::from_secs(5))
+        .retries(2);
+    if let Some(certs) = certs {
+        builder = builder.certs(certs);
+    }
+    let client = builder
+        .build()
+        .map_err(|e| unreachable(one_line(&e.to_string())))?;
+    let mut conn = client
+        .get_async_connection()
         .await
         .map_err(|e| unreachable(one_line(&e.to_string())))?;
-    Ok(conn)
+    answers(&mut conn, &unreachable).await?;
+    Ok(RedisConn::Cluster(conn))
 }
 
 /// The URL parameters that name certificate files: taken out of the URL before
@@ -63,11 +147,22 @@ type Pair = (String, String);
 /// sockets; TLS for `rediss://`, with the certificate files its parameters name
 /// read now, so a wrong path is a start-up error that names it.
 pub fn client(url: &str) -> Result<redis::Client, String> {
+    let (url, certs) = tls_parts(url)?;
+    match certs {
+        None => redis::Client::open(url.as_str()),
+        Some(certs) => redis::Client::build_with_tls(url.as_str(), certs),
+    }
+    .map_err(|e| one_line(&e.to_string()))
+}
+
+/// `url` without the certificate parameters, and the certificates they name
+/// (read now); `None` when it names none.
+fn tls_parts(url: &str) -> Result<(String, Option<redis::TlsCertificates>), String> {
     crate::tls::install_provider();
     let parsed = url::Url::parse(url).ok();
     let is_ours = |k: &str| [CA_CERTS, CERT_FILE, KEY_FILE].contains(&k);
     let Some(mut parsed) = parsed.filter(|u| u.query_pairs().any(|(k, _)| is_ours(&k))) else {
-        return redis::Client::open(url).map_err(|e| one_line(&e.to_string()));
+        return Ok((url.to_owned(), None));
     };
     if !matches!(parsed.scheme(), "rediss" | "valkeys") {
         return Err(format!(
@@ -105,14 +200,13 @@ pub fn client(url: &str) -> Result<redis::Client, String> {
     if !rest.is_empty() {
         parsed.query_pairs_mut().extend_pairs(rest);
     }
-    redis::Client::build_with_tls(
-        parsed.as_str(),
-        redis::TlsCertificates {
+    Ok((
+        parsed.to_string(),
+        Some(redis::TlsCertificates {
             client_tls,
             root_cert,
-        },
-    )
-    .map_err(|e| one_line(&e.to_string()))
+        }),
+    ))
 }
 
 /// Reads `maxmemory-policy` and refuses anything but `noeviction` unless
@@ -125,17 +219,20 @@ pub fn client(url: &str) -> Result<redis::Client, String> {
 /// per-buyer counters (the limit is lifted), ended-hold tombstones (a retry
 /// holds stock twice) and lock leases. Both are start-up errors, not warnings.
 pub async fn check_eviction_policy(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     url: &str,
     allow_evicting: bool,
 ) -> Result<EvictionCheck, EngineError> {
-    let reply: redis::RedisResult<Vec<String>> = redis::cmd("CONFIG")
-        .arg("GET")
-        .arg("maxmemory-policy")
-        .query_async(conn)
+    // Each master of a cluster has its own setting: the first that evicts
+    // is the answer.
+    let reply: redis::RedisResult<Vec<Vec<String>>> = conn
+        .query_masters(redis::cmd("CONFIG").arg("GET").arg("maxmemory-policy"))
         .await;
-    let policy = match reply {
-        Ok(pair) if pair.len() == 2 => pair[1].clone(),
+    let policies = match reply {
+        Ok(pairs) if pairs.iter().all(|p| p.len() == 2) && !pairs.is_empty() => pairs
+            .into_iter()
+            .map(|mut p| p.remove(1))
+            .collect::<Vec<_>>(),
         Ok(other) => {
             return Ok(EvictionCheck::Unknown(format!(
                 "unexpected reply {other:?}"
@@ -143,6 +240,11 @@ pub async fn check_eviction_policy(
         }
         Err(e) => return Ok(EvictionCheck::Unknown(one_line(&e.to_string()))),
     };
+    let policy = policies
+        .iter()
+        .find(|p| *p != "noeviction")
+        .unwrap_or(&policies[0])
+        .clone();
     if policy == "noeviction" {
         return Ok(EvictionCheck::Safe(policy));
     }
@@ -156,7 +258,7 @@ pub async fn check_eviction_policy(
 }
 
 /// Whether Redis answers `PING` within `timeout`.
-pub async fn ping(conn: &ConnectionManager, timeout: Duration) -> Result<(), String> {
+pub async fn ping(conn: &RedisConn, timeout: Duration) -> Result<(), String> {
     let mut conn = conn.clone();
     let cmd = redis::cmd("PING");
     match tokio::time::timeout(timeout, cmd.query_async::<String>(&mut conn)).await {
@@ -187,10 +289,16 @@ pub fn consumer_name(role: &str) -> String {
     format!("{role}-{process}")
 }
 
+/// How long a stream consumer with nothing pending may stay silent before
+/// [`crate::Engine::forget_idle_consumers`] deletes it: far longer than any
+/// live consumer's pause between reads (seconds), so only names left by
+/// processes that are gone (every restart makes a new one) go.
+pub const FORGET_CONSUMERS_AFTER: Duration = Duration::from_secs(3_600);
+
 /// Creates consumer group `group` on `stream` (and the stream), doing nothing if
 /// it exists. Needed again after Redis loses its data.
 pub async fn ensure_group(
-    conn: &mut ConnectionManager,
+    conn: &mut RedisConn,
     stream: &str,
     group: &str,
 ) -> Result<(), EngineError> {
@@ -211,13 +319,15 @@ pub async fn ensure_group(
 /// Redis' `INFO` fields (`name:value` lines, every section), read within
 /// `timeout`.
 pub async fn info(
-    conn: &ConnectionManager,
+    conn: &RedisConn,
     timeout: Duration,
 ) -> Result<std::collections::HashMap<String, String>, String> {
     let mut conn = conn.clone();
     let cmd = redis::cmd("INFO");
-    let text = match tokio::time::timeout(timeout, cmd.query_async::<String>(&mut conn)).await {
-        Ok(Ok(text)) => text,
+    // On a cluster: the first master's (each master reports only itself).
+    let read = conn.query_masters::<String>(&cmd);
+    let text = match tokio::time::timeout(timeout, read).await {
+        Ok(Ok(texts)) => texts.into_iter().next().unwrap_or_default(),
         Ok(Err(e)) => return Err(one_line(&e.to_string())),
         Err(_) => return Err(format!("no answer within {} ms", timeout.as_millis())),
     };

@@ -1,0 +1,328 @@
+//! One connection type for one Redis node or a Redis Cluster.
+//!
+//! Everything in the engine talks through [`RedisConn`]. On a cluster a
+//! command goes to the master of its key's slot, a script by its first key
+//! (every script keeps its keys in one slot: see [`crate::keys`]). A pipeline
+//! that is not a transaction is split by slot, one pipeline per slot sent to
+//! its master, all at once, the replies put back in order: code that pipelines
+//! reads over many SKUs (warm, reconcile, figures) needs no cluster branch, and
+//! costs one round trip per slot group, concurrently. Commands on one slot keep
+//! their order. A transaction (`MULTI`) must stay in one slot, as Redis requires.
+//!
+//! What has no key (a scan of one shard's keys, `CONFIG GET`, a lock listing)
+//! says where it goes: [`RedisConn::query_at`] (the master of a key's slot),
+//! [`RedisConn::query_masters`] (every master) and [`RedisConn::scan_match`]
+//! (every master's keys).
+//! Stream readers never block on a cluster ([`RedisConn::read_streams`]).
+
+use std::time::Duration;
+
+use futures_util::future::try_join_all;
+use redis::aio::{ConnectionLike, ConnectionManager};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
+};
+use redis::streams::{StreamKey, StreamReadReply};
+use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
+
+/// How often a stream reader on a cluster looks again while its streams are
+/// empty (it cannot block: one `XREAD` may only name streams of one slot, and a
+/// blocked command would hold up the multiplexed connection it shares).
+pub const CLUSTER_POLL: Duration = Duration::from_millis(50);
+
+/// A connection to one Redis node (self-reconnecting) or to a Redis Cluster
+/// (following its slots and failovers). Cheap to clone: clones share the
+/// connection.
+#[derive(Clone)]
+pub enum RedisConn {
+    /// One Redis server.
+    Node(ConnectionManager),
+    /// A Redis Cluster (or Valkey cluster).
+    Cluster(ClusterConnection),
+}
+
+impl std::fmt::Debug for RedisConn {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Node(_) => "RedisConn::Node",
+            Self::Cluster(_) => "RedisConn::Cluster",
+        })
+    }
+}
+
+impl From<ConnectionManager> for RedisConn {
+    fn from(conn: ConnectionManager) -> Self {
+        Self::Node(conn)
+    }
+}
+
+impl From<ClusterConnection> for RedisConn {
+    fn from(conn: ClusterConnection) -> Self {
+        Self::Cluster(conn)
+    }
+}
+
+impl ConnectionLike for RedisConn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Self::Node(c) => c.req_packed_command(cmd),
+            Self::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Self::Node(c) => c.req_packed_commands(pipeline, offset, count),
+            Self::Cluster(c) => {
+                if pipeline.is_transaction() {
+                    c.req_packed_commands(pipeline, offset, count)
+                } else {
+                    Box::pin(split_by_slot(c.clone(), pipeline))
+                }
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Self::Node(c) => c.get_db(),
+            Self::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Runs a non-transaction `pipeline` on a cluster: its commands grouped by
+/// slot (in order within each group, so a write and the read after it on the
+/// same key stay in order), one pipeline per group, the groups at once; the
+/// replies put back in the pipeline's order.
+async fn split_by_slot(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
+    let mut groups: Vec<(Option<u16>, Pipeline, Vec<usize>)> = Vec::new();
+    for (i, cmd) in pipeline.cmd_iter().enumerate() {
+        let slot = first_key(cmd).map(|k| crate::keys::key_slot(&k));
+        // A command without a key goes alone, wherever the client sends it.
+        let found = slot.and_then(|s| groups.iter_mut().find(|g| g.0 == Some(s)));
+        match found {
+            Some(group) => {
+                group.1.add_command(cmd.clone());
+                group.2.push(i);
+            }
+            None => {
+                let mut pipe = redis::pipe();
+                pipe.add_command(cmd.clone());
+                groups.push((slot, pipe, vec![i]));
+            }
+        }
+    }
+    let sent = groups.iter().map(|(_, pipe, _)| {
+        let mut conn = conn.clone();
+        async move { conn.req_packed_commands(pipe, 0, pipe.len()).await }
+    });
+    let replies = try_join_all(sent).await?;
+    let mut ordered = vec![Value::Nil; pipeline.len()];
+    for ((_, _, places), values) in groups.iter().zip(replies) {
+        for (place, value) in places.iter().zip(values) {
+            ordered[*place] = value;
+        }
+    }
+    Ok(ordered)
+}
+
+/// The first key of `cmd`, for the commands Holdfast pipelines: the argument
+/// after the name, a script's first key, a stream read's first stream; `None`
+/// for commands without keys.
+fn first_key(cmd: &Cmd) -> Option<Vec<u8>> {
+    let args: Vec<&[u8]> = cmd
+        .args_iter()
+        .map(|a| match a {
+            redis::Arg::Simple(bytes) => bytes,
+            // A cursor (or a kind this version does not know) is never a key.
+            _ => &b""[..],
+        })
+        .collect();
+    let name = args.first()?.to_ascii_uppercase();
+    match name.as_slice() {
+        b"EVAL" | b"EVALSHA" | b"EVAL_RO" | b"EVALSHA_RO" | b"FCALL" | b"FCALL_RO" => {
+            let keys: usize = std::str::from_utf8(args.get(2)?).ok()?.parse().ok()?;
+            (keys > 0)
+                .then(|| args.get(3).map(|k| k.to_vec()))
+                .flatten()
+        }
+        b"XREAD" | b"XREADGROUP" => {
+            let at = args
+                .iter()
+                .position(|a| a.eq_ignore_ascii_case(b"STREAMS"))?;
+            args.get(at + 1).map(|k| k.to_vec())
+        }
+        b"PING" | b"INFO" | b"TIME" | b"CONFIG" | b"CLUSTER" | b"SCRIPT" | b"WAIT" | b"DBSIZE"
+        | b"FLUSHALL" | b"FLUSHDB" | b"MULTI" | b"EXEC" | b"SCAN" => None,
+        _ => args.get(1).map(|k| k.to_vec()),
+    }
+}
+
+impl RedisConn {
+    /// Whether this is a cluster connection.
+    pub fn is_cluster(&self) -> bool {
+        matches!(self, Self::Cluster(_))
+    }
+
+    /// Runs `cmd` on the master that serves `key`'s slot (on one node: there).
+    /// For commands without a key that concern one shard, e.g. `SCAN` of a
+    /// shard's holds.
+    pub async fn query_at<T: FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> RedisResult<T> {
+        match self {
+            Self::Node(c) => cmd.query_async(c).await,
+            Self::Cluster(c) => {
+                let route = Route::with_key(key, SlotAddr::Master);
+                let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                let value = c.route_command(cmd.clone(), routing).await?;
+                Ok(redis::from_redis_value(value.extract_error()?)?)
+            }
+        }
+    }
+
+    /// Runs `cmd` on every master and returns each one's reply (one on a
+    /// single node): settings and health that each master has on its own.
+    pub async fn query_masters<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<Vec<T>> {
+        match self {
+            Self::Node(c) => Ok(vec![cmd.query_async(c).await?]),
+            Self::Cluster(c) => {
+                let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
+                let value = c.route_command(cmd.clone(), routing).await?;
+                let Value::Map(replies) = value else {
+                    return Ok(vec![redis::from_redis_value(value.extract_error()?)?]);
+                };
+                replies
+                    .into_iter()
+                    .map(|(_, v)| Ok(redis::from_redis_value(v.extract_error()?)?))
+                    .collect()
+            }
+        }
+    }
+
+    /// Every key matching `pattern`, on every master (`SCAN`, never `KEYS`):
+    /// for operator views such as the lock list, never on the hot path.
+    pub async fn scan_match(&mut self, pattern: &str) -> RedisResult<Vec<String>> {
+        let masters = match self {
+            Self::Node(_) => vec![None],
+            Self::Cluster(_) => self.master_slots().await?.into_iter().map(Some).collect(),
+        };
+        let mut found = Vec::new();
+        for master in masters {
+            let mut cursor = 0_u64;
+            loop {
+                let mut cmd = redis::cmd("SCAN");
+                cmd.arg(cursor)
+                    .arg("MATCH")
+                    .arg(pattern)
+                    .arg("COUNT")
+                    .arg(1_000);
+                let (next, keys): (u64, Vec<String>) = match (&mut *self, master) {
+                    (Self::Cluster(c), Some(slot)) => {
+                        let route = Route::new(slot, SlotAddr::Master);
+                        let routing =
+                            RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
+                        let value = c.route_command(cmd, routing).await?;
+                        redis::from_redis_value(value.extract_error()?)?
+                    }
+                    (conn, _) => cmd.query_async(conn).await?,
+                };
+                found.extend(keys);
+                cursor = next;
+                if cursor == 0 {
+                    break;
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    /// One slot of each master (the first of its first range), from
+    /// `CLUSTER SLOTS`: routing by slot reaches a master whatever address it
+    /// announces. Empty on a single node.
+    pub async fn master_slots(&mut self) -> RedisResult<Vec<u16>> {
+        let Self::Cluster(c) = self else {
+            return Ok(Vec::new());
+        };
+        let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+        let mut seen = Vec::new();
+        let mut slots = Vec::new();
+        for range in ranges {
+            // [start, end, [host, port, id, …], replicas…]
+            let Value::Array(parts) = range else { continue };
+            let start: Option<u16> = parts
+                .first()
+                .and_then(|v| redis::from_redis_value_ref(v).ok());
+            let id: Option<String> = match parts.get(2) {
+                Some(Value::Array(master)) => master
+                    .get(2)
+                    .and_then(|v| redis::from_redis_value_ref(v).ok()),
+                _ => None,
+            };
+            if let (Some(start), Some(id)) = (start, id)
+                && !seen.contains(&id)
+            {
+                seen.push(id);
+                slots.push(start);
+            }
+        }
+        Ok(slots)
+    }
+
+    /// Reads `keys` from `ids` with `head` (an `XREAD` or `XREADGROUP … COUNT n`
+    /// up to, not including, `BLOCK` and `STREAMS`), waiting up to `block` for
+    /// an entry when there is none. On one node that is one blocking command
+    /// (give the reader a connection of its own). On a cluster, one
+    /// non-blocking read per stream (each in its own slot), all at once, again
+    /// every [`CLUSTER_POLL`] until something arrives or `block` has passed.
+    pub async fn read_streams(
+        &mut self,
+        head: &Cmd,
+        keys: &[String],
+        ids: &[String],
+        block: Option<Duration>,
+    ) -> RedisResult<Vec<StreamKey>> {
+        let c = match self {
+            Self::Node(c) => {
+                let mut cmd = head.clone();
+                if let Some(block) = block {
+                    cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
+                }
+                cmd.arg("STREAMS").arg(keys).arg(ids);
+                let reply: Option<StreamReadReply> = cmd.query_async(c).await?;
+                return Ok(reply.map(|r| r.keys).unwrap_or_default());
+            }
+            Self::Cluster(c) => c,
+        };
+        let deadline = block.map(|b| tokio::time::Instant::now() + b);
+        loop {
+            let reads = keys.iter().zip(ids).map(|(key, id)| {
+                let mut conn = c.clone();
+                let mut cmd = head.clone();
+                cmd.arg("STREAMS").arg(key).arg(id);
+                async move { cmd.query_async::<Option<StreamReadReply>>(&mut conn).await }
+            });
+            let found: Vec<StreamKey> = try_join_all(reads)
+                .await?
+                .into_iter()
+                .flatten()
+                .flat_map(|r| r.keys)
+                .filter(|k| !k.ids.is_empty())
+                .collect();
+            match deadline {
+                Some(deadline) if found.is_empty() && tokio::time::Instant::now() < deadline => {
+                    tokio::time::sleep_until(
+                        deadline.min(tokio::time::Instant::now() + CLUSTER_POLL),
+                    )
+                    .await;
+                }
+                _ => return Ok(found),
+            }
+        }
+    }
+}
