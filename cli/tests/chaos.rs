@@ -370,20 +370,8 @@ async fn postgres_down_checkout_goes_on(stack: &mut Stack) {
             readyz_said_down = body["postgres"]["ok"] == false;
         }
     }
-    let metrics = stack
-        .http
-        .get(format!("{}/metrics", stack.base()))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    let piled = metrics
-        .lines()
-        .find_map(|l| l.strip_prefix("holdfast_event_stream_entries "))
-        .and_then(|v| v.trim().parse::<f64>().ok())
-        .unwrap_or(0.0);
+    let metrics = common::metrics(&stack.http, &stack.base()).await;
+    let piled = common::metric(&metrics, "holdfast_event_stream_entries");
     stack.pg.start_again();
     let recovered = stack
         .recorded_within(sold_start + confirmed, Duration::from_secs(120))

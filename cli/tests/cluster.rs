@@ -65,3 +65,170 @@ async fn a_drop_on_a_cluster_with_three_servers_passes_every_truth_check() {
     let (ok, out, err) = common::holdfast(&["verify"], &redis, &db);
     assert!(ok, "verify on a cluster:\n{out}{err}");
 }
+
+/// One sale attempt's answers: the reservation's status, the payment's
+/// (0 when none was made), and the longest of the two calls.
+struct Attempt {
+    at: Duration,
+    reserve: u16,
+    confirm: u16,
+    took: Duration,
+}
+
+/// Kill -9 the master of a SKU's shard in the middle of its sale (three
+/// masters, a replica each): no answer is a 500, none takes longer than the
+/// API's deadline, the units paid for never exceed the stock, the server
+/// notices the new master, stops selling on the shard, checks it against
+/// PostgreSQL and sells again by itself, and every phase's time is printed.
+#[tokio::test]
+async fn killing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itself() {
+    let mut cluster = TestCluster::start(3, 1);
+    let redis = cluster.url();
+    let pg_server = TestPostgres::start();
+    let db = pg_server.url("holdfast");
+    let served = common::serve_at(
+        &redis,
+        &db,
+        &[
+            ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
+            ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
+            ("HOLDFAST_REAPER_INTERVAL_MS", "100"),
+        ],
+    );
+    let base = served.1.clone();
+    let _server = common::KillOnDrop(served.0);
+    let (pg, token) = common::demo_with_token(&redis, &db).await;
+    let sku = "DROP-004";
+    let (stock, _) = holdfast_engine::catalog::recorded(&pg, sku)
+        .await
+        .unwrap()
+        .unwrap();
+    let keys = holdfast_engine::keys::Keyspace::default();
+    let victim = cluster.master_of(&keys.sku(sku));
+
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let started = std::time::Instant::now();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let shoppers: Vec<_> = (0..4)
+        .map(|w| {
+            let (http, base, token, stop) =
+                (http.clone(), base.clone(), token.clone(), stop.clone());
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                let mut n = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    n += 1;
+                    let key = format!("fo-{w}-{n}");
+                    let t = std::time::Instant::now();
+                    let held = http
+                        .post(format!("{base}/api/v1/reservations"))
+                        .bearer_auth(&token)
+                        .header("Idempotency-Key", &key)
+                        .json(&serde_json::json!({ "sku": sku, "qty": 1, "buyer": key }))
+                        .send()
+                        .await
+                        .expect("the server answers");
+                    let reserve = held.status().as_u16();
+                    let body: serde_json::Value = held.json().await.unwrap_or_default();
+                    let mut took = t.elapsed();
+                    let mut confirm = 0;
+                    if reserve == 201 {
+                        let id = body["id"].as_str().unwrap().to_owned();
+                        let t = std::time::Instant::now();
+                        confirm = common::confirm(&http, &base, &token, &id).await;
+                        took = took.max(t.elapsed());
+                    }
+                    seen.push(Attempt {
+                        at: started.elapsed(),
+                        reserve,
+                        confirm,
+                        took,
+                    });
+                    tokio::time::sleep(Duration::from_millis(60)).await;
+                }
+                seen
+            })
+        })
+        .collect();
+
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let killed_at = started.elapsed();
+    cluster.node(victim).kill();
+    // Until the server has seen the failover through and answers normally
+    // on the SKU again (a hold, or sold out once the stock is gone).
+    let deadline = std::time::Instant::now() + Duration::from_secs(40);
+    let resumed_check = loop {
+        let metrics = common::metrics(&http, &base).await;
+        if common::metric(&metrics, "holdfast_failover_resumed_total") >= 1.0 {
+            break common::metric(&metrics, "holdfast_failover_last_fenced_seconds");
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never finished checking the failed-over shard"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let mut attempts = Vec::new();
+    for s in shoppers {
+        attempts.extend(s.await.unwrap());
+    }
+    attempts.sort_by_key(|a| a.at);
+
+    let server_errors: Vec<(u16, u16)> = attempts
+        .iter()
+        .filter(|a| a.reserve >= 500 && a.reserve != 503 || a.confirm >= 500 && a.confirm != 503)
+        .map(|a| (a.reserve, a.confirm))
+        .collect();
+    assert!(
+        server_errors.is_empty(),
+        "answers other than 503 among 5xx: {server_errors:?}"
+    );
+    let slowest = attempts.iter().map(|a| a.took).max().unwrap_or_default();
+    assert!(
+        slowest < Duration::from_millis(3_500),
+        "a call took {slowest:?}, past the 3 s API deadline"
+    );
+    let paid = attempts.iter().filter(|a| a.confirm == 200).count() as i64;
+    assert!(paid <= stock, "{paid} units paid for, {stock} in stock");
+    let after_kill: Vec<&Attempt> = attempts.iter().filter(|a| a.at > killed_at).collect();
+    let first_refused = after_kill
+        .iter()
+        .find(|a| a.reserve == 503 || a.confirm == 503)
+        .map(|a| a.at - killed_at);
+    let selling_again = after_kill
+        .iter()
+        .rev()
+        .take_while(|a| a.reserve == 201 || a.reserve == 409)
+        .last()
+        .map(|a| a.at - killed_at);
+    assert!(
+        selling_again.is_some(),
+        "the SKU answers normally again by itself after the failover"
+    );
+    let recorded = common::recorded_units(&pg, sku, paid, Duration::from_secs(30)).await;
+    assert!(recorded <= stock, "{recorded} recorded sold of {stock}");
+    let audited: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM audit_log WHERE action LIKE 'failover%' ORDER BY id",
+    )
+    .fetch_all(&pg)
+    .await
+    .unwrap();
+    assert!(
+        audited.iter().any(|a| a == "failover") && audited.iter().any(|a| a == "failover_resumed"),
+        "the failover is in the audit log: {audited:?}"
+    );
+    println!(
+        "master of {sku}'s shard killed at {killed_at:?}: first 503 after {first_refused:?}, \
+         shard fenced then checked against PostgreSQL for {resumed_check:.2} s, answering \
+         normally again {selling_again:?} after the kill; {} attempts, {paid} paid of {stock}, \
+         {recorded} recorded, slowest call {slowest:?}",
+        attempts.len()
+    );
+    let (ok, out, err) = common::holdfast(&["verify"], &redis, &db);
+    assert!(ok, "verify after the failover:\n{out}{err}");
+}

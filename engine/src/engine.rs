@@ -88,6 +88,8 @@ pub struct Engine {
     pub(crate) telemetry: Arc<Telemetry>,
     pub(crate) scripts: Arc<Scripts>,
     pub(crate) keys: Keyspace,
+    /// Shards not selling after a failover ([`crate::failover`]).
+    fence: Arc<crate::failover::ShardFence>,
     pub(crate) config: Arc<EngineConfig>,
     /// Replica acknowledgements for payments, when asked for.
     pub(crate) acks: Option<crate::replicas::ReplicaAcks>,
@@ -172,6 +174,9 @@ impl Engine {
             telemetry,
             scripts: Arc::new(scripts),
             keys: Keyspace::new(config.shards),
+            fence: Arc::new(crate::failover::ShardFence::new(
+                Keyspace::new(config.shards).shards(),
+            )),
             config: Arc::new(config),
             acks: None,
         }
@@ -232,6 +237,11 @@ impl Engine {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// The shards this process holds reservations back on after a failover.
+    pub fn shard_fence(&self) -> &crate::failover::ShardFence {
+        &self.fence
     }
 
     /// What this engine measures (Redis round trips, reservation outcomes).
@@ -317,6 +327,13 @@ impl Engine {
         };
         let fp = fingerprint(req);
         let groups = self.group_by_shard(&req.lines);
+        // A shard whose master just changed sells nothing until it is
+        // checked: "not warmed" (retry shortly), never sold out.
+        if let Some((_, lines)) = groups.iter().find(|(s, _)| self.fence.is_fenced(*s)) {
+            return Ok(ReserveOutcome::NotWarmed {
+                sku: lines[0].sku.clone(),
+            });
+        }
         if let [(shard, lines)] = groups.as_slice() {
             return self.reserve_alone(*shard, req, lines, ttl, &fp).await;
         }

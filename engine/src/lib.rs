@@ -79,6 +79,7 @@
 //! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
 //! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
 //! - [`replicas`]: payments acknowledged by replicas before they are answered.
+//! - [`failover`]: noticing a cluster failover and checking the shards it moved.
 //! - [`remediation`]: late payments, oversells and lost holds awaiting support.
 //! - [`cart`]: carts across shards, reserved, confirmed and expired as one unit.
 //! - [`verify`]: the truth check operators run any time on live data.
@@ -95,6 +96,7 @@ pub mod drop_file;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod failover;
 pub mod idempotency;
 pub mod ingest;
 pub mod keys;

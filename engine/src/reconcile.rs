@@ -43,6 +43,9 @@ pub struct ReconcileOptions {
     /// every interval, one run per interval happens, whichever server's turn
     /// comes first. Checked under the lock, so two servers cannot both pass.
     pub unless_run_within: Option<Duration>,
+    /// Only the SKUs of these shards (all when `None`): after a failover,
+    /// the shards whose master changed.
+    pub shards: Option<Vec<u16>>,
 }
 
 impl Default for ReconcileOptions {
@@ -53,6 +56,7 @@ impl Default for ReconcileOptions {
             page: 2_000,
             lease: Duration::from_secs(30),
             unless_run_within: None,
+            shards: None,
         }
     }
 }
@@ -202,9 +206,16 @@ async fn run(
         .await?;
     let mut after = String::new();
     loop {
-        let rows = stock_page(pg, &after, options.page.max(1)).await?;
-        let Some(last) = rows.last() else { break };
+        let page = stock_page(pg, &after, options.page.max(1)).await?;
+        let Some(last) = page.last() else { break };
         after = last.sku.clone();
+        let rows: Vec<_> = match &options.shards {
+            None => page,
+            Some(shards) => page
+                .into_iter()
+                .filter(|r| shards.contains(&engine.keys.shard_of(&r.sku)))
+                .collect(),
+        };
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let counters = read_counters(engine, &skus).await?;
         let mut findings = Vec::new();

@@ -146,6 +146,25 @@ impl TestRedis {
             .unwrap_or_else(|e| panic!("{args:?} on port {}: {e}", self.port))
     }
 
+    /// Waits (up to 20 s) until this node, if a replica, says its link to its
+    /// master is up (the first full sync done).
+    fn await_replica_synced(&self) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::from_redis_value(self.command(&["INFO", "replication"]))
+                .expect("INFO is text");
+            if !info.contains("role:slave") || info.contains("master_link_status:up") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the replica on port {} never synced:\n{info}",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// Waits (up to 20 s) until this node says `cluster_state:ok`.
     fn await_cluster_ok(&self) {
         let deadline = Instant::now() + Duration::from_secs(20);
@@ -366,6 +385,11 @@ impl TestCluster {
         );
         for node in &nodes {
             node.await_cluster_ok();
+        }
+        // A replica takes over only once it has synced with its master (an
+        // unsynced one has "data too old" and never does): wait for every link.
+        for node in &nodes {
+            node.await_replica_synced();
         }
         Self { nodes, masters }
     }

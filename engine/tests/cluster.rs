@@ -197,3 +197,48 @@ async fn a_shard_count_other_than_the_datas_is_refused() {
         "{refused}"
     );
 }
+
+/// A shard fenced after a failover answers "not warmed" (a retry, never sold
+/// out) and moves nothing; let go, it sells again; other shards never stop.
+#[tokio::test]
+async fn a_fenced_shard_answers_not_warmed_until_let_go() {
+    let redis = holdfast_engine::testkit::TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = holdfast_engine::testkit::skus_in_distinct_shards(&engine, "FEN", 2);
+    for sku in &skus {
+        holdfast_engine::testkit::stock(&engine, sku, 5).await;
+    }
+    let shard = engine.keyspace().shard_of(&skus[0]);
+    engine.shard_fence().set(&[shard], true);
+    assert_eq!(engine.shard_fence().fenced(), vec![shard]);
+    let held = engine
+        .reserve(&ReserveRequest::single("f-1", &skus[0], 1))
+        .await
+        .unwrap();
+    assert_eq!(
+        held,
+        ReserveOutcome::NotWarmed {
+            sku: skus[0].clone()
+        }
+    );
+    let figures = engine.figures(&skus[0]).await.unwrap().unwrap();
+    assert_eq!(
+        (figures.available, figures.reserved),
+        (5, 0),
+        "nothing moved"
+    );
+    let other = engine
+        .reserve(&ReserveRequest::single("f-2", &skus[1], 1))
+        .await
+        .unwrap();
+    assert!(
+        matches!(other, ReserveOutcome::Reserved { .. }),
+        "{other:?}"
+    );
+    engine.shard_fence().set(&[shard], false);
+    let held = engine
+        .reserve(&ReserveRequest::single("f-1", &skus[0], 1))
+        .await
+        .unwrap();
+    assert!(matches!(held, ReserveOutcome::Reserved { .. }), "{held:?}");
+}

@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use holdfast_domain::Lane;
+use holdfast_engine::failover::{FailoverStats, run_failover_watch};
 use holdfast_engine::ingest::{LaneConfig, LaneConsumer, LaneStats, run_consumer};
 use holdfast_engine::reaper::{ReaperConfig, ReaperStats, run_reaper};
 use holdfast_engine::reconcile::{self, ReconcileOptions};
@@ -50,6 +51,8 @@ pub struct WorkerStats {
     pub verify: Arc<LastVerify>,
     /// Times a worker panicked or stopped and was started again.
     pub restarts: Arc<AtomicU64>,
+    /// The cluster failover watch's.
+    pub failover: Arc<FailoverStats>,
 }
 
 impl WorkerStats {
@@ -195,6 +198,26 @@ impl Workers {
                 restarts.clone(),
                 move |rx| {
                     let fut = reconcile_loop(backends.clone(), every, up, wb.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let (backends, failover) = (backends.clone(), stats.failover.clone());
+            tasks.push(supervise(
+                "failover watch",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = run_failover_watch(
+                        backends.engine.clone(),
+                        backends.pg.clone(),
+                        failover.clone(),
+                        stopped(rx),
+                    );
                     async move {
                         fut.await;
                         Ok(())

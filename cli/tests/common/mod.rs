@@ -210,3 +210,23 @@ pub fn rehearsal_over(redis: &str, db: &str, bases: &[String]) -> Vec<String> {
     );
     args
 }
+
+/// The value of series `name` (exactly, labels included) in a `/metrics`
+/// text, 0 when absent.
+pub fn metric(text: &str, name: &str) -> f64 {
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// The server at `base`'s `/metrics` text.
+pub async fn metrics(http: &reqwest::Client, base: &str) -> String {
+    http.get(format!("{base}/metrics"))
+        .send()
+        .await
+        .expect("/metrics answers")
+        .text()
+        .await
+        .expect("/metrics is text")
+}

@@ -4,10 +4,11 @@
 //! command goes to the master of its key's slot, a script by its first key
 //! (every script keeps its keys in one slot: see [`crate::keys`]). A pipeline
 //! that is not a transaction is split by slot, one pipeline per slot sent to
-//! its master, all at once, the replies put back in order: code that pipelines
-//! reads over many SKUs (warm, reconcile, figures) needs no cluster branch, and
-//! costs one round trip per slot group, concurrently. Commands on one slot keep
-//! their order. A transaction (`MULTI`) must stay in one slot, as Redis requires.
+//! its master in the order of the slots' first commands, the replies put back
+//! in order: code that pipelines reads over many SKUs (warm, reconcile,
+//! figures) needs no cluster branch, and a claim pipelined before a script
+//! still runs first. It costs one round trip per slot the pipeline touches. A
+//! transaction (`MULTI`) must stay in one slot, as Redis requires.
 //!
 //! What has no key (a scan of one shard's keys, `CONFIG GET`, a lock listing)
 //! says where it goes: [`RedisConn::query_at`] (the master of a key's slot),
@@ -98,9 +99,10 @@ impl ConnectionLike for RedisConn {
 }
 
 /// Runs a non-transaction `pipeline` on a cluster: its commands grouped by
-/// slot (in order within each group, so a write and the read after it on the
-/// same key stay in order), one pipeline per group, the groups at once; the
-/// replies put back in the pipeline's order.
+/// slot, one pipeline per group, the groups one after another in the order of
+/// their first command (so a pipeline that claims an id and then runs a
+/// script keeps that order, as on one node); the replies put back in the
+/// pipeline's order. One round trip per slot the pipeline touches.
 async fn split_by_slot(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
     let mut groups: Vec<(Option<u16>, Pipeline, Vec<usize>)> = Vec::new();
     for (i, cmd) in pipeline.cmd_iter().enumerate() {
@@ -119,13 +121,10 @@ async fn split_by_slot(conn: ClusterConnection, pipeline: &Pipeline) -> RedisRes
             }
         }
     }
-    let sent = groups.iter().map(|(_, pipe, _)| {
-        let mut conn = conn.clone();
-        async move { conn.req_packed_commands(pipe, 0, pipe.len()).await }
-    });
-    let replies = try_join_all(sent).await?;
+    let mut conn = conn;
     let mut ordered = vec![Value::Nil; pipeline.len()];
-    for ((_, _, places), values) in groups.iter().zip(replies) {
+    for (_, pipe, places) in &groups {
+        let values = conn.req_packed_commands(pipe, 0, pipe.len()).await?;
         for (place, value) in places.iter().zip(values) {
             ordered[*place] = value;
         }

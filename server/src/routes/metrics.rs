@@ -316,6 +316,11 @@ async fn metrics(
     );
 
     worker_metrics(&mut out, &src.workers);
+    out.gauge(
+        "holdfast_shards_fenced",
+        "Shards not selling now because their Redis Cluster master just changed",
+        backends.engine.shard_fence().fenced().len() as i64,
+    );
     if redis_up
         && let Ok(Ok(entries)) =
             tokio::time::timeout(timeout, backends.engine.stream_entries()).await
@@ -464,6 +469,21 @@ fn worker_metrics(out: &mut Scrape, w: &WorkerStats) {
         "holdfast_reaper_failures",
         "Reaper passes that failed",
         load(&w.reaper.failures),
+    );
+    out.counter(
+        "holdfast_failover_shards_moved",
+        "Shards whose Redis Cluster master changed (each stops selling until checked against PostgreSQL)",
+        load(&w.failover.shards_moved),
+    );
+    out.counter(
+        "holdfast_failover_resumed",
+        "Checks after a failover that let the moved shards sell again",
+        load(&w.failover.resumed),
+    );
+    out.fraction(
+        "holdfast_failover_last_fenced_seconds",
+        "How long the last failed-over shards stayed out of sale",
+        load(&w.failover.last_fenced_ms) as f64 / 1_000.0,
     );
     let wb = &w.write_behind;
     out.counter(

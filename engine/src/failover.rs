@@ -1,0 +1,252 @@
+//! Noticing a Redis Cluster failover, and not selling on the shards it moved
+//! until they are checked against PostgreSQL.
+//!
+//! Replication is asynchronous: a replica promoted to master may have missed
+//! its old master's last writes, so units sold there could read as available
+//! again. Every server watches which master serves each shard's slot
+//! ([`ShardMasters`], once a second). When one changes, the server stops
+//! reserving on that shard ([`ShardFence`]: reservations there answer "not
+//! warmed", 503 with `Retry-After`, never sold out), reconciles the shard's SKUs
+//! against PostgreSQL (a counter showing more units than PostgreSQL allows is
+//! corrected down at once; holds and unrecorded sales that survived are
+//! counted), and resumes. Each step is logged, audited (`failover`,
+//! `failover_resumed`) and counted for `/metrics`.
+//!
+//! What this cannot bring back is a sale whose only trace was in the lost
+//! writes (its event never reached the stream the write-behind reads): that is
+//! what `--confirm-replicas` is for, on one master with replicas.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use redis::Value;
+use sqlx::PgPool;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::reconcile::{ReconcileOptions, reconcile_all};
+
+/// Which shards are not selling now, in this process.
+#[derive(Debug)]
+pub struct ShardFence {
+    fenced: Box<[AtomicBool]>,
+}
+
+impl ShardFence {
+    /// No shard fenced, of `shards`.
+    pub fn new(shards: u16) -> Self {
+        Self {
+            fenced: (0..shards).map(|_| AtomicBool::new(false)).collect(),
+        }
+    }
+
+    /// Whether reservations on `shard` are held back.
+    pub fn is_fenced(&self, shard: u16) -> bool {
+        self.fenced
+            .get(usize::from(shard))
+            .is_some_and(|f| f.load(Ordering::Relaxed))
+    }
+
+    /// Holds back (or lets go again) reservations on `shards`.
+    pub fn set(&self, shards: &[u16], fenced: bool) {
+        for shard in shards {
+            if let Some(f) = self.fenced.get(usize::from(*shard)) {
+                f.store(fenced, Ordering::Relaxed);
+            }
+        }
+    }
+
+    /// The shards held back now.
+    pub fn fenced(&self) -> Vec<u16> {
+        (0..self.fenced.len() as u16)
+            .filter(|s| self.is_fenced(*s))
+            .collect()
+    }
+}
+
+/// The master (node id) serving each shard, as last seen.
+#[derive(Debug, Default)]
+pub struct ShardMasters {
+    seen: Option<Vec<Option<String>>>,
+}
+
+impl ShardMasters {
+    /// Reads which master serves each shard now (`CLUSTER SLOTS`) and returns
+    /// the shards whose master is another than at the last look: none the
+    /// first time, and none on a single node.
+    pub async fn changed(&mut self, engine: &Engine) -> Result<Vec<u16>, EngineError> {
+        let mut conn = engine.connection();
+        if !conn.is_cluster() {
+            return Ok(Vec::new());
+        }
+        let ranges: Vec<Value> = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut conn)
+            .await?;
+        let ranges = master_ranges(&ranges);
+        let keys = engine.keyspace();
+        let now: Vec<Option<String>> = (0..keys.shards())
+            .map(|shard| {
+                let slot = crate::keys::key_slot(keys.due(shard).as_bytes());
+                ranges
+                    .iter()
+                    .find(|(start, end, _)| (*start..=*end).contains(&slot))
+                    .map(|(_, _, id)| id.clone())
+            })
+            .collect();
+        let changed = match &self.seen {
+            None => Vec::new(),
+            Some(before) => (0..keys.shards())
+                .filter(|s| {
+                    let (b, n) = (&before[usize::from(*s)], &now[usize::from(*s)]);
+                    // A shard with no master right now (the cluster is still
+                    // deciding) is not a change yet; the next look sees who won.
+                    n.is_some() && b.is_some() && b != n
+                })
+                .collect(),
+        };
+        // Keep the last known master of a shard without one now.
+        let merged = match self.seen.take() {
+            Some(before) => now.into_iter().zip(before).map(|(n, b)| n.or(b)).collect(),
+            None => now,
+        };
+        self.seen = Some(merged);
+        Ok(changed)
+    }
+}
+
+/// `(first slot, last slot, master node id)` of each range in `CLUSTER SLOTS`.
+fn master_ranges(ranges: &[Value]) -> Vec<(u16, u16, String)> {
+    ranges
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(parts) = range else {
+                return None;
+            };
+            let start: u16 = redis::from_redis_value_ref(parts.first()?).ok()?;
+            let end: u16 = redis::from_redis_value_ref(parts.get(1)?).ok()?;
+            let Value::Array(master) = parts.get(2)? else {
+                return None;
+            };
+            let id: String = redis::from_redis_value_ref(master.get(2)?).ok()?;
+            Some((start, end, id))
+        })
+        .collect()
+}
+
+/// What the failover watch counts, for `/metrics`.
+#[derive(Debug, Default)]
+pub struct FailoverStats {
+    /// Shards whose master changed (each a failover seen by this process).
+    pub shards_moved: AtomicU64,
+    /// Checks against PostgreSQL that finished and let a shard sell again.
+    pub resumed: AtomicU64,
+    /// Milliseconds the last fenced shards stayed out of sale.
+    pub last_fenced_ms: AtomicU64,
+}
+
+/// How often the watch asks which master serves each shard.
+pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Watches the cluster's masters until `shutdown`: a shard whose master
+/// changed is fenced, reconciled against PostgreSQL (retried until it
+/// succeeds: a shard is never let go unchecked) and let go. Does nothing on a
+/// single node.
+pub async fn run_failover_watch(
+    engine: Engine,
+    pg: PgPool,
+    stats: Arc<FailoverStats>,
+    shutdown: impl Future<Output = ()>,
+) {
+    if !engine.connection().is_cluster() {
+        return;
+    }
+    tokio::pin!(shutdown);
+    let mut masters = ShardMasters::default();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = tokio::time::sleep(WATCH_EVERY) => {}
+        }
+        let moved = match masters.changed(&engine).await {
+            Ok(moved) if moved.is_empty() => continue,
+            Ok(moved) => moved,
+            Err(e) => {
+                tracing::debug!(error = %e, "asking the cluster for its masters failed; retrying");
+                continue;
+            }
+        };
+        let check = recheck(&engine, &pg, &stats, &moved);
+        tokio::select! {
+            () = &mut shutdown => break,
+            () = check => {}
+        }
+    }
+}
+
+/// Fences `moved`, reconciles them until a run succeeds, and lets them go.
+async fn recheck(engine: &Engine, pg: &PgPool, stats: &FailoverStats, moved: &[u16]) {
+    let started = Instant::now();
+    engine.shard_fence().set(moved, true);
+    stats
+        .shards_moved
+        .fetch_add(moved.len() as u64, Ordering::Relaxed);
+    tracing::error!(
+        shards = ?moved,
+        "Redis Cluster failover: the master of these shards changed; not selling on them until \
+         their counters are checked against PostgreSQL"
+    );
+    crate::audit::note(
+        pg,
+        "system",
+        "failover",
+        "redis",
+        serde_json::json!({ "shards": moved }),
+    )
+    .await;
+    let options = ReconcileOptions {
+        trigger: "failover".into(),
+        shards: Some(moved.to_vec()),
+        ..ReconcileOptions::default()
+    };
+    let report = loop {
+        match reconcile_all(engine, pg, &options, |_| {}).await {
+            Ok(report) => break report,
+            // Another server is checking: wait for the lock, then check too
+            // (cheap, and this process must see the shard checked itself).
+            Err(EngineError::Busy(_)) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => {
+                tracing::warn!(error = %e, shards = ?moved, "checking failed-over shards failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    };
+    engine.shard_fence().set(moved, false);
+    let took = started.elapsed();
+    stats.resumed.fetch_add(1, Ordering::Relaxed);
+    stats
+        .last_fenced_ms
+        .store(took.as_millis() as u64, Ordering::Relaxed);
+    tracing::warn!(
+        shards = ?moved,
+        checked = report.checked,
+        corrected_down = report.corrected_down,
+        took_ms = took.as_millis() as u64,
+        "failed-over shards checked against PostgreSQL; selling there again"
+    );
+    crate::audit::note(
+        pg,
+        "system",
+        "failover_resumed",
+        "redis",
+        serde_json::json!({
+            "shards": moved,
+            "checked": report.checked,
+            "drifted": report.drifted,
+            "corrected_down": report.corrected_down,
+            "took_ms": took.as_millis() as u64,
+        }),
+    )
+    .await;
+}
