@@ -66,6 +66,10 @@ run() {
     echo "### Shopper badges"
     echo
     run badge_bench --connections 10000
+    echo
+    echo "### Running at scale: one node vs a cluster, replica acknowledgements, failover"
+    echo
+    run cluster_bench --clients 50 --seconds 5 --skus 1000
 } | tee "$out/latest.md"
 # The plot BENCHMARKS.md shows is the one this run drew.
 mkdir -p "$HOLDFAST_ROOT/docs/benchmarks"

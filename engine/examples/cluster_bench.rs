@@ -101,7 +101,7 @@ async fn main() {
     .with_replica_acks(master.connection().await);
     // Wait for the replica to be in sync before measuring.
     let mut synced = false;
-    for _ in 0..100 {
+    for _ in 0..200 {
         if acked
             .confirm("never-made")
             .await
@@ -110,7 +110,11 @@ async fn main() {
             let info = redis_conn::info(&master.connection().await, Duration::from_secs(1))
                 .await
                 .unwrap_or_default();
-            if info.get("connected_slaves").is_some_and(|n| n == "1") {
+            // Online: past its first sync (Redis waits 5 s before a diskless one).
+            if info
+                .get("slave0")
+                .is_some_and(|v| v.contains("state=online"))
+            {
                 synced = true;
                 break;
             }
