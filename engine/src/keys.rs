@@ -36,6 +36,7 @@
 //! | `hf:feed:{<source>}:<event id>` | string | the fingerprint of a feed event id's first payload (24 h) |
 //! | `hf:{hfN.j}:mark` | string | the shard's data generation: gone means the shard lost its data (see [`crate::warmup::rewarm_after_loss`]) |
 //! | `hf:{layout}` | string | the shard count and tag scheme the data is laid out in |
+//! | `hf:{ack}` / `hf:ack:<n>` | string | counters the replica acknowledgement rounds write and `WAIT` for (one node / one per cluster master, `<n>` chosen to fall in one of its slots) |
 
 use std::collections::HashMap;
 use std::sync::{Mutex, OnceLock};

@@ -11,6 +11,10 @@
 //! made before it, then waits for it (`WAIT N timeout`). Every confirm that
 //! finished before a round began is covered by that round, so concurrent
 //! payments share one round trip instead of queueing one `WAIT` each.
+//!
+//! On a Redis Cluster a round runs on every master at once, each `WAIT` sent
+//! to its master over the rounds' own cluster client, and the answer is the
+//! fewest replicas any master saw acknowledge.
 
 use std::time::Duration;
 
@@ -74,22 +78,18 @@ async fn rounds(
     timeout: Duration,
     mut rx: mpsc::UnboundedReceiver<oneshot::Sender<Answer>>,
 ) {
+    let mut ack_keys = std::collections::HashMap::new();
     while let Some(first) = rx.recv().await {
         let mut waiters = vec![first];
         while let Ok(more) = rx.try_recv() {
             waiters.push(more);
         }
-        let reply: redis::RedisResult<(i64, i64)> = redis::pipe()
-            .cmd("INCR")
-            .arg(Keyspace::ACK_MARK)
-            .cmd("WAIT")
-            .arg(wanted)
-            .arg(timeout.as_millis() as u64)
-            .query_async(&mut conn)
-            .await;
-        let answer: Answer = reply
-            .map(|(_, acked)| acked)
-            .map_err(|e| crate::postgres::one_line(&e.to_string()));
+        let answer: Answer = match &mut conn {
+            RedisConn::Node(_) => one_round(&mut conn, wanted, timeout).await,
+            RedisConn::Cluster(_) => {
+                every_master_round(&mut conn, &mut ack_keys, wanted, timeout).await
+            }
+        };
         if let Ok(acked) = answer
             && acked < i64::from(wanted)
         {
@@ -103,4 +103,75 @@ async fn rounds(
             let _ = waiter.send(answer.clone());
         }
     }
+}
+
+/// One round on one master: `INCR` of the round's key, then `WAIT`, pipelined
+/// on the round's own connection. The replicas that acknowledged.
+async fn one_round(conn: &mut RedisConn, wanted: u32, timeout: Duration) -> Answer {
+    redis::pipe()
+        .cmd("INCR")
+        .arg(Keyspace::ACK_MARK)
+        .cmd("WAIT")
+        .arg(wanted)
+        .arg(timeout.as_millis() as u64)
+        .query_async::<(i64, i64)>(conn)
+        .await
+        .map(|(_, acked)| acked)
+        .map_err(|e| crate::postgres::one_line(&e.to_string()))
+}
+
+/// One round on a cluster: on every master at once, an `INCR` of a key in
+/// one of its slots and a `WAIT`, both sent to that master over the round's
+/// own client (one connection per node, so the `WAIT` covers the `INCR`, and
+/// the `INCR` follows every payment that master answered before). The fewest
+/// replicas any master's round saw acknowledge.
+async fn every_master_round(
+    conn: &mut RedisConn,
+    ack_keys: &mut std::collections::HashMap<u16, String>,
+    wanted: u32,
+    timeout: Duration,
+) -> Answer {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let slots = conn
+        .master_slots()
+        .await
+        .map_err(|e| crate::postgres::one_line(&e.to_string()))?;
+    let RedisConn::Cluster(cluster) = conn else {
+        return Err("not a cluster connection".into());
+    };
+    let rounds = slots.into_iter().map(|slot| {
+        let key = ack_keys
+            .entry(slot)
+            .or_insert_with(|| key_in_slot(slot))
+            .clone();
+        let mut cluster = cluster.clone();
+        async move {
+            let at = || {
+                RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+                    slot,
+                    SlotAddr::Master,
+                )))
+            };
+            let mut incr = redis::cmd("INCR");
+            incr.arg(&key);
+            cluster.route_command(incr, at()).await?;
+            let mut wait = redis::cmd("WAIT");
+            wait.arg(wanted).arg(timeout.as_millis() as u64);
+            let acked = cluster.route_command(wait, at()).await?;
+            redis::from_redis_value::<i64>(acked).map_err(redis::RedisError::from)
+        }
+    });
+    futures_util::future::try_join_all(rounds)
+        .await
+        .map(|acked| acked.into_iter().min().unwrap_or(0))
+        .map_err(|e| crate::postgres::one_line(&e.to_string()))
+}
+
+/// A key (`hf:ack:<n>`) that hashes to `slot`: found by trying, about 16,384
+/// tries at worst, once per master slot for the life of the process.
+fn key_in_slot(slot: u16) -> String {
+    (0_u32..)
+        .map(|n| format!("hf:ack:{n}"))
+        .find(|k| crate::keys::key_slot(k.as_bytes()) == slot)
+        .expect("every slot has a key")
 }

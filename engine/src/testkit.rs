@@ -418,6 +418,19 @@ impl TestCluster {
         self.nodes.is_empty()
     }
 
+    /// The index of a running replica of node `master`.
+    pub fn replica_of(&self, master: usize) -> usize {
+        let port = format!("master_port:{}", self.nodes[master].port);
+        self.nodes
+            .iter()
+            .position(|n| {
+                n.is_running()
+                    && redis::from_redis_value::<String>(n.command(&["INFO", "replication"]))
+                        .is_ok_and(|info| info.lines().any(|l| l.trim() == port))
+            })
+            .expect("the master has a running replica")
+    }
+
     /// The index of the node that is master of `key`'s slot now, asked of a
     /// running node.
     pub fn master_of(&self, key: &str) -> usize {
@@ -458,6 +471,17 @@ impl Drop for TestRedis {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// Sends `SIG<name>` (`STOP`, `CONT`, …) to process `pid`, panicking when
+/// `kill` fails.
+pub fn signal(pid: u32, name: &str) {
+    let sent = Command::new("kill")
+        .arg(format!("-{name}"))
+        .arg(pid.to_string())
+        .status()
+        .expect("run kill");
+    assert!(sent.success(), "kill -{name} {pid}");
 }
 
 /// A loopback TCP port that was free a moment ago.

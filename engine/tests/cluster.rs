@@ -242,3 +242,95 @@ async fn a_fenced_shard_answers_not_warmed_until_let_go() {
         .unwrap();
     assert!(matches!(held, ReserveOutcome::Reserved { .. }), "{held:?}");
 }
+
+/// `--confirm-replicas 1` on a cluster: a payment is answered once the
+/// replica of its shard's master holds it; with that replica paused it is
+/// answered "retry" within the timeout (and its retry succeeds once the
+/// replica is back); and every acknowledged payment survives killing the
+/// master the moment they are answered and promoting its replica.
+#[tokio::test]
+async fn payments_acknowledged_by_replicas_survive_a_cluster_failover() {
+    let mut cluster = TestCluster::start(3, 1);
+    let config = EngineConfig {
+        confirm_replicas: 1,
+        confirm_replica_timeout: Duration::from_millis(300),
+        ..EngineConfig::default()
+    };
+    let engine =
+        holdfast_engine::Engine::new(redis_conn::connect(&cluster.url()).await.unwrap(), config)
+            .with_replica_acks(redis_conn::connect(&cluster.url()).await.unwrap());
+    let sku = "ACK-1";
+    holdfast_engine::testkit::stock(&engine, sku, 1_000).await;
+    let master = cluster.master_of(&engine.keyspace().sku(sku));
+    let replica = cluster.replica_of(master);
+
+    // The replica paused: the payment stands on the master, answered "retry".
+    holdfast_engine::testkit::signal(cluster.node(replica).pid().unwrap(), "STOP");
+    engine
+        .reserve(&ReserveRequest::single("ack-paused", sku, 1))
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let paused = engine.confirm("ack-paused").await;
+    assert!(
+        matches!(
+            paused,
+            Err(holdfast_engine::EngineError::ReplicasBehind { .. })
+        ),
+        "{paused:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "answered within the timeout"
+    );
+    holdfast_engine::testkit::signal(cluster.node(replica).pid().unwrap(), "CONT");
+    let mut retried = None;
+    for _ in 0..50 {
+        match engine.confirm("ack-paused").await {
+            Ok(outcome) => {
+                retried = Some(outcome);
+                break;
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+        }
+    }
+    assert!(
+        matches!(
+            retried,
+            Some(ConfirmOutcome::AlreadyConfirmed | ConfirmOutcome::Confirmed)
+        ),
+        "{retried:?}"
+    );
+
+    // 40 acknowledged payments, then the master dies at once.
+    let mut paid = vec!["ack-paused".to_owned()];
+    for i in 0..40 {
+        let rid = format!("ack-{i}");
+        engine
+            .reserve(&ReserveRequest::single(&rid, sku, 1))
+            .await
+            .unwrap();
+        assert_eq!(
+            engine.confirm(&rid).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+        paid.push(rid);
+    }
+    cluster.node(master).kill();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let figures = loop {
+        if let Ok(Some(f)) = engine.figures(sku).await {
+            break f;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the replica never took over"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(
+        (figures.available, figures.sold_pending),
+        (1_000 - 41, 41),
+        "every acknowledged payment survived the promotion"
+    );
+}

@@ -59,15 +59,6 @@ pub async fn connect(
         ),
     }
     let acks = engine.confirm_replicas > 0;
-    if acks && redis.is_cluster() {
-        // WAIT answers for the node it runs on, and a cluster's payments land
-        // on every master: not supported yet, so refused rather than ignored.
-        return Err(EngineError::Unsupported(
-            "--confirm-replicas works with one Redis master and its replicas, not yet with \
-             Redis Cluster: run without it on a cluster"
-                .into(),
-        ));
-    }
     let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
     let mut backends = Backends::new(pg, redis, engine);
     backends.engine.check_layout().await?;
