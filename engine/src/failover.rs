@@ -4,7 +4,7 @@
 //! Replication is asynchronous: a replica promoted to master may have missed
 //! its old master's last writes, so units sold there could read as available
 //! again. Every server watches which master serves each shard's slot
-//! ([`ShardMasters`], once a second). When one changes, the server stops
+//! ([`ShardMasters`], four times a second). When one changes, the server stops
 //! reserving on that shard ([`ShardFence`]: reservations there answer "not
 //! warmed", 503 with `Retry-After`, never sold out), reconciles the shard's SKUs
 //! against PostgreSQL (a counter showing more units than PostgreSQL allows is
@@ -147,7 +147,7 @@ pub struct FailoverStats {
 }
 
 /// How often the watch asks which master serves each shard.
-pub const WATCH_EVERY: Duration = Duration::from_secs(1);
+pub const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// Watches the cluster's masters until `shutdown`: a shard whose master
 /// changed is fenced, reconciled against PostgreSQL (retried until it
