@@ -82,6 +82,27 @@ struct Attempt {
 /// PostgreSQL and sells again by itself, and every phase's time is printed.
 #[tokio::test]
 async fn killing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itself() {
+    sale_through_a_failover(Fault::Kill).await;
+}
+
+/// The same with the master frozen (SIGSTOP, a paused VM) rather than killed:
+/// it answers nothing and redirects nothing, so the clients must learn the new
+/// master from the cluster; it stays frozen until the sale has resumed.
+#[tokio::test]
+async fn freezing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itself() {
+    sale_through_a_failover(Fault::Freeze).await;
+}
+
+/// How the master dies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// SIGKILL.
+    Kill,
+    /// SIGSTOP (SIGCONT at the end).
+    Freeze,
+}
+
+async fn sale_through_a_failover(fault: Fault) {
     let mut cluster = TestCluster::start(3, 1);
     let redis = cluster.url();
     let pg_server = TestPostgres::start();
@@ -156,7 +177,17 @@ async fn killing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itse
 
     tokio::time::sleep(Duration::from_millis(1_500)).await;
     let killed_at = started.elapsed();
-    cluster.node(victim).kill();
+    let frozen = match fault {
+        Fault::Kill => {
+            cluster.node(victim).kill();
+            None
+        }
+        Fault::Freeze => {
+            let pid = cluster.node(victim).pid().unwrap();
+            holdfast_engine::testkit::signal(pid, "STOP");
+            Some(pid)
+        }
+    };
     // Until the server has seen the failover through and answers normally
     // on the SKU again (a hold, or sold out once the stock is gone).
     let deadline = std::time::Instant::now() + Duration::from_secs(40);
@@ -176,6 +207,9 @@ async fn killing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itse
     let mut attempts = Vec::new();
     for s in shoppers {
         attempts.extend(s.await.unwrap());
+    }
+    if let Some(pid) = frozen {
+        holdfast_engine::testkit::signal(pid, "CONT");
     }
     attempts.sort_by_key(|a| a.at);
 
@@ -223,7 +257,7 @@ async fn killing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_itse
         "the failover is in the audit log: {audited:?}"
     );
     println!(
-        "master of {sku}'s shard killed at {killed_at:?}: first 503 after {first_refused:?}, \
+        "master of {sku}'s shard ({fault:?}) at {killed_at:?}: first 503 after {first_refused:?}, \
          shard fenced then checked against PostgreSQL for {resumed_check:.2} s, answering \
          normally again {selling_again:?} after the kill; {} attempts, {paid} paid of {stock}, \
          {recorded} recorded, slowest call {slowest:?}",

@@ -607,6 +607,8 @@ const TUNNEL: &str = "keep it on a private network, or reach it through a TLS tu
 /// The `redis tls` line for `url`; `reached`: whether a connection was made,
 /// so a TLS URL is only called verified when a handshake actually verified.
 fn redis_tls(url: &str, reached: bool) -> DoctorCheck {
+    // A cluster named by seeds: TLS and credentials come from the first.
+    let url = url.split(',').next().unwrap_or(url).trim();
     let name = check::REDIS_TLS;
     let shown = redact_url(url);
     let client = match redis_conn::client(url) {
@@ -1112,6 +1114,11 @@ mod tests {
         assert_eq!(remote.level, CheckLevel::Warn);
         assert!(!remote.finding.contains("pw"), "no password shown");
         assert_eq!(tls("rediss://10.0.0.5:6379").level, CheckLevel::Pass);
+        assert_eq!(
+            tls("redis://127.0.0.1:7001,redis://127.0.0.1:7002").level,
+            CheckLevel::Pass,
+            "a cluster's seed list"
+        );
         let unverified = redis_tls("rediss://10.0.0.5:6379", false);
         assert_eq!(
             unverified.level,

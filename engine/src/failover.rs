@@ -189,6 +189,9 @@ pub async fn run_failover_watch(
 async fn recheck(engine: &Engine, pg: &PgPool, stats: &FailoverStats, moved: &[u16]) {
     let started = Instant::now();
     engine.shard_fence().set(moved, true);
+    // Every cluster connection starts over from the new map: one still
+    // pointing at a frozen old master would only time out there.
+    crate::redis_conn::ClusterLink::reopen_all().await;
     stats
         .shards_moved
         .fetch_add(moved.len() as u64, Ordering::Relaxed);

@@ -136,9 +136,10 @@ async fn every_master_round(
         .master_slots()
         .await
         .map_err(|e| crate::postgres::one_line(&e.to_string()))?;
-    let RedisConn::Cluster(cluster) = conn else {
+    let RedisConn::Cluster(link) = conn else {
         return Err("not a cluster connection".into());
     };
+    let cluster = link.current();
     let rounds = slots.into_iter().map(|slot| {
         let key = ack_keys
             .entry(slot)

@@ -415,6 +415,11 @@ async fn counters_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
         let (b, seen) = (backends.clone(), seen.clone());
         async move {
             let mut seen = seen.lock().await;
+            // The layout record is written again when its master lost it,
+            // so a process set to another shard count stays refused.
+            if let Err(e) = b.engine.check_layout().await {
+                tracing::error!(error = %e, "Redis' layout record disagrees with this server");
+            }
             match holdfast_engine::warmup::rewarm_after_loss(&b.engine, &b.pg, &mut seen).await {
                 Ok(None) => {}
                 Ok(Some(report)) => tracing::warn!(

@@ -16,7 +16,8 @@
 //! (every master's keys).
 //! Stream readers never block on a cluster ([`RedisConn::read_streams`]).
 
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use futures_util::future::try_join_all;
 use redis::aio::{ConnectionLike, ConnectionManager};
@@ -40,7 +41,164 @@ pub enum RedisConn {
     /// One Redis server.
     Node(ConnectionManager),
     /// A Redis Cluster (or Valkey cluster).
-    Cluster(ClusterConnection),
+    Cluster(ClusterLink),
+}
+
+/// A cluster connection that replaces itself when it stops answering.
+///
+/// The cluster client follows slot moves and failovers, but after a master
+/// dies under load a client was seen to stay stuck (every command timing out
+/// for minutes, while a fresh client in another process worked at once). So
+/// when every command has failed for [`HEAL_AFTER`] (timeouts, refused or
+/// dropped connections), a fresh client connection is opened and every clone
+/// of this link switches to it; a failing reopen is tried again after
+/// another [`HEAL_AFTER`]. Clones share the connection and the healing.
+#[derive(Clone)]
+pub struct ClusterLink {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    client: redis::cluster::ClusterClient,
+    conn: std::sync::RwLock<ClusterConnection>,
+    /// Since when every command failed (`None`: the last one answered).
+    failing_since: std::sync::Mutex<Option<Instant>>,
+    /// When a fresh connection was last tried.
+    last_reopen: std::sync::Mutex<Option<Instant>>,
+    /// Fresh connections opened so far.
+    reopened: std::sync::atomic::AtomicU64,
+}
+
+/// Every cluster link of this process, for [`ClusterLink::reopen_all`].
+static LINKS: std::sync::Mutex<Vec<std::sync::Weak<Shared>>> = std::sync::Mutex::new(Vec::new());
+
+/// How long every command must fail before a [`ClusterLink`] opens a fresh
+/// connection: longer than a failover's usual gap (about 4 s with a 2 s node
+/// timeout) would be kinder, but a stuck client never recovers, so sooner is
+/// better; opening one while the cluster elects is harmless (the old one is
+/// kept when the new one cannot connect).
+pub const HEAL_AFTER: Duration = Duration::from_secs(3);
+
+impl ClusterLink {
+    /// A link over `conn`, reopened from `client` when it stops answering.
+    pub fn new(client: redis::cluster::ClusterClient, conn: ClusterConnection) -> Self {
+        let shared = Arc::new(Shared {
+            client,
+            conn: std::sync::RwLock::new(conn),
+            failing_since: std::sync::Mutex::new(None),
+            last_reopen: std::sync::Mutex::new(None),
+            reopened: std::sync::atomic::AtomicU64::new(0),
+        });
+        let mut links = LINKS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        links.retain(|l| l.strong_count() > 0);
+        links.push(Arc::downgrade(&shared));
+        Self { shared }
+    }
+
+    /// Reopens every cluster link of this process: after a failover the
+    /// clients' slot maps may still point at a master that is frozen (its
+    /// commands time out, they do not redirect), so the failover watch
+    /// ([`crate::failover`]) has every link start over from the cluster's
+    /// current map.
+    pub async fn reopen_all() {
+        let links: Vec<Arc<Shared>> = LINKS
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        for shared in links {
+            Self { shared }.reopen().await;
+        }
+    }
+
+    /// The connection in use now (a cheap clone).
+    pub fn current(&self) -> ClusterConnection {
+        self.shared
+            .conn
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Fresh connections opened because the old one stopped answering.
+    pub fn reopened(&self) -> u64 {
+        self.shared
+            .reopened
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Notes how a command went; after [`HEAL_AFTER`] of nothing but
+    /// connection failures, opens a fresh connection in the background.
+    fn note<T>(&self, result: &RedisResult<T>) {
+        let lock = |m: &std::sync::Mutex<Option<Instant>>| {
+            *m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        };
+        match result {
+            Ok(_) => {
+                *self
+                    .shared
+                    .failing_since
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+            }
+            // A server's answer (an error reply) is an answer.
+            Err(e)
+                if !(e.is_timeout()
+                    || e.is_connection_dropped()
+                    || e.is_io_error()
+                    || e.is_connection_refusal()
+                    || e.kind()
+                        == redis::ErrorKind::Server(redis::ServerErrorKind::ClusterDown)) => {}
+            Err(_) => {
+                let now = Instant::now();
+                let since = {
+                    let mut f = self
+                        .shared
+                        .failing_since
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    *f.get_or_insert(now)
+                };
+                let recently = lock(&self.shared.last_reopen)
+                    .is_some_and(|t| now.duration_since(t) < HEAL_AFTER);
+                if now.duration_since(since) >= HEAL_AFTER && !recently {
+                    *self
+                        .shared
+                        .last_reopen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(now);
+                    let link = self.clone();
+                    tokio::spawn(async move { link.reopen().await });
+                }
+            }
+        }
+    }
+
+    /// Opens a fresh connection and switches every clone to it; keeps the
+    /// old one when the cluster cannot be reached.
+    async fn reopen(&self) {
+        match self.shared.client.get_async_connection().await {
+            Ok(fresh) => {
+                *self
+                    .shared
+                    .conn
+                    .write()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
+                self.shared
+                    .reopened
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(
+                    "opened a fresh Redis Cluster connection (the old one stopped answering, or the cluster failed over)"
+                );
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "a fresh Redis Cluster connection failed; retrying later")
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for RedisConn {
@@ -58,17 +216,18 @@ impl From<ConnectionManager> for RedisConn {
     }
 }
 
-impl From<ClusterConnection> for RedisConn {
-    fn from(conn: ClusterConnection) -> Self {
-        Self::Cluster(conn)
-    }
-}
-
 impl ConnectionLike for RedisConn {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         match self {
             Self::Node(c) => c.req_packed_command(cmd),
-            Self::Cluster(c) => c.req_packed_command(cmd),
+            Self::Cluster(link) => {
+                let (link, mut c) = (link.clone(), link.current());
+                Box::pin(async move {
+                    let result = c.req_packed_command(cmd).await;
+                    link.note(&result);
+                    result
+                })
+            }
         }
     }
 
@@ -80,12 +239,17 @@ impl ConnectionLike for RedisConn {
     ) -> RedisFuture<'a, Vec<Value>> {
         match self {
             Self::Node(c) => c.req_packed_commands(pipeline, offset, count),
-            Self::Cluster(c) => {
-                if pipeline.is_transaction() {
-                    c.req_packed_commands(pipeline, offset, count)
-                } else {
-                    Box::pin(split_by_slot(c.clone(), pipeline))
-                }
+            Self::Cluster(link) => {
+                let (link, mut c) = (link.clone(), link.current());
+                Box::pin(async move {
+                    let result = if pipeline.is_transaction() {
+                        c.req_packed_commands(pipeline, offset, count).await
+                    } else {
+                        split_by_slot(c, pipeline).await
+                    };
+                    link.note(&result);
+                    result
+                })
             }
         }
     }
@@ -93,7 +257,7 @@ impl ConnectionLike for RedisConn {
     fn get_db(&self) -> i64 {
         match self {
             Self::Node(c) => c.get_db(),
-            Self::Cluster(c) => c.get_db(),
+            Self::Cluster(link) => link.current().get_db(),
         }
     }
 }
@@ -176,7 +340,8 @@ impl RedisConn {
     pub async fn query_at<T: FromRedisValue>(&mut self, key: &str, cmd: &Cmd) -> RedisResult<T> {
         match self {
             Self::Node(c) => cmd.query_async(c).await,
-            Self::Cluster(c) => {
+            Self::Cluster(link) => {
+                let mut c = link.current();
                 let route = Route::with_key(key, SlotAddr::Master);
                 let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
                 let value = c.route_command(cmd.clone(), routing).await?;
@@ -190,7 +355,8 @@ impl RedisConn {
     pub async fn query_masters<T: FromRedisValue>(&mut self, cmd: &Cmd) -> RedisResult<Vec<T>> {
         match self {
             Self::Node(c) => Ok(vec![cmd.query_async(c).await?]),
-            Self::Cluster(c) => {
+            Self::Cluster(link) => {
+                let mut c = link.current();
                 let routing = RoutingInfo::MultiNode((MultipleNodeRoutingInfo::AllMasters, None));
                 let value = c.route_command(cmd.clone(), routing).await?;
                 let Value::Map(replies) = value else {
@@ -222,7 +388,8 @@ impl RedisConn {
                     .arg("COUNT")
                     .arg(1_000);
                 let (next, keys): (u64, Vec<String>) = match (&mut *self, master) {
-                    (Self::Cluster(c), Some(slot)) => {
+                    (Self::Cluster(link), Some(slot)) => {
+                        let mut c = link.current();
                         let route = Route::new(slot, SlotAddr::Master);
                         let routing =
                             RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(route));
@@ -245,10 +412,10 @@ impl RedisConn {
     /// `CLUSTER SLOTS`: routing by slot reaches a master whatever address it
     /// announces. Empty on a single node.
     pub async fn master_slots(&mut self) -> RedisResult<Vec<u16>> {
-        let Self::Cluster(c) = self else {
+        if !self.is_cluster() {
             return Ok(Vec::new());
-        };
-        let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(c).await?;
+        }
+        let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
         let mut seen = Vec::new();
         let mut slots = Vec::new();
         for range in ranges {
@@ -296,12 +463,12 @@ impl RedisConn {
                 let reply: Option<StreamReadReply> = cmd.query_async(c).await?;
                 return Ok(reply.map(|r| r.keys).unwrap_or_default());
             }
-            Self::Cluster(c) => c,
+            Self::Cluster(link) => link.clone(),
         };
         let deadline = block.map(|b| tokio::time::Instant::now() + b);
         loop {
             let reads = keys.iter().zip(ids).map(|(key, id)| {
-                let mut conn = c.clone();
+                let mut conn = RedisConn::Cluster(c.clone());
                 let mut cmd = head.clone();
                 cmd.arg("STREAMS").arg(key).arg(id);
                 async move { cmd.query_async::<Option<StreamReadReply>>(&mut conn).await }

@@ -20,7 +20,7 @@ use crate::error::{EngineError, redact_url};
 use crate::postgres::one_line;
 
 mod link;
-pub use link::{CLUSTER_POLL, RedisConn};
+pub use link::{CLUSTER_POLL, ClusterLink, HEAL_AFTER, RedisConn};
 
 /// What Redis said about memory eviction, as checked at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -126,12 +126,13 @@ async fn connect_cluster(url: &str, seeds: &[&str]) -> Result<RedisConn, EngineE
     let client = builder
         .build()
         .map_err(|e| unreachable(one_line(&e.to_string())))?;
-    let mut conn = client
+    let conn = client
         .get_async_connection()
         .await
         .map_err(|e| unreachable(one_line(&e.to_string())))?;
+    let mut conn = RedisConn::Cluster(ClusterLink::new(client, conn));
     answers(&mut conn, &unreachable).await?;
-    Ok(RedisConn::Cluster(conn))
+    Ok(conn)
 }
 
 /// The URL parameters that name certificate files: taken out of the URL before
