@@ -116,9 +116,12 @@ async fn connect_cluster(url: &str, seeds: &[&str]) -> Result<RedisConn, EngineE
         nodes.push(node);
         certs = certs.or(tls);
     }
+    // Shorter waits than on one node: a frozen master must not hold a
+    // command (or a reconnect, which asks every seed) past the API's 3 s
+    // deadline, and the cluster's own node timeout decides failovers anyway.
     let mut builder = redis::cluster::ClusterClientBuilder::new(nodes)
-        .connection_timeout(Duration::from_secs(3))
-        .response_timeout(Duration::from_secs(5))
+        .connection_timeout(Duration::from_secs(1))
+        .response_timeout(Duration::from_secs(2))
         .retries(2);
     if let Some(certs) = certs {
         builder = builder.certs(certs);
