@@ -738,6 +738,12 @@ impl Engine {
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         let parts = self.locate_parts(rid).await?;
         let shown = whole(parts.iter().map(|p| p.hold.clone()));
+        // Where the payment writes: the replicas of these slots' masters
+        // must hold it ([`crate::replicas`]).
+        let slots: Vec<u16> = parts
+            .iter()
+            .map(|p| crate::keys::key_slot(self.keys.hold(p.shard, rid).as_bytes()))
+            .collect();
         let outcome = match parts.as_slice() {
             [] => ConfirmOutcome::Unknown,
             [part] if part.cart.is_empty() => {
@@ -749,7 +755,7 @@ impl Engine {
         if let (Some(acks), ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed) =
             (&self.acks, &outcome)
         {
-            acks.wait().await?;
+            acks.wait(slots).await?;
         }
         let after = match outcome {
             ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed => {

@@ -6,10 +6,11 @@
 //! again. Every server watches which master serves each shard's slot
 //! ([`ShardMasters`], four times a second). When one changes, the server stops
 //! reserving on that shard ([`ShardFence`]: reservations there answer "not
-//! warmed", 503 with `Retry-After`, never sold out), reconciles the shard's SKUs
-//! against PostgreSQL (a counter showing more units than PostgreSQL allows is
-//! corrected down at once; holds and unrecorded sales that survived are
-//! counted), and resumes. Each step is logged, audited (`failover`,
+//! warmed", 503 with `Retry-After`, never sold out), rebuilds the shard's
+//! counters from PostgreSQL as after a loss (PostgreSQL's stock less the
+//! holds that survived), reconciles them, and resumes. A master restarted before the cluster could fail it over keeps
+//! its node id but not its run id: that counts as a change too, since it may
+//! have loaded data older than PostgreSQL's. Each step is logged, audited (`failover`,
 //! `failover_resumed`) and counted for `/metrics`.
 //!
 //! What this cannot bring back is a sale whose only trace was in the lost
@@ -65,6 +66,16 @@ impl ShardFence {
     }
 }
 
+/// A shard whose master changed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    /// The shard.
+    pub shard: u16,
+    /// The same node restarted (its run id changed, not its node id): it may
+    /// have loaded data older than PostgreSQL's.
+    pub restarted: bool,
+}
+
 /// The master (node id) serving each shard, as last seen.
 #[derive(Debug, Default)]
 pub struct ShardMasters {
@@ -75,7 +86,7 @@ impl ShardMasters {
     /// Reads which master serves each shard now (`CLUSTER SLOTS`) and returns
     /// the shards whose master is another than at the last look: none the
     /// first time, and none on a single node.
-    pub async fn changed(&mut self, engine: &Engine) -> Result<Vec<u16>, EngineError> {
+    pub async fn changed(&mut self, engine: &Engine) -> Result<Vec<Moved>, EngineError> {
         let mut conn = engine.connection();
         if !conn.is_cluster() {
             return Ok(Vec::new());
@@ -85,11 +96,20 @@ impl ShardMasters {
             .query_async(&mut conn)
             .await?;
         let ranges = master_ranges(&ranges);
+        // Each master's identity is its node id and its run id: a master
+        // restarted so fast that the cluster did not fail it over keeps its
+        // node id but not its run id, and may have come back with data older
+        // than PostgreSQL's (an RDB file it received as a replica once).
+        let mut identities: Vec<(u16, u16, String)> = Vec::with_capacity(ranges.len());
+        for (start, end, id) in ranges {
+            let run = run_id(&mut conn, start).await?;
+            identities.push((start, end, format!("{id}/{run}")));
+        }
         let keys = engine.keyspace();
         let now: Vec<Option<String>> = (0..keys.shards())
             .map(|shard| {
                 let slot = crate::keys::key_slot(keys.due(shard).as_bytes());
-                ranges
+                identities
                     .iter()
                     .find(|(start, end, _)| (*start..=*end).contains(&slot))
                     .map(|(_, _, id)| id.clone())
@@ -98,11 +118,17 @@ impl ShardMasters {
         let changed = match &self.seen {
             None => Vec::new(),
             Some(before) => (0..keys.shards())
-                .filter(|s| {
-                    let (b, n) = (&before[usize::from(*s)], &now[usize::from(*s)]);
+                .filter_map(|s| {
                     // A shard with no master right now (the cluster is still
                     // deciding) is not a change yet; the next look sees who won.
-                    n.is_some() && b.is_some() && b != n
+                    let (Some(b), Some(n)) = (&before[usize::from(s)], &now[usize::from(s)]) else {
+                        return None;
+                    };
+                    let node = |id: &str| id.split('/').next().unwrap_or_default().to_owned();
+                    (b != n).then(|| Moved {
+                        shard: s,
+                        restarted: node(b) == node(n),
+                    })
                 })
                 .collect(),
         };
@@ -114,6 +140,26 @@ impl ShardMasters {
         self.seen = Some(merged);
         Ok(changed)
     }
+}
+
+/// The `run_id` of the master serving `slot` (it changes on every restart).
+async fn run_id(conn: &mut crate::redis_conn::RedisConn, slot: u16) -> Result<String, EngineError> {
+    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+    let crate::redis_conn::RedisConn::Cluster(link) = conn else {
+        return Ok(String::new());
+    };
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+        slot,
+        SlotAddr::Master,
+    )));
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("server");
+    let value = link.current().route_command(cmd, routing).await?;
+    let text: String = redis::from_redis_value(value.extract_error()?)
+        .map_err(|e| EngineError::UnexpectedReply(e.to_string()))?;
+    Ok(crate::redis_conn::parse_info(&text)
+        .remove("run_id")
+        .unwrap_or_default())
 }
 
 /// `(first slot, last slot, master node id)` of each range in `CLUSTER SLOTS`.
@@ -177,7 +223,13 @@ pub async fn run_failover_watch(
                 continue;
             }
         };
-        let check = recheck(&engine, &pg, &stats, &moved);
+        let restarted: Vec<u16> = moved
+            .iter()
+            .filter(|m| m.restarted)
+            .map(|m| m.shard)
+            .collect();
+        let moved: Vec<u16> = moved.iter().map(|m| m.shard).collect();
+        let check = recheck(&engine, &pg, &stats, &moved, &restarted);
         tokio::select! {
             () = &mut shutdown => break,
             () = check => {}
@@ -186,7 +238,13 @@ pub async fn run_failover_watch(
 }
 
 /// Fences `moved`, reconciles them until a run succeeds, and lets them go.
-async fn recheck(engine: &Engine, pg: &PgPool, stats: &FailoverStats, moved: &[u16]) {
+async fn recheck(
+    engine: &Engine,
+    pg: &PgPool,
+    stats: &FailoverStats,
+    moved: &[u16],
+    restarted: &[u16],
+) {
     let started = Instant::now();
     engine.shard_fence().set(moved, true);
     // Every cluster connection starts over from the new map: one still
@@ -208,6 +266,18 @@ async fn recheck(engine: &Engine, pg: &PgPool, stats: &FailoverStats, moved: &[u
         serde_json::json!({ "shards": moved }),
     )
     .await;
+    // A master restarted in place may be back with old counters: rebuild
+    // those from PostgreSQL first. A promoted replica's counters are live
+    // (at most a few writes behind): reconciling them is enough.
+    while !restarted.is_empty() {
+        match rebuild(engine, pg, restarted).await {
+            Ok(()) => break,
+            Err(e) => {
+                tracing::warn!(error = %e, shards = ?restarted, "rebuilding restarted shards failed; retrying");
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        }
+    }
     let options = ReconcileOptions {
         trigger: "failover".into(),
         shards: Some(moved.to_vec()),
@@ -252,4 +322,29 @@ async fn recheck(engine: &Engine, pg: &PgPool, stats: &FailoverStats, moved: &[u
         }),
     )
     .await;
+}
+
+/// Builds the counters of `shards`' SKUs again from PostgreSQL, as after a
+/// loss: each counter is deleted, then warmed as a new one (PostgreSQL's stock
+/// less the holds Redis still has; a sale not yet recorded is applied when it
+/// is, see `lua/late.lua`). Not a forced warm-up: that keeps the live
+/// counter's own record of what it settled, and a counter that came back old
+/// would keep its old record and hand recorded sales back.
+async fn rebuild(engine: &Engine, pg: &PgPool, shards: &[u16]) -> Result<(), EngineError> {
+    let keys = engine.keyspace();
+    let skus: Vec<String> = sqlx::query_scalar("SELECT sku FROM skus")
+        .fetch_all(pg)
+        .await?
+        .into_iter()
+        .filter(|sku: &String| shards.contains(&keys.shard_of(sku)))
+        .collect();
+    for chunk in skus.chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for sku in chunk {
+            pipe.cmd("DEL").arg(keys.sku(sku)).ignore();
+        }
+        pipe.query_async::<()>(&mut engine.connection()).await?;
+    }
+    crate::warmup::warm_list(engine, pg, &skus).await?;
+    Ok(())
 }

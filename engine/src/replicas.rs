@@ -12,9 +12,9 @@
 //! finished before a round began is covered by that round, so concurrent
 //! payments share one round trip instead of queueing one `WAIT` each.
 //!
-//! On a Redis Cluster a round runs on every master at once, each `WAIT` sent
-//! to its master over the rounds' own cluster client, and the answer is the
-//! fewest replicas any master saw acknowledge.
+//! On a Redis Cluster a round runs for each slot the waiting payments wrote
+//! to, at once, each `WAIT` sent to that slot's master over the rounds' own
+//! cluster client: a payment waits only for the replicas of its own masters.
 
 use std::time::Duration;
 
@@ -28,10 +28,14 @@ use crate::keys::Keyspace;
 /// the round failed.
 type Answer = Result<i64, String>;
 
+/// A payment waiting: the slots its writes went to (ignored on one node), and
+/// where to send the answer.
+type Waiter = (Vec<u16>, oneshot::Sender<Answer>);
+
 /// The acknowledgement rounds' handle. Cheap to clone.
 #[derive(Debug, Clone)]
 pub struct ReplicaAcks {
-    waiters: mpsc::UnboundedSender<oneshot::Sender<Answer>>,
+    waiters: mpsc::UnboundedSender<Waiter>,
     wanted: u32,
     timeout: Duration,
 }
@@ -50,9 +54,11 @@ impl ReplicaAcks {
     }
 
     /// Waits until `wanted` replicas hold every write this process made before
-    /// the call; [`EngineError::ReplicasBehind`] when fewer acknowledged within
-    /// the timeout (the write stands on the master: a retry waits again).
-    pub async fn wait(&self) -> Result<(), EngineError> {
+    /// the call (on a cluster: of the masters serving `slots`, the slots the
+    /// payment wrote to, so a master that lost its replica holds up only its
+    /// own payments); [`EngineError::ReplicasBehind`] when fewer acknowledged
+    /// within the timeout (the write stands on the master: a retry waits again).
+    pub async fn wait(&self, slots: Vec<u16>) -> Result<(), EngineError> {
         let (tx, rx) = oneshot::channel();
         let behind = |acked, reason: Option<String>| EngineError::ReplicasBehind {
             wanted: self.wanted,
@@ -60,7 +66,7 @@ impl ReplicaAcks {
             timeout_ms: self.timeout.as_millis() as u64,
             reason: reason.map(|r| format!(": {r}")).unwrap_or_default(),
         };
-        if self.waiters.send(tx).is_err() {
+        if self.waiters.send((slots, tx)).is_err() {
             return Err(behind(0, Some("the acknowledgement task stopped".into())));
         }
         match rx.await {
@@ -76,7 +82,7 @@ async fn rounds(
     mut conn: RedisConn,
     wanted: u32,
     timeout: Duration,
-    mut rx: mpsc::UnboundedReceiver<oneshot::Sender<Answer>>,
+    mut rx: mpsc::UnboundedReceiver<Waiter>,
 ) {
     let mut ack_keys = std::collections::HashMap::new();
     while let Some(first) = rx.recv().await {
@@ -84,23 +90,37 @@ async fn rounds(
         while let Ok(more) = rx.try_recv() {
             waiters.push(more);
         }
-        let answer: Answer = match &mut conn {
-            RedisConn::Node(_) => one_round(&mut conn, wanted, timeout).await,
+        let answers: Vec<Answer> = match &mut conn {
+            RedisConn::Node(_) => {
+                let answer = one_round(&mut conn, wanted, timeout).await;
+                vec![answer; waiters.len()]
+            }
             RedisConn::Cluster(_) => {
-                every_master_round(&mut conn, &mut ack_keys, wanted, timeout).await
+                let mut slots: Vec<u16> = waiters.iter().flat_map(|(s, _)| s.clone()).collect();
+                slots.sort_unstable();
+                slots.dedup();
+                let by_slot = slot_rounds(&conn, &mut ack_keys, &slots, wanted, timeout).await;
+                waiters
+                    .iter()
+                    .map(|(mine, _)| {
+                        mine.iter()
+                            .map(|s| by_slot.get(s).cloned().unwrap_or(Ok(0)))
+                            .try_fold(i64::MAX, |least, a| a.map(|n| least.min(n)))
+                    })
+                    .collect()
             }
         };
-        if let Ok(acked) = answer
-            && acked < i64::from(wanted)
-        {
-            tracing::warn!(
-                acked,
-                wanted,
-                "payments wait for replicas that did not acknowledge in time; answering 503"
-            );
-        }
-        for waiter in waiters {
-            let _ = waiter.send(answer.clone());
+        for ((_, waiter), answer) in waiters.into_iter().zip(answers) {
+            if let Ok(acked) = answer
+                && acked < i64::from(wanted)
+            {
+                tracing::warn!(
+                    acked,
+                    wanted,
+                    "a payment waits for replicas that did not acknowledge in time; answering 503"
+                );
+            }
+            let _ = waiter.send(answer);
         }
     }
 }
@@ -120,27 +140,24 @@ async fn one_round(conn: &mut RedisConn, wanted: u32, timeout: Duration) -> Answ
         .map_err(|e| crate::postgres::one_line(&e.to_string()))
 }
 
-/// One round on a cluster: on every master at once, an `INCR` of a key in
-/// one of its slots and a `WAIT`, both sent to that master over the round's
-/// own client (one connection per node, so the `WAIT` covers the `INCR`, and
-/// the `INCR` follows every payment that master answered before). The fewest
-/// replicas any master's round saw acknowledge.
-async fn every_master_round(
-    conn: &mut RedisConn,
+/// One round on a cluster for each of `slots`, at once: an `INCR` of a key in
+/// the slot and a `WAIT`, both sent to the slot's master over the rounds' own
+/// client (one connection per node, so the `WAIT` covers the `INCR`, which
+/// follows every payment that master answered before). The replicas each
+/// slot's round saw acknowledge.
+async fn slot_rounds(
+    conn: &RedisConn,
     ack_keys: &mut std::collections::HashMap<u16, String>,
+    slots: &[u16],
     wanted: u32,
     timeout: Duration,
-) -> Answer {
+) -> std::collections::HashMap<u16, Answer> {
     use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
-    let slots = conn
-        .master_slots()
-        .await
-        .map_err(|e| crate::postgres::one_line(&e.to_string()))?;
     let RedisConn::Cluster(link) = conn else {
-        return Err("not a cluster connection".into());
+        return std::collections::HashMap::new();
     };
     let cluster = link.current();
-    let rounds = slots.into_iter().map(|slot| {
+    let rounds = slots.iter().map(|&slot| {
         let key = ack_keys
             .entry(slot)
             .or_insert_with(|| key_in_slot(slot))
@@ -153,19 +170,25 @@ async fn every_master_round(
                     SlotAddr::Master,
                 )))
             };
-            let mut incr = redis::cmd("INCR");
-            incr.arg(&key);
-            cluster.route_command(incr, at()).await?;
-            let mut wait = redis::cmd("WAIT");
-            wait.arg(wanted).arg(timeout.as_millis() as u64);
-            let acked = cluster.route_command(wait, at()).await?;
-            redis::from_redis_value::<i64>(acked).map_err(redis::RedisError::from)
+            let round = async {
+                let mut incr = redis::cmd("INCR");
+                incr.arg(&key);
+                cluster.route_command(incr, at()).await?;
+                let mut wait = redis::cmd("WAIT");
+                wait.arg(wanted).arg(timeout.as_millis() as u64);
+                let acked = cluster.route_command(wait, at()).await?;
+                redis::from_redis_value::<i64>(acked).map_err(redis::RedisError::from)
+            };
+            let answer = round
+                .await
+                .map_err(|e| crate::postgres::one_line(&e.to_string()));
+            (slot, answer)
         }
     });
-    futures_util::future::try_join_all(rounds)
+    futures_util::future::join_all(rounds)
         .await
-        .map(|acked| acked.into_iter().min().unwrap_or(0))
-        .map_err(|e| crate::postgres::one_line(&e.to_string()))
+        .into_iter()
+        .collect()
 }
 
 /// A key (`hf:ack:<n>`) that hashes to `slot`: found by trying, about 16,384

@@ -61,7 +61,20 @@ pub async fn connect(
     let acks = engine.confirm_replicas > 0;
     let pg = postgres::connect_and_migrate(database_url, pg_max_connections).await?;
     let mut backends = Backends::new(pg, redis, engine);
-    backends.engine.check_layout().await?;
+    // A cluster whose master just died answers errors until a replica takes
+    // over (a few seconds): wait for it rather than refuse to start.
+    let patience = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        match backends.engine.check_layout().await {
+            Err(EngineError::Redis(e))
+                if backends.redis.is_cluster() && tokio::time::Instant::now() < patience =>
+            {
+                tracing::warn!(error = %e, "Redis Cluster not ready yet (a failover under way?); retrying");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            other => break other?,
+        }
+    }
     if acks {
         // WAIT blocks its connection: the acknowledgements get their own.
         let conn = redis_conn::connect(redis_url).await?;

@@ -4,11 +4,11 @@
 //! command goes to the master of its key's slot, a script by its first key
 //! (every script keeps its keys in one slot: see [`crate::keys`]). A pipeline
 //! that is not a transaction is split by slot, one pipeline per slot sent to
-//! its master in the order of the slots' first commands, the replies put back
-//! in order: code that pipelines reads over many SKUs (warm, reconcile,
-//! figures) needs no cluster branch, and a claim pipelined before a script
-//! still runs first. It costs one round trip per slot the pipeline touches. A
-//! transaction (`MULTI`) must stay in one slot, as Redis requires.
+//! its master, the replies put back in order: code that pipelines reads over
+//! many SKUs (warm, reconcile, figures) needs no cluster branch. Reads go to
+//! every slot at once; a pipeline that writes runs its slots in the order of
+//! their first commands, so a claim pipelined before a script still runs
+//! first. A transaction (`MULTI`) must stay in one slot, as Redis requires.
 //!
 //! What has no key (a scan of one shard's keys, `CONFIG GET`, a lock listing)
 //! says where it goes: [`RedisConn::query_at`] (the master of a key's slot),
@@ -263,10 +263,11 @@ impl ConnectionLike for RedisConn {
 }
 
 /// Runs a non-transaction `pipeline` on a cluster: its commands grouped by
-/// slot, one pipeline per group, the groups one after another in the order of
-/// their first command (so a pipeline that claims an id and then runs a
-/// script keeps that order, as on one node); the replies put back in the
-/// pipeline's order. One round trip per slot the pipeline touches.
+/// slot, one pipeline per group; the replies put back in the pipeline's order.
+/// A pipeline that writes runs its groups one after another in the order of
+/// their first command (so one that claims an id and then runs a script keeps
+/// that order, as on one node): one round trip per slot it touches. One that
+/// only reads sends every group at once.
 async fn split_by_slot(conn: ClusterConnection, pipeline: &Pipeline) -> RedisResult<Vec<Value>> {
     let mut groups: Vec<(Option<u16>, Pipeline, Vec<usize>)> = Vec::new();
     for (i, cmd) in pipeline.cmd_iter().enumerate() {
@@ -285,15 +286,57 @@ async fn split_by_slot(conn: ClusterConnection, pipeline: &Pipeline) -> RedisRes
             }
         }
     }
-    let mut conn = conn;
     let mut ordered = vec![Value::Nil; pipeline.len()];
-    for (_, pipe, places) in &groups {
-        let values = conn.req_packed_commands(pipe, 0, pipe.len()).await?;
+    let replies: Vec<Vec<Value>> = if pipeline.cmd_iter().all(reads_only) {
+        // Nothing written: the order between slots cannot matter, so the
+        // groups go at once (a lookup of a hold in every shard is one round
+        // trip, not one per shard).
+        let sent = groups.iter().map(|(_, pipe, _)| {
+            let mut conn = conn.clone();
+            async move { conn.req_packed_commands(pipe, 0, pipe.len()).await }
+        });
+        try_join_all(sent).await?
+    } else {
+        let mut conn = conn;
+        let mut replies = Vec::with_capacity(groups.len());
+        for (_, pipe, _) in &groups {
+            replies.push(conn.req_packed_commands(pipe, 0, pipe.len()).await?);
+        }
+        replies
+    };
+    for ((_, _, places), values) in groups.iter().zip(replies) {
         for (place, value) in places.iter().zip(values) {
             ordered[*place] = value;
         }
     }
     Ok(ordered)
+}
+
+/// Whether `cmd` only reads (the read commands Holdfast pipelines).
+fn reads_only(cmd: &Cmd) -> bool {
+    let Some(redis::Arg::Simple(name)) = cmd.args_iter().next() else {
+        return false;
+    };
+    const READS: [&[u8]; 17] = [
+        b"GET",
+        b"MGET",
+        b"HGET",
+        b"HMGET",
+        b"HGETALL",
+        b"EXISTS",
+        b"TTL",
+        b"PTTL",
+        b"ZSCORE",
+        b"ZRANGE",
+        b"ZCARD",
+        b"ZRANGEBYSCORE",
+        b"XLEN",
+        b"XRANGE",
+        b"XREVRANGE",
+        b"XINFO",
+        b"XPENDING",
+    ];
+    READS.iter().any(|r| name.eq_ignore_ascii_case(r))
 }
 
 /// The first key of `cmd`, for the commands Holdfast pipelines: the argument
