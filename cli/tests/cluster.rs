@@ -66,6 +66,65 @@ async fn a_drop_on_a_cluster_with_three_servers_passes_every_truth_check() {
     assert!(ok, "verify on a cluster:\n{out}{err}");
 }
 
+/// The SKU the failover tests sell (150 units in the demo drop).
+const SKU: &str = "DROP-004";
+
+/// Server settings for the failover tests: no scheduled checks in the way, a
+/// quick reaper.
+const ENV: &[(&str, &str)] = &[
+    ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
+    ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
+    ("HOLDFAST_REAPER_INTERVAL_MS", "100"),
+];
+
+/// A drop on 3 masters with a replica each and one server, with the demo
+/// drop warmed and a token: what the failover tests start from.
+struct ClusterSale {
+    cluster: TestCluster,
+    redis: String,
+    db: String,
+    base: String,
+    pg: sqlx::PgPool,
+    token: String,
+    /// [`SKU`]'s stock.
+    stock: i64,
+    /// The node that is master of [`SKU`]'s shard.
+    victim: usize,
+    _pg_server: TestPostgres,
+    _server: common::KillOnDrop,
+}
+
+impl ClusterSale {
+    async fn start(env: &[(&str, &str)]) -> Self {
+        let cluster = TestCluster::start(3, 1);
+        let redis = cluster.url();
+        let pg_server = TestPostgres::start();
+        let db = pg_server.url("holdfast");
+        let served = common::serve_at(&redis, &db, env);
+        let base = served.1.clone();
+        let server = common::KillOnDrop(served.0);
+        let (pg, token) = common::demo_with_token(&redis, &db).await;
+        let (stock, _) = holdfast_engine::catalog::recorded(&pg, SKU)
+            .await
+            .unwrap()
+            .unwrap();
+        let keys = holdfast_engine::keys::Keyspace::default();
+        let victim = cluster.master_of(&keys.sku(SKU));
+        Self {
+            cluster,
+            redis,
+            db,
+            base,
+            pg,
+            token,
+            stock,
+            victim,
+            _pg_server: pg_server,
+            _server: server,
+        }
+    }
+}
+
 /// One sale attempt's answers: the reservation's status, the payment's
 /// (0 when none was made), and the longest of the two calls.
 struct Attempt {
@@ -103,29 +162,19 @@ enum Fault {
 }
 
 async fn sale_through_a_failover(fault: Fault) {
-    let mut cluster = TestCluster::start(3, 1);
-    let redis = cluster.url();
-    let pg_server = TestPostgres::start();
-    let db = pg_server.url("holdfast");
-    let served = common::serve_at(
-        &redis,
-        &db,
-        &[
-            ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
-            ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
-            ("HOLDFAST_REAPER_INTERVAL_MS", "100"),
-        ],
-    );
-    let base = served.1.clone();
-    let _server = common::KillOnDrop(served.0);
-    let (pg, token) = common::demo_with_token(&redis, &db).await;
-    let sku = "DROP-004";
-    let (stock, _) = holdfast_engine::catalog::recorded(&pg, sku)
-        .await
-        .unwrap()
-        .unwrap();
-    let keys = holdfast_engine::keys::Keyspace::default();
-    let victim = cluster.master_of(&keys.sku(sku));
+    let ClusterSale {
+        mut cluster,
+        redis,
+        db,
+        base,
+        pg,
+        token,
+        stock,
+        victim,
+        _pg_server,
+        _server,
+    } = ClusterSale::start(ENV).await;
+    let sku = SKU;
 
     let http = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
@@ -275,28 +324,19 @@ async fn sale_through_a_failover(fault: Fault) {
 /// the stock.
 #[tokio::test]
 async fn a_master_back_with_old_data_resells_nothing() {
-    let mut cluster = TestCluster::start(3, 1);
-    let redis = cluster.url();
-    let pg_server = TestPostgres::start();
-    let db = pg_server.url("holdfast");
-    let served = common::serve_at(
-        &redis,
-        &db,
-        &[
-            ("HOLDFAST_RECONCILE_EVERY_SECS", "0"),
-            ("HOLDFAST_VERIFY_EVERY_SECS", "0"),
-        ],
-    );
-    let base = served.1.clone();
-    let _server = common::KillOnDrop(served.0);
-    let (pg, token) = common::demo_with_token(&redis, &db).await;
-    let sku = "DROP-004";
-    let (stock, _) = holdfast_engine::catalog::recorded(&pg, sku)
-        .await
-        .unwrap()
-        .unwrap();
-    let keys = holdfast_engine::keys::Keyspace::default();
-    let victim = cluster.master_of(&keys.sku(sku));
+    let ClusterSale {
+        mut cluster,
+        redis,
+        db,
+        base,
+        pg,
+        token,
+        stock,
+        victim,
+        _pg_server,
+        _server,
+    } = ClusterSale::start(ENV).await;
+    let sku = SKU;
     let port = cluster.node(victim).port().to_string();
     let saved = std::process::Command::new("redis-cli")
         .args(["-p", &port, "SAVE"])

@@ -95,16 +95,20 @@ impl ShardMasters {
             .arg("SLOTS")
             .query_async(&mut conn)
             .await?;
-        let ranges = master_ranges(&ranges);
+        let ranges = crate::redis_conn::slot_ranges(&ranges);
         // Each master's identity is its node id and its run id: a master
         // restarted so fast that the cluster did not fail it over keeps its
         // node id but not its run id, and may have come back with data older
         // than PostgreSQL's (an RDB file it received as a replica once).
-        let mut identities: Vec<(u16, u16, String)> = Vec::with_capacity(ranges.len());
-        for (start, end, id) in ranges {
-            let run = run_id(&mut conn, start).await?;
-            identities.push((start, end, format!("{id}/{run}")));
-        }
+        let runs = futures_util::future::try_join_all(
+            ranges.iter().map(|r| run_id(conn.clone(), r.first)),
+        )
+        .await?;
+        let identities: Vec<(u16, u16, String)> = ranges
+            .into_iter()
+            .zip(runs)
+            .map(|(r, run)| (r.first, r.last, format!("{}/{run}", r.master_id)))
+            .collect();
         let keys = engine.keyspace();
         let now: Vec<Option<String>> = (0..keys.shards())
             .map(|shard| {
@@ -143,7 +147,7 @@ impl ShardMasters {
 }
 
 /// The `run_id` of the master serving `slot` (it changes on every restart).
-async fn run_id(conn: &mut crate::redis_conn::RedisConn, slot: u16) -> Result<String, EngineError> {
+async fn run_id(conn: crate::redis_conn::RedisConn, slot: u16) -> Result<String, EngineError> {
     use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
     let crate::redis_conn::RedisConn::Cluster(link) = conn else {
         return Ok(String::new());
@@ -160,25 +164,6 @@ async fn run_id(conn: &mut crate::redis_conn::RedisConn, slot: u16) -> Result<St
     Ok(crate::redis_conn::parse_info(&text)
         .remove("run_id")
         .unwrap_or_default())
-}
-
-/// `(first slot, last slot, master node id)` of each range in `CLUSTER SLOTS`.
-fn master_ranges(ranges: &[Value]) -> Vec<(u16, u16, String)> {
-    ranges
-        .iter()
-        .filter_map(|range| {
-            let Value::Array(parts) = range else {
-                return None;
-            };
-            let start: u16 = redis::from_redis_value_ref(parts.first()?).ok()?;
-            let end: u16 = redis::from_redis_value_ref(parts.get(1)?).ok()?;
-            let Value::Array(master) = parts.get(2)? else {
-                return None;
-            };
-            let id: String = redis::from_redis_value_ref(master.get(2)?).ok()?;
-            Some((start, end, id))
-        })
-        .collect()
 }
 
 /// What the failover watch counts, for `/metrics`.

@@ -445,23 +445,16 @@ impl TestCluster {
         let redis::Value::Array(ranges) = slots else {
             panic!("CLUSTER SLOTS: {slots:?}")
         };
-        for range in ranges {
-            let redis::Value::Array(parts) = range else {
-                continue;
-            };
-            let num = |v: &redis::Value| redis::from_redis_value_ref::<i64>(v).unwrap_or(-1);
-            let (start, end) = (num(&parts[0]), num(&parts[1]));
-            if (start..=end).contains(&slot) {
-                let redis::Value::Array(master) = &parts[2] else {
-                    continue;
-                };
-                let port = num(&master[1]);
-                return self
-                    .nodes
-                    .iter()
-                    .position(|n| i64::from(n.port) == port)
-                    .expect("the master is one of ours");
-            }
+        let slot = u16::try_from(slot).expect("a slot number");
+        if let Some(range) = crate::redis_conn::slot_ranges(&ranges)
+            .into_iter()
+            .find(|r| (r.first..=r.last).contains(&slot))
+        {
+            return self
+                .nodes
+                .iter()
+                .position(|n| n.port == range.master_port)
+                .expect("the master is one of ours");
         }
         panic!("no master serves slot {slot}")
     }

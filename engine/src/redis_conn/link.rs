@@ -65,8 +65,6 @@ struct Shared {
     failing_since: std::sync::Mutex<Option<Instant>>,
     /// When a fresh connection was last tried.
     last_reopen: std::sync::Mutex<Option<Instant>>,
-    /// Fresh connections opened so far.
-    reopened: std::sync::atomic::AtomicU64,
 }
 
 /// Every cluster link of this process, for [`ClusterLink::reopen_all`].
@@ -87,7 +85,6 @@ impl ClusterLink {
             conn: std::sync::RwLock::new(conn),
             failing_since: std::sync::Mutex::new(None),
             last_reopen: std::sync::Mutex::new(None),
-            reopened: std::sync::atomic::AtomicU64::new(0),
         });
         let mut links = LINKS
             .lock()
@@ -121,13 +118,6 @@ impl ClusterLink {
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
-    }
-
-    /// Fresh connections opened because the old one stopped answering.
-    pub fn reopened(&self) -> u64 {
-        self.shared
-            .reopened
-            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Notes how a command went; after [`HEAL_AFTER`] of nothing but
@@ -187,9 +177,6 @@ impl ClusterLink {
                     .conn
                     .write()
                     .unwrap_or_else(std::sync::PoisonError::into_inner) = fresh;
-                self.shared
-                    .reopened
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 tracing::warn!(
                     "opened a fresh Redis Cluster connection (the old one stopped answering, or the cluster failed over)"
                 );
@@ -461,23 +448,10 @@ impl RedisConn {
         let ranges: Vec<Value> = redis::cmd("CLUSTER").arg("SLOTS").query_async(self).await?;
         let mut seen = Vec::new();
         let mut slots = Vec::new();
-        for range in ranges {
-            // [start, end, [host, port, id, …], replicas…]
-            let Value::Array(parts) = range else { continue };
-            let start: Option<u16> = parts
-                .first()
-                .and_then(|v| redis::from_redis_value_ref(v).ok());
-            let id: Option<String> = match parts.get(2) {
-                Some(Value::Array(master)) => master
-                    .get(2)
-                    .and_then(|v| redis::from_redis_value_ref(v).ok()),
-                _ => None,
-            };
-            if let (Some(start), Some(id)) = (start, id)
-                && !seen.contains(&id)
-            {
-                seen.push(id);
-                slots.push(start);
+        for range in slot_ranges(&ranges) {
+            if !seen.contains(&range.master_id) {
+                seen.push(range.master_id);
+                slots.push(range.first);
             }
         }
         Ok(slots)
@@ -534,4 +508,40 @@ impl RedisConn {
             }
         }
     }
+}
+
+/// One range of `CLUSTER SLOTS`: its slots and the master serving them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SlotRange {
+    /// The first slot.
+    pub first: u16,
+    /// The last slot.
+    pub last: u16,
+    /// The master's port.
+    pub master_port: u16,
+    /// The master's node id.
+    pub master_id: String,
+}
+
+/// The ranges of a `CLUSTER SLOTS` reply (`[first, last, [host, port, id, …],
+/// replicas…]` each); malformed entries are skipped.
+pub fn slot_ranges(reply: &[Value]) -> Vec<SlotRange> {
+    let int = |v: Option<&Value>| v.and_then(|v| redis::from_redis_value_ref::<u16>(v).ok());
+    reply
+        .iter()
+        .filter_map(|range| {
+            let Value::Array(parts) = range else {
+                return None;
+            };
+            let Some(Value::Array(master)) = parts.get(2) else {
+                return None;
+            };
+            Some(SlotRange {
+                first: int(parts.first())?,
+                last: int(parts.get(1))?,
+                master_port: int(master.get(1))?,
+                master_id: redis::from_redis_value_ref(master.get(2)?).ok()?,
+            })
+        })
+        .collect()
 }

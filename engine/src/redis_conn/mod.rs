@@ -20,7 +20,7 @@ use crate::error::{EngineError, redact_url};
 use crate::postgres::one_line;
 
 mod link;
-pub use link::{CLUSTER_POLL, ClusterLink, HEAL_AFTER, RedisConn};
+pub use link::{CLUSTER_POLL, ClusterLink, HEAL_AFTER, RedisConn, SlotRange, slot_ranges};
 
 /// What Redis said about memory eviction, as checked at start-up.
 #[derive(Debug, Clone, PartialEq, Eq)]
