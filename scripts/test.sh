@@ -185,17 +185,17 @@ say "unit and integration tests (Redis: $REDIS_URL)"
 # The fault suite runs next, on its own, so its figures are printed.
 cargo test --workspace --exclude holdfast-frontend -- --skip the_fault_suite
 
-say "the engine's and the live suites again, each test Redis a one-node Redis Cluster (refuses cross-slot work)"
+say "the engine's and the live suites again, each test Redis a Redis Cluster of three masters (slots spread over three processes; cross-slot work refused)"
 # Every suite but the replica one (a cluster node cannot be made a plain
-# replica); engine/tests/cluster.rs and cli/tests/cluster.rs ran above on a
-# three-master cluster.
-HOLDFAST_TEST_CLUSTER=1 cargo test -p holdfast-engine \
+# replica); engine/tests/cluster.rs and cli/tests/cluster.rs also start their
+# own clusters, with replicas, and fail masters over.
+HOLDFAST_TEST_CLUSTER=3 cargo test -p holdfast-engine \
     --test bounds --test carts --test catalog --test cluster --test honesty \
     --test lifecycle --test model --test outage --test record --test reservations \
-    --test resilience --test schedule --test verify
+    --test resilience --test schedule --test verify --test drop_file
 # The server's suites for the webhook lanes, the badges and the dashboard's
 # live feed, the same way.
-HOLDFAST_TEST_CLUSTER=1 cargo test -p holdfast-server --test ingest --test badge --test dashboard
+HOLDFAST_TEST_CLUSTER=3 cargo test -p holdfast-server --test ingest --test badge --test dashboard
 HOLDFAST_PREPARED=1 "$HOLDFAST_ROOT/scripts/chaos.sh"
 
 say "the quick start: scripts/run.sh serves the demo (debug build)"

@@ -469,7 +469,7 @@ async fn serve(global: &GlobalArgs, args: ServeArgs) -> anyhow::Result<()> {
     let app = Application::build(global, args).await?;
     match &app.sign_in {
         SignIn::Demo(password) => println!(
-            "Demo sign-in: users admin, support and viewer, password '{password}' \
+            "Demo sign-in: users admin, support, merchandiser and viewer, password '{password}' \
              (unless they existed before with other passwords)"
         ),
         SignIn::FirstAdmin(password) => {

@@ -132,7 +132,9 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
     let (mut child, url, printed, _out) = common::serve(&redis, &pg_url, &[("HOLDFAST_DEMO", "1")]);
     assert!(url.starts_with("http://127.0.0.1:"), "{printed}");
     assert!(
-        printed.contains("Demo sign-in: users admin, support and viewer, password 'holdfast-demo'"),
+        printed.contains(
+            "Demo sign-in: users admin, support, merchandiser and viewer, password 'holdfast-demo'"
+        ),
         "{printed}"
     );
 
@@ -174,6 +176,16 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
         f.map(|f| (f.available, f.per_buyer_limit)),
         Some((2_000, 2)),
         "warmed with its limit"
+    );
+    // Every background worker runs on: none stops and is started again (the
+    // failover watch, with no cluster to watch, once returned at once).
+    tokio::time::sleep(std::time::Duration::from_secs(2)).await;
+    let metrics = common::metrics(&http, &url).await;
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l == "holdfast_worker_restarts_total 0"),
+        "{metrics}"
     );
     let _ = child.kill();
     let _ = child.wait();

@@ -213,12 +213,10 @@ pub fn check(sheet: &DropSheet, lines: &[u64]) -> Result<DropSchedule, Vec<Probl
         Ok(t) => schedule.ends_at = t,
         Err(m) => problems.push(at.drop_field("ends_at", "ends_at", m)),
     }
+    schedule = schedule.to_millis();
     if let Some(why) = schedule.problem() {
-        // Name the bound at fault: the start before 1970, else the end.
-        let field = if schedule
-            .starts_at
-            .is_some_and(|t| t.timestamp_millis() <= 0)
-        {
+        // Name the bound at fault: the start out of range, else the end.
+        let field = if why.starts_with("the start") {
             "starts_at"
         } else {
             "ends_at"
@@ -371,9 +369,20 @@ pub async fn import(
     let code = sheet.code.as_str();
     let skus: Vec<String> = sheet.skus.iter().map(|s| s.sku.clone()).collect();
     let mut tx = pg.begin().await?;
-    // An import of another drop listing the same SKUs waits: both cannot take
-    // one new SKU as new, nor schedule it in two drops.
-    lock_drop(&mut tx, code, &skus).await?;
+    // The drop first (another import of it or its schedule waits), then every
+    // SKU it will hold: the file's and those it keeps from before. An import
+    // or schedule of another drop sharing any of them waits (or is waited
+    // for): both cannot take one new SKU as new, nor schedule it in two drops.
+    lock_drop(&mut tx, code, &[]).await?;
+    let kept: Vec<String> = sqlx::query_scalar("SELECT sku FROM drop_skus WHERE drop_code = $1")
+        .bind(code)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut held = skus.clone();
+    held.extend(kept);
+    held.sort();
+    held.dedup();
+    lock_drop(&mut tx, code, &held).await?;
     type DropRow = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
     let drop: Option<DropRow> =
         sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1 FOR UPDATE")

@@ -99,24 +99,54 @@ impl ShardMasters {
         // Each master's identity is its node id and its run id: a master
         // restarted so fast that the cluster did not fail it over keeps its
         // node id but not its run id, and may have come back with data older
-        // than PostgreSQL's (an RDB file it received as a replica once).
-        let runs = futures_util::future::try_join_all(
-            ranges.iter().map(|r| run_id(conn.clone(), r.first)),
+        // than PostgreSQL's (an RDB file it received as a replica once). Run
+        // ids are asked of each master at once, at the address the cluster
+        // gave (not through the client's own map, which may still name a
+        // frozen old master); a master that does not answer keeps the run id
+        // last seen, so a frozen node never holds up seeing the others move.
+        let mut addresses: Vec<(String, u16)> = ranges
+            .iter()
+            .map(|r| (r.master_host.clone(), r.master_port))
+            .collect();
+        addresses.sort();
+        addresses.dedup();
+        let runs = futures_util::future::join_all(
+            addresses
+                .iter()
+                .map(|(host, port)| run_id(conn.clone(), host.clone(), *port)),
         )
-        .await?;
-        let identities: Vec<(u16, u16, String)> = ranges
-            .into_iter()
-            .zip(runs)
-            .map(|(r, run)| (r.first, r.last, format!("{}/{run}", r.master_id)))
+        .await;
+        let run_of = |host: &str, port: u16| {
+            addresses
+                .iter()
+                .position(|(h, p)| h == host && *p == port)
+                .and_then(|i| runs[i].as_ref().ok().cloned())
+        };
+        let identities: Vec<(u16, u16, String, Option<String>)> = ranges
+            .iter()
+            .map(|r| {
+                let run = run_of(&r.master_host, r.master_port);
+                (r.first, r.last, r.master_id.clone(), run)
+            })
             .collect();
         let keys = engine.keyspace();
+        let node = |id: &str| id.split('/').next().unwrap_or_default().to_owned();
         let now: Vec<Option<String>> = (0..keys.shards())
             .map(|shard| {
                 let slot = crate::keys::key_slot(keys.due(shard).as_bytes());
-                identities
+                let (_, _, master, run) = identities
                     .iter()
-                    .find(|(start, end, _)| (*start..=*end).contains(&slot))
-                    .map(|(_, _, id)| id.clone())
+                    .find(|(start, end, _, _)| (*start..=*end).contains(&slot))?;
+                let before = self
+                    .seen
+                    .as_ref()
+                    .and_then(|seen| seen[usize::from(shard)].clone());
+                Some(match (run, before) {
+                    (Some(run), _) => format!("{master}/{run}"),
+                    // No answer from the master: same node, same run as before.
+                    (None, Some(before)) if node(&before) == *master => before,
+                    (None, _) => format!("{master}/"),
+                })
             })
             .collect();
         let changed = match &self.seen {
@@ -128,10 +158,14 @@ impl ShardMasters {
                     let (Some(b), Some(n)) = (&before[usize::from(s)], &now[usize::from(s)]) else {
                         return None;
                     };
-                    let node = |id: &str| id.split('/').next().unwrap_or_default().to_owned();
-                    (b != n).then(|| Moved {
+                    let run = |id: &str| id.split('/').nth(1).unwrap_or_default().to_owned();
+                    // The same node with a run id not known on one side is
+                    // no news: only a new node or a new known run id is.
+                    let restarted = node(b) == node(n);
+                    let unknown = run(b).is_empty() || run(n).is_empty();
+                    (b != n && !(restarted && unknown)).then_some(Moved {
                         shard: s,
-                        restarted: node(b) == node(n),
+                        restarted,
                     })
                 })
                 .collect(),
@@ -146,16 +180,17 @@ impl ShardMasters {
     }
 }
 
-/// The `run_id` of the master serving `slot` (it changes on every restart).
-async fn run_id(conn: crate::redis_conn::RedisConn, slot: u16) -> Result<String, EngineError> {
-    use redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
+/// The `run_id` of the master at `host:port` (it changes on every restart).
+async fn run_id(
+    conn: crate::redis_conn::RedisConn,
+    host: String,
+    port: u16,
+) -> Result<String, EngineError> {
+    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
     let crate::redis_conn::RedisConn::Cluster(link) = conn else {
         return Ok(String::new());
     };
-    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
-        slot,
-        SlotAddr::Master,
-    )));
+    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
     let mut cmd = redis::cmd("INFO");
     cmd.arg("server");
     let value = link.current().route_command(cmd, routing).await?;
@@ -182,8 +217,9 @@ pub const WATCH_EVERY: Duration = Duration::from_millis(250);
 
 /// Watches the cluster's masters until `shutdown`: a shard whose master
 /// changed is fenced, reconciled against PostgreSQL (retried until it
-/// succeeds: a shard is never let go unchecked) and let go. Does nothing on a
-/// single node.
+/// succeeds: a shard is never let go unchecked) and let go. On a single node
+/// there is nothing to watch: it only waits for `shutdown` (returning early
+/// would read as a worker that stopped on its own, started again and again).
 pub async fn run_failover_watch(
     engine: Engine,
     pg: PgPool,
@@ -191,6 +227,7 @@ pub async fn run_failover_watch(
     shutdown: impl Future<Output = ()>,
 ) {
     if !engine.connection().is_cluster() {
+        shutdown.await;
         return;
     }
     tokio::pin!(shutdown);

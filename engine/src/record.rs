@@ -428,7 +428,8 @@ impl WriteBehind {
                     .key(ks.events(e.shard))
                     .arg(rid)
                     .arg(&e.sku)
-                    .arg(e.qty),
+                    .arg(e.qty)
+                    .arg(e.epoch.as_deref().unwrap_or_default()),
             );
         }
         pipe.query_async::<Vec<Value>>(&mut self.conn).await?;
@@ -458,6 +459,8 @@ struct SideRows {
     end_state: Vec<&'static str>,
     end_at: Vec<chrono::DateTime<chrono::Utc>>,
     end_oversold: Vec<i64>,
+    end_qty: Vec<i64>,
+    end_buyer: Vec<Option<String>>,
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -553,6 +556,8 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                 });
                 side.end_at.push(at);
                 side.end_oversold.push(e.oversold.unwrap_or(0));
+                side.end_qty.push(e.qty);
+                side.end_buyer.push(e.buyer.clone());
             }
             EventKind::Snapshot if e.version.is_some() => {
                 side.version_sku.push(e.sku.clone());
@@ -602,11 +607,24 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
 /// Records new holds and how holds ended, raises snapshot versions and opens
 /// oversell remediations.
 async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(), EngineError> {
+    // Servers share a shard's events between their consumers, so a hold's
+    // end can be recorded before the hold itself (another server's batch
+    // committed first). Both statements are upserts that meet in either
+    // order: an end recorded first leaves the row with its end (and the end's
+    // time as a stand-in creation time), and the hold's own row then fills in
+    // what it knows; an end never lands on a row already ended. Each batch
+    // keeps one row per hold line (an upsert may touch a row once).
     if !side.hold_rid.is_empty() {
         sqlx::query(
             "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at)
-             SELECT * FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
-             ON CONFLICT (reservation_id, sku) DO NOTHING",
+             SELECT DISTINCT ON (rid, sku) rid, sku, qty, buyer, at
+               FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
+                    AS t(rid, sku, qty, buyer, at)
+              ORDER BY rid, sku, at
+             ON CONFLICT (reservation_id, sku) DO UPDATE
+                SET qty = EXCLUDED.qty,
+                    buyer = coalesce(EXCLUDED.buyer, holds.buyer),
+                    created_at = least(holds.created_at, EXCLUDED.created_at)",
         )
         .bind(&side.hold_rid)
         .bind(&side.hold_sku)
@@ -619,16 +637,26 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
     if !side.end_rid.is_empty() {
         // After the inserts above: a hold made and ended in one batch ends too.
         sqlx::query(
-            "UPDATE holds h SET ended_at = t.at, end_state = t.state, oversold_units = t.oversold
-               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[])
-                    AS t(rid, sku, state, at, oversold)
-              WHERE h.reservation_id = t.rid AND h.sku = t.sku AND h.ended_at IS NULL",
+            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
+                                oversold_units)
+             SELECT DISTINCT ON (rid, sku) rid, sku, qty, buyer, at, at, state, oversold
+               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[],
+                           $6::bigint[], $7::text[])
+                    AS t(rid, sku, state, at, oversold, qty, buyer)
+              ORDER BY rid, sku, at
+             ON CONFLICT (reservation_id, sku) DO UPDATE
+                SET ended_at = EXCLUDED.ended_at,
+                    end_state = EXCLUDED.end_state,
+                    oversold_units = EXCLUDED.oversold_units
+              WHERE holds.ended_at IS NULL",
         )
         .bind(&side.end_rid)
         .bind(&side.end_sku)
         .bind(&side.end_state)
         .bind(&side.end_at)
         .bind(&side.end_oversold)
+        .bind(&side.end_qty)
+        .bind(&side.end_buyer)
         .execute(&mut *tx)
         .await?;
     }

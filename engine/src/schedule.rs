@@ -40,9 +40,26 @@ pub struct DropSchedule {
 }
 
 impl DropSchedule {
+    /// This schedule to the millisecond, the precision Redis decides with
+    /// (`opens`/`closes` are Unix ms): finer digits would be kept by
+    /// PostgreSQL (to the microsecond) or dropped, and two bounds a fraction
+    /// of a millisecond apart would be one instant in Redis. Every schedule
+    /// taken in (files, the API, the command line) goes through this first.
+    pub fn to_millis(self) -> Self {
+        use chrono::SubsecRound;
+        Self {
+            starts_at: self.starts_at.map(|t| t.trunc_subsecs(3)),
+            ends_at: self.ends_at.map(|t| t.trunc_subsecs(3)),
+        }
+    }
+
     /// Why this schedule cannot be used, if it cannot.
     pub fn problem(&self) -> Option<&'static str> {
+        use chrono::Datelike;
         match (self.starts_at, self.ends_at) {
+            // RFC 3339 writes four-digit years: an export could not be read back.
+            (Some(s), _) if s.year() > 9999 => Some("the start must be before the year 10000"),
+            (_, Some(e)) if e.year() > 9999 => Some("the end must be before the year 10000"),
             (Some(s), Some(e)) if e <= s => Some("the end must come after the start"),
             // 0 means "no bound" in Redis: 1970-01-01T00:00:00Z itself is refused too.
             (Some(s), _) if s.timestamp_millis() <= 0 => Some("the start must be after 1970"),
@@ -97,6 +114,7 @@ pub async fn schedule_drop(
     code: &str,
     schedule: DropSchedule,
 ) -> Result<ScheduleOutcome, EngineError> {
+    let schedule = schedule.to_millis();
     if let Some(problem) = schedule.problem() {
         return Ok(ScheduleOutcome::Invalid(problem.to_owned()));
     }
@@ -144,11 +162,24 @@ pub(crate) async fn lock_drop(
     let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
     locks.sort();
     locks.insert(0, format!("holdfast:drop:{code}"));
+    take_locks(tx, &locks).await
+}
+
+/// Takes, until `tx` ends, the locks of `skus` (in code order), as
+/// [`lock_drop`] does after its drop's.
+async fn lock_skus(tx: &mut sqlx::PgConnection, skus: &[String]) -> Result<(), EngineError> {
+    let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
+    locks.sort();
+    take_locks(tx, &locks).await
+}
+
+/// Takes the advisory locks named `locks`, in their order, until `tx` ends.
+async fn take_locks(tx: &mut sqlx::PgConnection, locks: &[String]) -> Result<(), EngineError> {
     sqlx::query(
         "SELECT pg_advisory_xact_lock(hashtextextended(k, 0))
            FROM UNNEST($1::text[]) WITH ORDINALITY AS t(k, n) ORDER BY n",
     )
-    .bind(&locks)
+    .bind(locks)
     .execute(&mut *tx)
     .await?;
     Ok(())
@@ -203,6 +234,15 @@ pub(crate) async fn push_settings(
     .bind(code)
     .fetch_all(pg)
     .await?;
+    write_settings(engine, &settings).await
+}
+
+/// Writes each row's window and limit (`sku, opens, closes, limit`) into its
+/// SKU's counter; counts the counters written and the SKUs without one.
+async fn write_settings(
+    engine: &Engine,
+    settings: &[(String, i64, i64, Option<i32>)],
+) -> Result<(u64, u64), EngineError> {
     let (mut counters, mut not_warmed) = (0, 0);
     // A pipeline runs EVALSHA only: the script is loaded first (as warm-up does).
     engine
@@ -234,4 +274,43 @@ pub(crate) async fn push_settings(
         }
     }
     Ok((counters, not_warmed))
+}
+
+/// Writes the schedule and per-buyer limit PostgreSQL has into every counter
+/// that has others (an import or schedule whose process died between its
+/// commit and Redis); returns how many counters it corrected. Each SKU is
+/// read and written under its lock, so a change committed meanwhile is
+/// either read here or written after this (never undone by it). Servers run
+/// it at start and every minute.
+pub async fn follow_catalogue(engine: &Engine, pg: &PgPool) -> Result<u64, EngineError> {
+    let mut corrected = 0;
+    let mut after = String::new();
+    loop {
+        let rows = crate::warmup::stock_page(pg, &after, 500).await?;
+        let Some(last) = rows.last() else { break };
+        after = last.sku.clone();
+        let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
+        let settings = crate::verify::read_settings(engine, &skus).await?;
+        let off: Vec<String> = rows
+            .iter()
+            .zip(settings)
+            .filter(|(row, set)| *set != row.settings())
+            .map(|(row, _)| row.sku.clone())
+            .collect();
+        if off.is_empty() {
+            continue;
+        }
+        let mut tx = pg.begin().await?;
+        lock_skus(&mut tx, &off).await?;
+        let settings: Vec<(String, i64, i64, Option<i32>)> = sqlx::query_as(&format!(
+            "SELECT s.sku, {WINDOW_COLUMNS}, s.per_buyer_limit
+               FROM skus s WHERE s.sku = ANY($1) ORDER BY s.sku"
+        ))
+        .bind(&off)
+        .fetch_all(&mut *tx)
+        .await?;
+        corrected += write_settings(engine, &settings).await?.0;
+        tx.commit().await?;
+    }
+    Ok(corrected)
 }

@@ -15,7 +15,11 @@ use std::time::{Duration, Instant};
 /// plain server is a one-node Redis Cluster holding every slot: it refuses any
 /// command, pipeline transaction or script whose keys span slots, as a real
 /// cluster does, so a suite run that way proves the code it drives works on a
-/// cluster (the engine then talks to it through the cluster client).
+/// cluster (the engine then talks to it through the cluster client). With
+/// `HOLDFAST_TEST_CLUSTER=3` each plain server is a cluster of three masters
+/// (this node and two peers, no replicas): the slots, and so the shards, are
+/// spread over three processes, as in production, and kill and restart act on
+/// all three.
 pub struct TestRedis {
     port: u16,
     dir: tempfile::TempDir,
@@ -25,6 +29,9 @@ pub struct TestRedis {
     tls_ca: Option<PathBuf>,
     /// How this server takes part in a cluster.
     cluster: ClusterRole,
+    /// The other masters of its cluster, when it is the first of three
+    /// (`HOLDFAST_TEST_CLUSTER=3`); killed and restarted with it.
+    peers: Vec<TestRedis>,
 }
 
 /// How a [`TestRedis`] takes part in a Redis Cluster.
@@ -38,6 +45,24 @@ enum ClusterRole {
     Member,
 }
 
+/// The arguments that make a `redis-server` speak TLS only, presenting `ca`'s
+/// server certificate (clients are not asked for one).
+fn tls_args(ca: &TestCa) -> Vec<String> {
+    [
+        "--tls-cert-file",
+        &ca.file("server.crt"),
+        "--tls-key-file",
+        &ca.file("server.key"),
+        "--tls-ca-cert-file",
+        &ca.file("ca.crt"),
+        "--tls-auth-clients",
+        "no",
+    ]
+    .iter()
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
 /// The arguments that make a `redis-server` a cluster node (its state file in
 /// its own directory; a failed master's replica takes over after 2 s).
 const CLUSTER_ARGS: [&str; 6] = [
@@ -49,9 +74,20 @@ const CLUSTER_ARGS: [&str; 6] = [
     "2000",
 ];
 
-/// Whether plain test servers run as one-node clusters (`HOLDFAST_TEST_CLUSTER=1`).
+/// How many masters each plain test server's cluster has: 0 (a plain server),
+/// 1 (`HOLDFAST_TEST_CLUSTER=1`: one node holding every slot) or 3
+/// (`HOLDFAST_TEST_CLUSTER=3`).
+pub fn cluster_masters() -> usize {
+    match std::env::var("HOLDFAST_TEST_CLUSTER").as_deref() {
+        Ok("1") => 1,
+        Ok("3") => 3,
+        _ => 0,
+    }
+}
+
+/// Whether plain test servers run as clusters ([`cluster_masters`] is not 0).
 pub fn cluster_mode() -> bool {
-    std::env::var("HOLDFAST_TEST_CLUSTER").is_ok_and(|v| v == "1")
+    cluster_masters() > 0
 }
 
 impl TestRedis {
@@ -67,30 +103,33 @@ impl TestRedis {
     /// Like [`TestRedis::start`], with extra `redis-server` arguments (e.g.
     /// `["--maxmemory-policy", "allkeys-lru"]`).
     pub fn start_with(args: &[&str]) -> Self {
-        let role = if cluster_mode() {
-            ClusterRole::Alone
-        } else {
-            ClusterRole::None
-        };
-        Self::launch(args, None, role)
+        match cluster_masters() {
+            0 => Self::launch(args, None, ClusterRole::None),
+            1 => Self::launch(args, None, ClusterRole::Alone),
+            masters => {
+                let mut first = Self::launch(args, None, ClusterRole::Member);
+                first.peers = (1..masters)
+                    .map(|_| Self::launch(args, None, ClusterRole::Member))
+                    .collect();
+                let ports: Vec<u16> = first.nodes().map(|n| n.port).collect();
+                form_cluster(&ports, 0, None);
+                for node in first.nodes() {
+                    node.await_cluster_ok();
+                }
+                first
+            }
+        }
+    }
+
+    /// This node and its peers.
+    fn nodes(&self) -> impl Iterator<Item = &TestRedis> {
+        std::iter::once(self).chain(self.peers.iter())
     }
 
     /// A server that speaks TLS only (no plain port), presenting `ca`'s server
     /// certificate, with extra `args` (e.g. ACL users).
     pub fn start_tls(ca: &TestCa, args: &[&str]) -> Self {
-        let mut all: Vec<String> = [
-            "--tls-cert-file",
-            &ca.file("server.crt"),
-            "--tls-key-file",
-            &ca.file("server.key"),
-            "--tls-ca-cert-file",
-            &ca.file("ca.crt"),
-            "--tls-auth-clients",
-            "no",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect();
+        let mut all = tls_args(ca);
         all.extend(args.iter().map(|s| (*s).to_owned()));
         let all: Vec<&str> = all.iter().map(String::as_str).collect();
         Self::launch(&all, Some(ca.dir.path().join("ca.crt")), ClusterRole::None)
@@ -122,6 +161,7 @@ impl TestRedis {
             extra_args,
             tls_ca,
             cluster,
+            peers: Vec::new(),
         };
         redis.spawn();
         if cluster == ClusterRole::Alone {
@@ -133,8 +173,7 @@ impl TestRedis {
 
     /// Runs one command on this node (blocking), panicking on failure.
     fn command(&self, args: &[&str]) -> redis::Value {
-        let client = redis::Client::open(format!("redis://127.0.0.1:{}", self.port))
-            .expect("a test redis URL");
+        let client = crate::redis_conn::client(&self.node_url()).expect("a test redis URL");
         let mut conn = client
             .get_connection()
             .expect("connect to a test redis-server");
@@ -186,6 +225,18 @@ impl TestRedis {
     /// The URL of this server: `redis://`, or for a TLS server `rediss://` naming
     /// the test CA (`ssl_ca_certs`).
     pub fn url(&self) -> String {
+        if !self.peers.is_empty() {
+            return self
+                .nodes()
+                .map(Self::node_url)
+                .collect::<Vec<_>>()
+                .join(",");
+        }
+        self.node_url()
+    }
+
+    /// This one node's URL.
+    fn node_url(&self) -> String {
         match &self.tls_ca {
             None => format!("redis://127.0.0.1:{}", self.port),
             Some(ca) => format!(
@@ -206,21 +257,33 @@ impl TestRedis {
         self.dir.path()
     }
 
-    /// Kills the server (SIGKILL: no chance to save anything) and waits for it to exit.
+    /// Kills the server (SIGKILL: no chance to save anything) and waits for it
+    /// to exit; with its peers, when it has some.
     pub fn kill(&mut self) {
+        for peer in &mut self.peers {
+            peer.kill();
+        }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
             let _ = child.wait();
         }
     }
 
-    /// Starts the server again on the same port, empty (nothing is persisted;
-    /// a cluster node keeps its place and slots, from its `nodes.conf`).
+    /// Starts the server (and its peers) again on the same ports, empty
+    /// (nothing is persisted; a cluster node keeps its place and slots, from
+    /// its `nodes.conf`).
     pub fn restart(&mut self) {
         self.kill();
         self.spawn();
-        if self.cluster == ClusterRole::Alone {
-            self.await_cluster_ok();
+        for peer in &mut self.peers {
+            peer.spawn();
+        }
+        // A member of a `TestCluster` is left to rejoin at its own pace (tests
+        // watch that happen); a suite's cluster must be whole again.
+        if self.cluster == ClusterRole::Alone || !self.peers.is_empty() {
+            for node in self.nodes() {
+                node.await_cluster_ok();
+            }
         }
     }
 
@@ -360,29 +423,29 @@ impl TestCluster {
     /// `cluster_state:ok` (about 2 s: Redis' own delay before a new cluster
     /// takes writes).
     pub fn start(masters: usize, replicas: usize) -> Self {
+        Self::launch(masters, replicas, &[], None)
+    }
+
+    /// Like [`TestCluster::start`], every node speaking TLS only (clients,
+    /// the cluster bus and replication), presenting `ca`'s certificate.
+    pub fn start_tls(ca: &TestCa, masters: usize, replicas: usize) -> Self {
+        let mut args = tls_args(ca);
+        args.extend(["--tls-cluster", "yes", "--tls-replication", "yes"].map(str::to_owned));
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        Self::launch(masters, replicas, &args, Some(ca))
+    }
+
+    fn launch(masters: usize, replicas: usize, args: &[&str], ca: Option<&TestCa>) -> Self {
         assert!(
             masters >= 3,
             "redis-cli forms clusters of three masters or more"
         );
+        let ca_file = ca.map(|ca| ca.dir.path().join("ca.crt"));
         let nodes: Vec<TestRedis> = (0..masters * (1 + replicas))
-            .map(|_| TestRedis::launch(&[], None, ClusterRole::Member))
+            .map(|_| TestRedis::launch(args, ca_file.clone(), ClusterRole::Member))
             .collect();
-        let mut create = Command::new("redis-cli");
-        create.arg("--cluster").arg("create");
-        for node in &nodes {
-            create.arg(format!("127.0.0.1:{}", node.port));
-        }
-        let out = create
-            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
-            .stdin(Stdio::null())
-            .output()
-            .expect("run redis-cli --cluster create (is redis-tools installed?)");
-        assert!(
-            out.status.success(),
-            "redis-cli --cluster create failed:\n{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let ports: Vec<u16> = nodes.iter().map(|n| n.port).collect();
+        form_cluster(&ports, replicas, ca_file.as_deref());
         for node in &nodes {
             node.await_cluster_ok();
         }
@@ -460,6 +523,30 @@ impl TestCluster {
     }
 }
 
+/// Forms a cluster of the nodes on `ports` with `redis-cli --cluster create`,
+/// `replicas` replicas per master; over TLS verified by `ca_file` when given.
+fn form_cluster(ports: &[u16], replicas: usize, ca_file: Option<&Path>) {
+    let mut create = Command::new("redis-cli");
+    if let Some(ca_file) = ca_file {
+        create.arg("--tls").arg("--cacert").arg(ca_file);
+    }
+    create.arg("--cluster").arg("create");
+    for port in ports {
+        create.arg(format!("127.0.0.1:{port}"));
+    }
+    let out = create
+        .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli --cluster create (is redis-tools installed?)");
+    assert!(
+        out.status.success(),
+        "redis-cli --cluster create failed:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 impl Drop for TestRedis {
     fn drop(&mut self) {
         self.kill();
@@ -524,10 +611,12 @@ impl TestCa {
             &format!("req {ec} -keyout server.key -out server.csr"),
             &["-subj", "/CN=localhost"],
         );
+        // Client use too: cluster nodes present it to each other on the
+        // cluster bus, which always asks for a certificate.
         std::fs::write(
             ca.dir.path().join("server.ext"),
             "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth\n",
+             keyUsage=critical,digitalSignature\nextendedKeyUsage=serverAuth,clientAuth\n",
         )
         .expect("write the certificate extensions");
         ca.openssl(

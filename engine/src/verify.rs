@@ -16,7 +16,9 @@
 //! 8. every oversell has been seen by support (no open `oversold` remediation);
 //! 9. every counter has the drop schedule and per-buyer limit PostgreSQL has
 //!    for its SKU (a half-finished import or reschedule, or another Redis);
-//! 10. no stock change from a drop import has waited long for the ledger.
+//! 10. no stock change from a drop import has waited long for the ledger;
+//! 11. every SKU has its counter (one without answers "not warmed": nothing is
+//!     sold wrong, but nothing sells).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -132,11 +134,7 @@ async fn counters_and_equation(
                 not_warmed += 1;
                 continue;
             };
-            let wanted = [
-                row.opens_ms,
-                row.closes_ms,
-                i64::from(row.per_buyer_limit.unwrap_or(0)),
-            ];
+            let wanted = row.settings();
             if set != wanted {
                 unfollowed += 1;
                 report.skus.push(SkuViolation {
@@ -180,9 +178,15 @@ async fn counters_and_equation(
     report.check(
         "stock conserved (available + reserved + sold_pending - owed = on_hand)",
         drifted == 0,
+        format!("{drifted} SKU(s) drifting, {} checked", report.checked),
+    );
+    report.check(
+        "every SKU warmed (has its counter in Redis)",
+        not_warmed == 0,
         format!(
-            "{drifted} SKU(s) drifting, {not_warmed} not warmed, {} checked",
-            report.checked
+            "{not_warmed} SKU(s) without a counter answer \"not warmed\" and sell nothing \
+             (a server warms every counter again by itself after Redis lost its data; \
+             else run `holdfast warm`)"
         ),
     );
     Ok(())

@@ -78,6 +78,16 @@ pub(crate) struct StockRow {
 }
 
 impl StockRow {
+    /// The counter's `opens`, `closes` and `limit` as PostgreSQL has them
+    /// (0 where unset), as `verify::read_settings` reads them from Redis.
+    pub(crate) fn settings(&self) -> [i64; 3] {
+        [
+            self.opens_ms,
+            self.closes_ms,
+            i64::from(self.per_buyer_limit.unwrap_or(0)),
+        ]
+    }
+
     /// What PostgreSQL has recorded for this SKU.
     pub(crate) fn recorded(&self) -> Recorded {
         Recorded {
@@ -298,6 +308,9 @@ impl Warming {
             // counter is written, so no redelivery slips in. The rows are locked,
             // so the ledger cannot gain one of theirs meanwhile.
             report.guards += restore_guards(engine, &mut tx, &missing).await?;
+            // The per-buyer counters went with them: what each buyer bought
+            // (PostgreSQL's confirmed holds) counts against the limit again.
+            restore_buyers(engine, &mut tx, &missing).await?;
         }
         let orphans = open_holds(engine, &rows, &current).await?;
         let mut pipe = redis::pipe();
@@ -344,6 +357,45 @@ impl Warming {
         report.skus += rows.len() as u64;
         Ok(rows.last().map(|r| r.sku.clone()))
     }
+}
+
+/// Sets the per-buyer counter of every buyer who bought units of `skus`
+/// within the counter's lifetime (PostgreSQL's confirmed holds; open holds
+/// went with Redis' data and their units are on sale again), for the rest of
+/// that lifetime; a counter that still exists is left as it is.
+async fn restore_buyers(
+    engine: &Engine,
+    pg: &mut sqlx::PgConnection,
+    skus: &[&str],
+) -> Result<(), EngineError> {
+    let ttl_ms = engine.config.buyer_ttl.as_millis() as i64;
+    let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
+        "SELECT h.sku, h.buyer, sum(h.qty)::bigint,
+                $2 - (extract(epoch FROM now() - max(h.created_at)) * 1000)::bigint AS left_ms
+           FROM holds h JOIN skus s ON s.sku = h.sku
+          WHERE h.sku = ANY($1) AND s.per_buyer_limit IS NOT NULL AND h.buyer IS NOT NULL
+            AND h.buyer <> '' AND h.end_state = 'confirmed'
+            AND h.created_at > now() - make_interval(secs => $2 / 1000.0)
+          GROUP BY h.sku, h.buyer",
+    )
+    .bind(skus)
+    .bind(ttl_ms)
+    .fetch_all(&mut *pg)
+    .await?;
+    for chunk in rows.chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for (sku, buyer, units, left_ms) in chunk {
+            pipe.cmd("SET")
+                .arg(engine.keys.buyer(sku, buyer))
+                .arg(units)
+                .arg("NX")
+                .arg("PX")
+                .arg((*left_ms).max(1))
+                .ignore();
+        }
+        pipe.query_async::<()>(&mut engine.conn.clone()).await?;
+    }
+    Ok(())
 }
 
 /// Sets the event guard of every feed event the ledger recorded for `skus`

@@ -826,6 +826,52 @@ async fn a_schedule_racing_an_import_of_a_drop_sharing_its_skus_leaves_one_sched
     }
 }
 
+/// A drop keeps the SKUs its file leaves out: an import scheduling it races a
+/// file scheduling another drop with one of those kept SKUs, and exactly one
+/// of the two wins (the import locks the SKUs it keeps, not only its file's).
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn an_import_scheduling_a_drop_locks_the_skus_it_keeps(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    let import = |file| spawn_import(&b, file);
+    let other = |starts: &str| {
+        drop_file::parse(
+            &format!("drop,starts_at,sku,product,stock\nother,{starts},KEEP-Y,P,5\n"),
+            Format::Csv,
+        )
+        .unwrap()
+    };
+    // Drop "keep" holds 300 SKUs and KEEP-Y; its later files list only the 300.
+    let (mut sheet, mut lines) = three_hundred("keep", "KP", 10, "");
+    let (extra, _) = other("");
+    sheet.skus.extend(extra.skus);
+    lines.push(302);
+    import((sheet, lines)).await.unwrap();
+    for round in 0..6 {
+        for unscheduled in [three_hundred("keep", "KP", 10, ""), other("")] {
+            assert!(matches!(
+                import(unscheduled).await.unwrap(),
+                ImportOutcome::Done(_)
+            ));
+        }
+        let (k, o) = tokio::join!(
+            import(three_hundred("keep", "KP", 10, "2030-03-01T00:00:00Z")),
+            import(other("2030-04-01T00:00:00Z"))
+        );
+        let k_won = matches!(k.unwrap(), ImportOutcome::Done(_));
+        let o_won = matches!(o.unwrap(), ImportOutcome::Done(_));
+        assert!(k_won != o_won, "round {round}: keep {k_won}, other {o_won}");
+        let drops: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
+              WHERE ds.sku = 'KEEP-Y' AND (d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL)",
+        )
+        .fetch_one(&b.pg)
+        .await
+        .unwrap();
+        assert_eq!(drops, 1, "round {round}: KEEP-Y in one scheduled drop");
+    }
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn values_the_database_or_redis_would_refuse_are_refused_first(pg: PgPool) {
     let redis = TestRedis::start();
@@ -865,6 +911,70 @@ async fn values_the_database_or_redis_would_refuse_are_refused_first(pg: PgPool)
         .await
         .unwrap();
     assert_eq!(skus, 0);
+}
+
+/// Times are taken to the millisecond, the precision Redis decides with: a
+/// start and end a fraction of a millisecond apart are one instant (refused
+/// at `ends_at`, not a database error), a file with finer digits imports
+/// twice without a change the second time, and a year past 9999 (which RFC
+/// 3339 cannot write back) is refused.
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn drop_times_are_taken_to_the_millisecond(pg: PgPool) {
+    let redis = TestRedis::start();
+    let b = backends(pg, &redis.url()).await;
+    let file = |starts: &str, ends: &str| {
+        format!(
+            r#"{{"code": "prec", "starts_at": "{starts}", "ends_at": {ends},
+                "skus": [{{"sku": "PR-1", "product": "P", "stock": 3}}]}}"#
+        )
+    };
+    let refused = |outcome: ImportOutcome| match outcome {
+        ImportOutcome::Refused(problems) => problems
+            .iter()
+            .map(|p| format!("{}: {}", p.column, p.message))
+            .collect::<Vec<_>>(),
+        ImportOutcome::Done(report) => panic!("imported: {report:?}"),
+    };
+    let same_ms = file(
+        "2030-01-01T00:00:00.0000001Z",
+        r#""2030-01-01T00:00:00.0000002Z""#,
+    );
+    assert_eq!(
+        refused(import_text(&b, &same_ms, Format::Json, false).await),
+        ["ends_at: the end must come after the start"]
+    );
+    let y10k = file("2030-01-01T00:00:00Z", r#""9999-12-31T23:59:59-14:00""#);
+    assert_eq!(
+        refused(import_text(&b, &y10k, Format::Json, false).await),
+        ["ends_at: the end must be before the year 10000"]
+    );
+
+    let fine = file("2030-01-01T00:00:00.0005005Z", "null");
+    for round in 0..2 {
+        let ImportOutcome::Done(report) = import_text(&b, &fine, Format::Json, false).await else {
+            panic!("refused");
+        };
+        if round == 1 {
+            assert!(report.changes.is_empty(), "{:?}", report.changes);
+        }
+    }
+    let (_, schedule) = schedule::named_drop(&b.pg, "prec").await.unwrap().unwrap();
+    let starts = schedule.starts_at.unwrap();
+    assert_eq!(
+        (starts.timestamp(), starts.timestamp_subsec_nanos()),
+        (1_893_456_000, 0)
+    );
+    // The command line's path (and the dashboard's) refuses the same way.
+    let same = DropSchedule {
+        starts_at: Some("2031-01-01T00:00:00.0000001Z".parse().unwrap()),
+        ends_at: Some("2031-01-01T00:00:00.0000009Z".parse().unwrap()),
+    };
+    assert_eq!(
+        schedule::schedule_drop(&b.engine, &b.pg, "prec", same)
+            .await
+            .unwrap(),
+        ScheduleOutcome::Invalid("the end must come after the start".into())
+    );
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

@@ -174,6 +174,166 @@ async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
     );
 }
 
+/// The counter's own `settled` (sales it knows PostgreSQL has recorded).
+async fn settled(redis: &TestRedis, engine: &Engine, sku: &str) -> i64 {
+    redis::cmd("HGET")
+        .arg(engine.keyspace().sku(sku))
+        .arg("settled")
+        .query_async::<Option<i64>>(&mut redis.connection().await)
+        .await
+        .unwrap()
+        .unwrap_or_default()
+}
+
+/// A counter rebuilt while its holds stay (a master back with old data, whose
+/// counters the failover check builds again from PostgreSQL) already counts
+/// each earlier sale: the one recorded before the rebuild in its `settled`,
+/// the one recorded after by the late apply. Settling those sales afterwards,
+/// on holds that never saw their settle, must move nothing again, or the
+/// counter's `settled` runs ahead of PostgreSQL's `sold_recorded`.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn sales_from_before_a_rebuilt_counter_are_settled_once(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "RB-1", 50).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let rebuild = || async {
+        redis::cmd("DEL")
+            .arg(engine.keyspace().sku("RB-1"))
+            .query_async::<()>(&mut redis.connection().await)
+            .await
+            .unwrap();
+        holdfast_engine::warmup::warm_list(&engine, &pg, &["RB-1".to_owned()])
+            .await
+            .unwrap();
+    };
+
+    // Recorded before the rebuild, settled after it (the write-behind died
+    // between its commit and the settle).
+    sell(&engine, "early", "RB-1", 3).await;
+    let mut dying = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            fault: Some(Fault::AfterCommit),
+            ..config("dying")
+        },
+    );
+    dying.ensure_groups().await.unwrap();
+    assert!(dying.run_once().await.is_err(), "dies after its commit");
+    assert_eq!(counts(&pg, "RB-1").await, (3, 3, 47, 3));
+    rebuild().await;
+    assert_eq!(settled(&redis, &engine, "RB-1").await, 3, "from PostgreSQL");
+    let mut w = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            claim_idle: Duration::from_millis(1),
+            ..config("next")
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    w.reclaim_once().await.unwrap();
+    drain(&engine, &mut w).await;
+    assert_eq!(counts(&pg, "RB-1").await, (3, 3, 47, 3));
+    assert_eq!(settled(&redis, &engine, "RB-1").await, 3, "settled once");
+
+    // Sold before the rebuild, recorded after it.
+    sell(&engine, "late", "RB-1", 2).await;
+    rebuild().await;
+    drain(&engine, &mut w).await;
+    assert_eq!(counts(&pg, "RB-1").await, (5, 5, 45, 5));
+    assert_eq!(settled(&redis, &engine, "RB-1").await, 5, "settled once");
+    let f = engine.figures("RB-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold_pending), (45, 0, 0));
+    let report = holdfast_engine::verify::verify(&engine, &pg, &Default::default())
+        .await
+        .unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+}
+
+/// Servers share a shard's events, so a hold's end can be recorded before the
+/// hold: here one consumer takes the holds and stalls, another records their
+/// payments and releases first. Every hold still ends up recorded once, with
+/// its buyer, its own creation time and how it ended.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_hold_ended_before_it_is_recorded_is_recorded_with_its_end(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "OO-1", 50).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let mut w = worker(&engine, &pg, redis.connection().await, config("first"));
+    drain(&engine, &mut w).await;
+    for i in 0..4 {
+        let r = engine
+            .reserve(&ReserveRequest::single(format!("oo-{i}"), "OO-1", 1).for_buyer("ann"))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    // A stalled consumer takes the four hold events and records nothing.
+    let stream = engine.keyspace().events(engine.keyspace().shard_of("OO-1"));
+    let taken: redis::Value = redis::cmd("XREADGROUP")
+        .arg("GROUP")
+        .arg(holdfast_engine::record::GROUP)
+        .arg("stalled")
+        .arg("COUNT")
+        .arg(4)
+        .arg("STREAMS")
+        .arg(&stream)
+        .arg(">")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    assert!(!matches!(taken, redis::Value::Nil), "the holds were taken");
+    for i in 0..3 {
+        engine.confirm(&format!("oo-{i}")).await.unwrap();
+    }
+    engine.release("oo-3").await.unwrap();
+    // The ends are recorded first...
+    w.run_once().await.unwrap();
+    // ...then the holds, taken over from the stalled consumer.
+    let mut next = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            claim_idle: Duration::from_millis(1),
+            ..config("next")
+        },
+    );
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    next.reclaim_once().await.unwrap();
+    drain(&engine, &mut next).await;
+
+    type HoldRow = (String, i64, Option<String>, Option<String>, bool);
+    let rows: Vec<HoldRow> = sqlx::query_as(
+        "SELECT reservation_id, qty, buyer, end_state, created_at < ended_at
+           FROM holds WHERE sku = 'OO-1' ORDER BY reservation_id",
+    )
+    .fetch_all(&pg)
+    .await
+    .unwrap();
+    let ann = Some("ann".to_owned());
+    let ended = |state: &str| Some(state.to_owned());
+    assert_eq!(
+        rows,
+        [
+            ("oo-0".into(), 1, ann.clone(), ended("confirmed"), true),
+            ("oo-1".into(), 1, ann.clone(), ended("confirmed"), true),
+            ("oo-2".into(), 1, ann.clone(), ended("confirmed"), true),
+            ("oo-3".into(), 1, ann.clone(), ended("released"), true),
+        ]
+    );
+    assert_eq!(counts(&pg, "OO-1").await, (3, 3, 47, 3));
+}
+
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn two_consumers_record_each_sale_once(pg: PgPool) {
     let redis = TestRedis::start();
@@ -750,5 +910,50 @@ async fn consumers_left_by_gone_processes_are_forgotten() {
             .unwrap(),
         0,
         "no group: nothing to forget"
+    );
+}
+
+/// Per-buyer limits survive Redis losing its data: warm-up gives each buyer's
+/// counter back what PostgreSQL says they bought, so a buyer at the limit
+/// stays at it; a buyer whose hold was lost with Redis may hold again.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_buyer_at_the_limit_stays_there_after_redis_loses_its_data(pg: PgPool) {
+    let mut redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "BL-1", 50).await;
+    sqlx::query("UPDATE skus SET per_buyer_limit = 2 WHERE sku = 'BL-1'")
+        .execute(&pg)
+        .await
+        .unwrap();
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let hold =
+        |rid: &str, buyer: &str, qty| ReserveRequest::single(rid, "BL-1", qty).for_buyer(buyer);
+    let bought = engine.reserve(&hold("ann-1", "ann", 2)).await.unwrap();
+    assert!(
+        matches!(bought, ReserveOutcome::Reserved { .. }),
+        "{bought:?}"
+    );
+    engine.confirm("ann-1").await.unwrap();
+    let held = engine.reserve(&hold("bob-1", "bob", 2)).await.unwrap();
+    assert!(matches!(held, ReserveOutcome::Reserved { .. }), "{held:?}");
+    let mut w = worker(&engine, &pg, redis.connection().await, config("bl"));
+    drain(&engine, &mut w).await;
+
+    redis.restart();
+    let engine = redis.engine().await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let again = engine.reserve(&hold("ann-2", "ann", 1)).await.unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::LimitExceeded { .. }),
+        "ann bought 2 of 2: {again:?}"
+    );
+    let bob = engine.reserve(&hold("bob-2", "bob", 2)).await.unwrap();
+    assert!(
+        matches!(bob, ReserveOutcome::Reserved { .. }),
+        "bob's hold went with Redis: {bob:?}"
     );
 }

@@ -169,11 +169,7 @@ async fn the_schedule_survives_a_redis_loss_and_bad_schedules_change_nothing(poo
         .unwrap();
 
     // Redis loses everything; warm-up rebuilds the counters with the schedule.
-    let mut conn = redis::Client::open(redis.url())
-        .unwrap()
-        .get_multiplexed_async_connection()
-        .await
-        .unwrap();
+    let mut conn = redis.connection().await;
     let _: () = redis::cmd("FLUSHALL").query_async(&mut conn).await.unwrap();
     warm_all(&b.engine, &b.pg, WarmOptions::default(), |_| {})
         .await
@@ -252,4 +248,55 @@ async fn the_schedule_survives_a_redis_loss_and_bad_schedules_change_nothing(poo
             .unwrap(),
         ReserveOutcome::NotStarted { .. }
     ));
+}
+
+/// A counter left with another schedule or limit than PostgreSQL's (a process
+/// killed between an import's commit and its Redis writes) is corrected by
+/// `follow_catalogue`, which servers run at start and every minute; counters
+/// that already follow are left alone.
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn counters_left_behind_by_a_dead_process_follow_the_catalogue_again(pool: PgPool) {
+    let redis = TestRedis::start();
+    let b = demo(pool, &redis).await;
+    let opens = redis.now_ms().await + 3_600_000;
+    schedule::schedule_drop(
+        &b.engine,
+        &b.pg,
+        DEMO_DROP,
+        DropSchedule {
+            starts_at: at(opens),
+            ends_at: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        schedule::follow_catalogue(&b.engine, &b.pg).await.unwrap(),
+        0
+    );
+    // What a dead process left: the old window (none) and no limit.
+    redis::cmd("HSET")
+        .arg(b.engine.keyspace().sku("DROP-001"))
+        .arg(&["opens", "0", "limit", "0"])
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let early = b.engine.reserve(&hold("early", "DROP-001")).await.unwrap();
+    assert!(
+        matches!(early, ReserveOutcome::Reserved { .. }),
+        "{early:?}"
+    );
+    b.engine.release("early").await.unwrap();
+
+    assert_eq!(
+        schedule::follow_catalogue(&b.engine, &b.pg).await.unwrap(),
+        1
+    );
+    let f = b.engine.figures("DROP-001").await.unwrap().unwrap();
+    assert_eq!((f.opens_at_ms, f.per_buyer_limit), (opens, 2));
+    let refused = b.engine.reserve(&hold("again", "DROP-001")).await.unwrap();
+    assert!(
+        matches!(refused, ReserveOutcome::NotStarted { .. }),
+        "{refused:?}"
+    );
 }

@@ -2,8 +2,13 @@
 //! present a certificate from a CA the test creates: verified connections
 //! work, unverifiable ones are refused, and a wrong password is refused.
 
-use holdfast_engine::testkit::{TestCa, TestPostgres, TestRedis, stock};
-use holdfast_engine::{Engine, EngineConfig, EngineError, postgres, redis_conn};
+use std::time::Duration;
+
+use holdfast_engine::testkit::{TestCa, TestCluster, TestPostgres, TestRedis, stock};
+use holdfast_engine::{
+    ConfirmOutcome, Engine, EngineConfig, EngineError, ReserveOutcome, ReserveRequest, postgres,
+    redis_conn,
+};
 
 /// The reason a Redis connection to `url` was refused.
 async fn redis_refusal(url: &str) -> String {
@@ -71,6 +76,67 @@ async fn redis_over_tls_verifies_the_server_and_authenticates() {
     assert!(reason.contains("go together"), "{reason}");
     let reason = redis_refusal(&format!("redis://127.0.0.1:{port}/?ssl_ca_certs={ca_file}")).await;
     assert!(reason.contains("rediss://"), "{reason}");
+}
+
+/// A Redis Cluster whose nodes speak TLS only (to clients, to each other and
+/// to their replicas): seed URLs naming the CA reach every master, the engine
+/// sells on each of them and payments wait for their replica's
+/// acknowledgement over TLS; without the CA, or with another, it is refused.
+#[tokio::test]
+async fn a_cluster_over_tls_verifies_every_node() {
+    let ca = TestCa::new();
+    let cluster = TestCluster::start_tls(&ca, 3, 1);
+    let url = cluster.url();
+    assert!(
+        url.split(',').all(|seed| seed.starts_with("rediss://")),
+        "{url}"
+    );
+    let config = EngineConfig {
+        confirm_replicas: 1,
+        confirm_replica_timeout: Duration::from_secs(2),
+        ..EngineConfig::default()
+    };
+    let conn = redis_conn::connect(&url).await.unwrap();
+    assert!(conn.is_cluster(), "TLS seeds make a cluster connection");
+    let engine =
+        Engine::new(conn, config).with_replica_acks(redis_conn::connect(&url).await.unwrap());
+    engine.check_layout().await.unwrap();
+
+    let ks = engine.keyspace();
+    let skus = holdfast_engine::testkit::skus_in_distinct_shards(&engine, "TLSC", 12);
+    let masters: std::collections::HashSet<usize> =
+        skus.iter().map(|s| cluster.master_of(&ks.sku(s))).collect();
+    assert_eq!(masters.len(), 3, "the SKUs live on all three masters");
+    for (i, sku) in skus.iter().enumerate() {
+        stock(&engine, sku, 5).await;
+        let rid = format!("tls-{i}");
+        let held = engine
+            .reserve(&ReserveRequest::single(&rid, sku, 2))
+            .await
+            .unwrap();
+        assert!(matches!(held, ReserveOutcome::Reserved { .. }), "{held:?}");
+        assert_eq!(
+            engine.confirm(&rid).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+        let figures = engine.figures(sku).await.unwrap().expect("warmed");
+        assert_eq!((figures.available, figures.sold_pending), (3, 2), "{sku}");
+    }
+
+    // Without the CA, or with another, no node is trusted.
+    let seeds_without_ca: Vec<String> = url
+        .split(',')
+        .map(|seed| seed.split("/?").next().unwrap().to_owned())
+        .collect();
+    let reason = redis_refusal(&seeds_without_ca.join(",")).await;
+    assert!(reason.contains("certificate"), "{reason}");
+    let other = TestCa::new();
+    let with_other: Vec<String> = seeds_without_ca
+        .iter()
+        .map(|seed| format!("{seed}/?ssl_ca_certs={}", other.file("ca.crt")))
+        .collect();
+    let reason = redis_refusal(&with_other.join(",")).await;
+    assert!(reason.contains("certificate"), "{reason}");
 }
 
 #[tokio::test]

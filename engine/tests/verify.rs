@@ -83,6 +83,36 @@ async fn an_honest_store_passes_and_each_lie_is_named(pg: PgPool) {
     assert!(!report.passed());
 }
 
+/// A SKU whose counter is gone (a Redis that lost it) sells nothing: verify
+/// says so instead of passing with it counted aside, and passes again once
+/// warm-up writes it back.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_sku_without_its_counter_fails_verify_until_warmed(pg: PgPool) {
+    let (redis, b) = setup(&pg).await;
+    let options = VerifyOptions::default();
+    let keys = b.engine.keyspace();
+    redis::cmd("DEL")
+        .arg(keys.sku("VER-2"))
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let report = verify(&b.engine, &pg, &options).await.unwrap();
+    assert_eq!(
+        failed(&report),
+        ["every SKU warmed (has its counter in Redis)"],
+        "{:?}",
+        report.checks
+    );
+    let warmed = report.checks.iter().find(|c| !c.passed).unwrap();
+    assert!(warmed.detail.starts_with("1 SKU(s)"), "{}", warmed.detail);
+
+    warm_all(&b.engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let report = verify(&b.engine, &pg, &options).await.unwrap();
+    assert!(report.passed(), "{:?}", report.checks);
+}
+
 /// `verify` run again and again during a sale (carts over two shards being
 /// held, paid and released, single holds expiring) never blames a hold that
 /// merely moved between its reads: the hold and due-set check and the cart

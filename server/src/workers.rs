@@ -403,6 +403,10 @@ where
 /// and stock changes from drop imports that wait applied again.
 const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 
+/// Every how many of those ticks the counters' schedules and limits are
+/// compared with PostgreSQL's (a minute: it reads every SKU).
+const FOLLOW_EVERY_TICKS: u64 = 12;
+
 /// Every [`COUNTERS_EVERY`]: warms every counter again when Redis lost its data
 /// (see `warmup::rewarm_after_loss`), then applies the stock changes drop
 /// imports left waiting (Redis down or refusing writes, a process killed,
@@ -411,9 +415,23 @@ const COUNTERS_EVERY: Duration = Duration::from_secs(5);
 /// writes only missing counters, each change has its event guard).
 async fn counters_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
     let seen = Arc::new(tokio::sync::Mutex::new(None));
+    let ticks = Arc::new(AtomicU64::new(0));
     periodically(COUNTERS_EVERY, shutdown, || {
-        let (b, seen) = (backends.clone(), seen.clone());
+        let (b, seen, ticks) = (backends.clone(), seen.clone(), ticks.clone());
         async move {
+            // At start and then every [`FOLLOW_EVERY_TICKS`] ticks: counters
+            // a dead process left with an old schedule or limit follow
+            // PostgreSQL again.
+            if ticks.fetch_add(1, Ordering::Relaxed) % FOLLOW_EVERY_TICKS == 0 {
+                match holdfast_engine::schedule::follow_catalogue(&b.engine, &b.pg).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::warn!(
+                        counters = n,
+                        "counters given the schedule and per-buyer limit PostgreSQL has"
+                    ),
+                    Err(e) => tracing::warn!(error = %e, "checking counters' schedules failed"),
+                }
+            }
             let mut seen = seen.lock().await;
             // The layout record is written again when its master lost it,
             // so a process set to another shard count stays refused.

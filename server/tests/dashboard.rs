@@ -180,6 +180,37 @@ async fn every_server_function_refuses_roles_without_its_permission(pool: PgPool
     }
 }
 
+/// The Drops page's calls answer what went wrong with its status, never a
+/// 500: an unknown drop is 404, a file form other than CSV or JSON 400, and
+/// a merchandiser arming with the feeds paused 403 (pausing is for operators).
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_drops_pages_refusals_carry_their_status(pool: PgPool) {
+    let (dash, _redis, _b) = setup(pool).await;
+    let merchandiser = dash.login("merchandiser", PASSWORD).await;
+    for (path, form, want) in [
+        ("/api/drop_readiness", "code=nope", 404),
+        ("/api/drop_report", "code=nope", 404),
+        ("/api/export_drop", "code=nope&format=csv", 404),
+        ("/api/arm_drop", "code=nope&pause_feeds=false", 404),
+        ("/api/export_drop", "code=winter-launch&format=xml", 400),
+        (
+            "/api/import_drop",
+            "text=drop%2Csku&format=xml&dry_run=true&reason=x",
+            400,
+        ),
+        ("/api/arm_drop", "code=winter-launch&pause_feeds=true", 403),
+    ] {
+        let (status, text) = dash.own(path, form, Some(&merchandiser)).await;
+        assert_eq!(status, want, "{path} {form}: {text}");
+        assert!(
+            text.contains("No drop has the code 'nope'")
+                || text.contains("is not a file form")
+                || text.contains("for operators"),
+            "{path}: {text}"
+        );
+    }
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_forged_cross_site_call_is_refused_and_changes_nothing(pool: PgPool) {
     let (dash, _redis, b) = setup(pool).await;

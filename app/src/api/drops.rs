@@ -7,6 +7,24 @@ use holdfast_domain::readiness::Readiness;
 use holdfast_domain::report::DropReport;
 use holdfast_domain::sheet::ImportOutcome;
 
+/// The answer for a drop code nothing has: 404, said plainly.
+#[cfg(feature = "ssr")]
+fn no_drop(code: &str) -> ServerFnError {
+    crate::server::guard::refuse(
+        http::StatusCode::NOT_FOUND,
+        format!("No drop has the code '{}'.", code.trim()),
+    )
+}
+
+/// The answer for a file form other than CSV or JSON: 400.
+#[cfg(feature = "ssr")]
+fn not_a_form(format: &str) -> ServerFnError {
+    crate::server::guard::refuse(
+        http::StatusCode::BAD_REQUEST,
+        format!("'{format}' is not a file form: csv or json"),
+    )
+}
+
 /// Imports a drop file's `text` (`format`: csv or json) as its author
 /// (`dry_run`: reports the changes, writes nothing). A refused file is an
 /// answer (its problems), not an error.
@@ -23,8 +41,7 @@ pub async fn import_drop(
     use crate::server::guard;
 
     let caller = guard::authorize(Permission::EditDrops).await?;
-    let format = Format::named(&format)
-        .ok_or_else(|| ServerFnError::new(format!("'{format}' is not a file form: csv or json")))?;
+    let format = Format::named(&format).ok_or_else(|| not_a_form(&format))?;
     let (sheet, lines) = match drop_file::parse(&text, format) {
         Ok(read) => read,
         Err(problems) => return Ok(ImportOutcome::Refused(problems)),
@@ -55,12 +72,11 @@ pub async fn export_drop(code: String, format: String) -> Result<String, ServerF
     use crate::server::guard;
 
     let caller = guard::authorize(Permission::EditDrops).await?;
-    let format = Format::named(&format)
-        .ok_or_else(|| ServerFnError::new(format!("'{format}' is not a file form: csv or json")))?;
+    let format = Format::named(&format).ok_or_else(|| not_a_form(&format))?;
     let sheet = drop_file::export(&caller.backends.pg, code.trim())
         .await
         .map_err(guard::internal("Exporting the drop"))?
-        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))?;
+        .ok_or_else(|| no_drop(&code))?;
     Ok(drop_file::render(&sheet, format))
 }
 
@@ -75,7 +91,7 @@ pub async fn drop_readiness(code: String) -> Result<Readiness, ServerFnError> {
     holdfast_engine::arm::readiness(&caller.backends.engine, &caller.backends.pg, code.trim())
         .await
         .map_err(guard::internal("Checking the drop"))?
-        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))
+        .ok_or_else(|| no_drop(&code))
 }
 
 /// Arms drop `code` (warms its counters, writes its schedule and limits,
@@ -89,7 +105,8 @@ pub async fn arm_drop(code: String, pause_feeds: bool) -> Result<Readiness, Serv
 
     let caller = guard::authorize(Permission::EditDrops).await?;
     if pause_feeds && !caller.user.role.may(Permission::Operate) {
-        return Err(ServerFnError::new(
+        return Err(guard::refuse(
+            http::StatusCode::FORBIDDEN,
             "Pausing the feeds lane is for operators (they resume it too); arm without it, or ask an admin.",
         ));
     }
@@ -102,7 +119,7 @@ pub async fn arm_drop(code: String, pause_feeds: bool) -> Result<Readiness, Serv
     )
     .await
     .map_err(guard::internal("Arming the drop"))?
-    .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{code}'.")))?;
+    .ok_or_else(|| no_drop(&code))?;
     guard::audit(
         &caller,
         "arm_drop",
@@ -124,5 +141,5 @@ pub async fn load_drop_report(code: String) -> Result<DropReport, ServerFnError>
     holdfast_engine::report::drop_report(&caller.backends.pg, code.trim())
         .await
         .map_err(guard::internal("Reading the report"))?
-        .ok_or_else(|| ServerFnError::new(format!("No drop has the code '{}'.", code.trim())))
+        .ok_or_else(|| no_drop(&code))
 }

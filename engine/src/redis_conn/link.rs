@@ -517,6 +517,8 @@ pub struct SlotRange {
     pub first: u16,
     /// The last slot.
     pub last: u16,
+    /// The master's host, as the cluster announces it.
+    pub master_host: String,
     /// The master's port.
     pub master_port: u16,
     /// The master's node id.
@@ -539,6 +541,7 @@ pub fn slot_ranges(reply: &[Value]) -> Vec<SlotRange> {
             Some(SlotRange {
                 first: int(parts.first())?,
                 last: int(parts.get(1))?,
+                master_host: redis::from_redis_value_ref(master.first()?).ok()?,
                 master_port: int(master.get(1))?,
                 master_id: redis::from_redis_value_ref(master.get(2)?).ok()?,
             })
