@@ -28,7 +28,7 @@ fn instant(flag: &str, value: &str) -> anyhow::Result<Option<DateTime<Utc>>> {
 fn shown(at: Option<DateTime<Utc>>) -> String {
     at.map_or_else(
         || "none".to_owned(),
-        |t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        |t| t.to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true),
     )
 }
 
@@ -252,7 +252,7 @@ fn print_report(report: &holdfast_domain::report::DropReport) {
         report.ends_at.as_deref().unwrap_or("none")
     );
     println!(
-        "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>10}",
+        "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>9} {:>10}",
         "sku",
         "stock",
         "sold",
@@ -265,11 +265,12 @@ fn print_report(report: &holdfast_domain::report::DropReport) {
         "late",
         "shortfall",
         "peak/s",
+        "tries/s",
         "sold out"
     );
     for s in &report.skus {
         println!(
-            "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>10}",
+            "{:<16} {:>7} {:>7} {:>7} {:>9} {:>8} {:>8} {:>7} {:>5} {:>5} {:>9} {:>6} {:>9} {:>10}",
             s.sku,
             s.stock,
             s.units_sold,
@@ -282,6 +283,7 @@ fn print_report(report: &holdfast_domain::report::DropReport) {
             s.late_payments,
             s.shortfalls,
             s.peak_holds_per_second,
+            s.peak_attempts_per_second,
             s.sold_out_after_secs
                 .map_or_else(|| "-".to_owned(), |v| format!("{v:.1} s"))
         );

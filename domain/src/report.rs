@@ -32,6 +32,10 @@ pub struct SkuReport {
     pub shortfalls: i64,
     /// Most holds taken in one second.
     pub peak_holds_per_second: i64,
+    /// Most reservation attempts in one second, refusals included (counted
+    /// by every server, see `holdfast_engine::attempts`).
+    #[serde(default)]
+    pub peak_attempts_per_second: i64,
     /// Seconds from the start (or the first hold) to the hold that took the
     /// last unit sold; `null` while units remain unsold.
     pub sold_out_after_secs: Option<f64>,
@@ -74,7 +78,7 @@ pub struct TimelinePoint {
 }
 
 /// The report's CSV columns.
-pub const REPORT_COLUMNS: [&str; 14] = [
+pub const REPORT_COLUMNS: [&str; 15] = [
     "sku",
     "title",
     "stock",
@@ -88,6 +92,7 @@ pub const REPORT_COLUMNS: [&str; 14] = [
     "late_payments",
     "shortfalls",
     "peak_holds_per_second",
+    "peak_attempts_per_second",
     "sold_out_after_secs",
 ];
 
@@ -111,6 +116,7 @@ impl DropReport {
                 s.late_payments.to_string(),
                 s.shortfalls.to_string(),
                 s.peak_holds_per_second.to_string(),
+                s.peak_attempts_per_second.to_string(),
                 s.sold_out_after_secs
                     .map(|v| format!("{v:.3}"))
                     .unwrap_or_default(),

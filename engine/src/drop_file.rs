@@ -366,6 +366,13 @@ pub async fn import(
         Ok(s) => s,
         Err(problems) => return Ok(ImportOutcome::Refused(problems)),
     };
+    if options.reason.contains('\0') {
+        return Ok(ImportOutcome::Refused(vec![Problem {
+            line: None,
+            column: "reason".into(),
+            message: format!("the reason {NUL}"),
+        }]));
+    }
     let code = sheet.code.as_str();
     let skus: Vec<String> = sheet.skus.iter().map(|s| s.sku.clone()).collect();
     let mut tx = pg.begin().await?;
@@ -604,7 +611,9 @@ pub async fn import(
     )
     .await?;
     tx.commit().await?;
-    finish(engine, pg, code, &skus, &mut report).await?;
+    finish(engine, pg, code, &skus, &mut report)
+        .await
+        .map_err(|e| EngineError::SavedNotLive(Box::new(e)))?;
     Ok(ImportOutcome::Done(report))
 }
 

@@ -93,6 +93,8 @@ pub struct Engine {
     pub(crate) config: Arc<EngineConfig>,
     /// Replica acknowledgements for payments, when asked for.
     pub(crate) acks: Option<crate::replicas::ReplicaAcks>,
+    /// Reservation attempts counted for drop reports ([`crate::attempts`]).
+    attempts: Arc<crate::attempts::Attempts>,
 }
 
 /// Whether `s` is a valid SKU code: what PostgreSQL's `skus.sku` check accepts.
@@ -179,6 +181,7 @@ impl Engine {
             )),
             config: Arc::new(config),
             acks: None,
+            attempts: Arc::default(),
         }
     }
 
@@ -237,6 +240,11 @@ impl Engine {
             ))),
             _ => Ok(()),
         }
+    }
+
+    /// This process's count of reservation attempts, for drop reports.
+    pub fn attempts(&self) -> &crate::attempts::Attempts {
+        &self.attempts
     }
 
     /// The shards this process holds reservations back on after a failover.

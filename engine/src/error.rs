@@ -50,6 +50,14 @@ pub enum EngineError {
     /// A Redis command failed after start-up.
     #[error("Redis error: {0}")]
     Redis(#[from] redis::RedisError),
+    /// A drop file was committed to PostgreSQL, but bringing its live
+    /// counters along failed (Redis or PostgreSQL failing meanwhile). Nothing
+    /// is lost: every running server finishes it by itself, or the same
+    /// import again does.
+    #[error(
+        "the drop was saved in PostgreSQL, but its live counters are not all updated yet ({0});          every running server finishes that by itself within a minute, or import the same file          again"
+    )]
+    SavedNotLive(Box<EngineError>),
     /// A payment was recorded on the master, but fewer replicas than asked
     /// (`--confirm-replicas`) acknowledged it in time: it is not answered as
     /// paid, since losing the master now would lose it. A retry waits again.
@@ -114,7 +122,8 @@ impl EngineError {
             | Self::Redis(_)
             | Self::PostgresUnreachable { .. }
             | Self::RedisUnreachable { .. }
-            | Self::ReplicasBehind { .. } => ErrorCode::Unavailable,
+            | Self::ReplicasBehind { .. }
+            | Self::SavedNotLive(_) => ErrorCode::Unavailable,
             Self::Busy(_) => ErrorCode::Busy,
             Self::Throttled { .. } => ErrorCode::RateLimited,
             _ => ErrorCode::Internal,

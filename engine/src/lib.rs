@@ -87,6 +87,7 @@
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
 
 pub mod arm;
+pub mod attempts;
 pub mod audit;
 pub mod cart;
 pub mod catalog;

@@ -41,6 +41,7 @@ struct Row {
     late_payments: i64,
     shortfalls: i64,
     peak_holds_per_second: i64,
+    peak_attempts_per_second: i64,
     sold_out_after_secs: Option<f64>,
 }
 
@@ -67,6 +68,11 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                     FROM (SELECT sku, count(*) AS n FROM h
                            GROUP BY sku, date_trunc('second', created_at)) x
                    GROUP BY sku),
+         tries AS (SELECT t.sku, max(t.n) AS peak
+                     FROM attempts t JOIN d ON d.sku = t.sku
+                    WHERE ($2::timestamptz IS NULL OR t.at >= date_trunc('second', $2))
+                      AND ($3::timestamptz IS NULL OR t.at < $3)
+                    GROUP BY t.sku),
          rem AS (SELECT h.sku, count(*) AS late
                    FROM h JOIN remediations r ON r.reservation_id = h.reservation_id
                   WHERE r.kind = 'late_payment'
@@ -90,10 +96,12 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                 coalesce(rem.late, 0) AS late_payments,
                 coalesce(agg.shortfalls, 0) AS shortfalls,
                 coalesce(peak.peak, 0) AS peak_holds_per_second,
+                coalesce(tries.peak, 0) AS peak_attempts_per_second,
                 extract(epoch FROM out.at - coalesce($2, agg.first_hold))::float8 AS sold_out_after_secs
            FROM d JOIN s ON s.sku = d.sku
            LEFT JOIN agg ON agg.sku = d.sku
            LEFT JOIN peak ON peak.sku = d.sku
+           LEFT JOIN tries ON tries.sku = d.sku
            LEFT JOIN rem ON rem.sku = d.sku
            LEFT JOIN out ON out.sku = d.sku
           ORDER BY d.position, d.sku"),
@@ -147,6 +155,7 @@ pub async fn drop_report(pg: &PgPool, code: &str) -> Result<Option<DropReport>, 
                 late_payments: r.late_payments,
                 shortfalls: r.shortfalls,
                 peak_holds_per_second: r.peak_holds_per_second,
+                peak_attempts_per_second: r.peak_attempts_per_second,
                 sold_out_after_secs: r.sold_out_after_secs,
             })
             .collect(),

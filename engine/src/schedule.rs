@@ -9,9 +9,13 @@
 //! loss); [`schedule_drop`] changes them at once for every SKU of a drop.
 //!
 //! A SKU follows at most one scheduled drop: [`schedule_drop`] refuses a
-//! schedule for a drop sharing a SKU with another scheduled drop (the SKU would
-//! otherwise sell in the gap between them). A SKU in a scheduled drop and in
-//! unscheduled ones follows the schedule; in no scheduled drop it always sells.
+//! schedule for a drop sharing a SKU with another scheduled drop that has not
+//! ended (the SKU would otherwise sell in the gap between them). A SKU in a
+//! scheduled drop and in unscheduled ones follows the schedule; in no
+//! scheduled drop it always sells. Drops that have ended step aside once the
+//! SKU is in one that has not: a SKU of a past drop can be sold again in a
+//! new one (scheduled or not), and the past drop keeps its schedule, so its
+//! report keeps its window.
 
 use chrono::{DateTime, Utc};
 use sqlx::PgPool;
@@ -20,15 +24,22 @@ use crate::{Engine, EngineError};
 
 /// The SQL columns `opens_ms` and `closes_ms` (Unix ms, 0 for none) of the SKU
 /// aliased `s`, by the rule above: the latest start and the earliest end of its
-/// drops, so a SKU put in several scheduled drops by hand (SQL) sells only
-/// where all of them are open, never in a gap. The one place that rule is written.
+/// drops that have not ended (of all its drops when every one has), so a SKU
+/// put in several scheduled drops by hand (SQL) sells only where all of them
+/// are open, never in a gap. The one place that rule is written.
 pub(crate) const WINDOW_COLUMNS: &str = "
     COALESCE((SELECT (extract(epoch FROM max(d.starts_at)) * 1000)::bigint
                 FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
-               WHERE ds.sku = s.sku), 0) AS opens_ms,
+               WHERE ds.sku = s.sku AND (d.ends_at IS NULL OR d.ends_at > now()
+                     OR NOT EXISTS (SELECT 1 FROM drop_skus ls JOIN drops l ON l.code = ls.drop_code
+                                     WHERE ls.sku = s.sku AND (l.ends_at IS NULL OR l.ends_at > now())))),
+             0) AS opens_ms,
     COALESCE((SELECT (extract(epoch FROM min(d.ends_at)) * 1000)::bigint
                 FROM drop_skus ds JOIN drops d ON d.code = ds.drop_code
-               WHERE ds.sku = s.sku), 0) AS closes_ms";
+               WHERE ds.sku = s.sku AND (d.ends_at IS NULL OR d.ends_at > now()
+                     OR NOT EXISTS (SELECT 1 FROM drop_skus ls JOIN drops l ON l.code = ls.drop_code
+                                     WHERE ls.sku = s.sku AND (l.ends_at IS NULL OR l.ends_at > now())))),
+             0) AS closes_ms";
 
 /// When a drop sells.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -96,6 +107,11 @@ pub async fn named_drop(
     pg: &PgPool,
     code: &str,
 ) -> Result<Option<(String, DropSchedule)>, EngineError> {
+    // No drop has a code outside the rule (a NUL byte would even fail the
+    // query as a database error, read as an outage).
+    if !crate::drop_file::valid_drop_code(code) {
+        return Ok(None);
+    }
     type Row = (String, Option<DateTime<Utc>>, Option<DateTime<Utc>>);
     let row: Option<Row> =
         sqlx::query_as("SELECT name, starts_at, ends_at FROM drops WHERE code = $1")
@@ -114,6 +130,9 @@ pub async fn schedule_drop(
     code: &str,
     schedule: DropSchedule,
 ) -> Result<ScheduleOutcome, EngineError> {
+    if !crate::drop_file::valid_drop_code(code) {
+        return Ok(ScheduleOutcome::UnknownDrop);
+    }
     let schedule = schedule.to_millis();
     if let Some(problem) = schedule.problem() {
         return Ok(ScheduleOutcome::Invalid(problem.to_owned()));
@@ -198,6 +217,7 @@ pub(crate) async fn shared_with_scheduled(
            FROM drop_skus o JOIN drops d ON d.code = o.drop_code
           WHERE o.sku = ANY($2) AND o.drop_code <> $1
             AND (d.starts_at IS NOT NULL OR d.ends_at IS NOT NULL)
+            AND (d.ends_at IS NULL OR d.ends_at > now())
           ORDER BY o.sku, o.drop_code LIMIT 5",
     )
     .bind(code)
@@ -213,7 +233,8 @@ pub(crate) async fn shared_with_scheduled(
         .collect();
     Ok(Some(format!(
         "a SKU can follow one scheduled drop only, and these are in another \
-         scheduled drop: {}; clear that drop's schedule or take them out of it",
+         scheduled drop that has not ended: {}; clear that drop's schedule, or \
+         schedule this one once it has ended",
         list.join(", ")
     )))
 }

@@ -360,7 +360,9 @@ impl Warming {
 }
 
 /// Sets the per-buyer counter of every buyer who bought units of `skus`
-/// within the counter's lifetime (PostgreSQL's confirmed holds; open holds
+/// within the counter's lifetime, limit or not (Redis counts every named
+/// buyer, so a limit set later counts what they bought before it; PostgreSQL's
+/// confirmed holds; open holds
 /// went with Redis' data and their units are on sale again), for the rest of
 /// that lifetime; a counter that still exists is left as it is.
 async fn restore_buyers(
@@ -372,8 +374,8 @@ async fn restore_buyers(
     let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
         "SELECT h.sku, h.buyer, sum(h.qty)::bigint,
                 $2 - (extract(epoch FROM now() - max(h.created_at)) * 1000)::bigint AS left_ms
-           FROM holds h JOIN skus s ON s.sku = h.sku
-          WHERE h.sku = ANY($1) AND s.per_buyer_limit IS NOT NULL AND h.buyer IS NOT NULL
+           FROM holds h
+          WHERE h.sku = ANY($1) AND h.buyer IS NOT NULL
             AND h.buyer <> '' AND h.end_state = 'confirmed'
             AND h.created_at > now() - make_interval(secs => $2 / 1000.0)
           GROUP BY h.sku, h.buyer",

@@ -921,6 +921,7 @@ async fn a_buyer_at_the_limit_stays_there_after_redis_loses_its_data(pg: PgPool)
     let mut redis = TestRedis::start();
     let engine = redis.engine().await;
     add_sku(&pg, "BL-1", 50).await;
+    add_sku(&pg, "BL-2", 50).await;
     sqlx::query("UPDATE skus SET per_buyer_limit = 2 WHERE sku = 'BL-1'")
         .execute(&pg)
         .await
@@ -936,6 +937,16 @@ async fn a_buyer_at_the_limit_stays_there_after_redis_loses_its_data(pg: PgPool)
         "{bought:?}"
     );
     engine.confirm("ann-1").await.unwrap();
+    // BL-2 has no limit yet; Redis counts ann's units all the same.
+    let unlimited = engine
+        .reserve(&ReserveRequest::single("ann-u", "BL-2", 2).for_buyer("ann"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(unlimited, ReserveOutcome::Reserved { .. }),
+        "{unlimited:?}"
+    );
+    engine.confirm("ann-u").await.unwrap();
     let held = engine.reserve(&hold("bob-1", "bob", 2)).await.unwrap();
     assert!(matches!(held, ReserveOutcome::Reserved { .. }), "{held:?}");
     let mut w = worker(&engine, &pg, redis.connection().await, config("bl"));
@@ -955,5 +966,21 @@ async fn a_buyer_at_the_limit_stays_there_after_redis_loses_its_data(pg: PgPool)
     assert!(
         matches!(bob, ReserveOutcome::Reserved { .. }),
         "bob's hold went with Redis: {bob:?}"
+    );
+    // A limit set on BL-2 after the loss counts what ann bought before it.
+    sqlx::query("UPDATE skus SET per_buyer_limit = 2 WHERE sku = 'BL-2'")
+        .execute(&pg)
+        .await
+        .unwrap();
+    holdfast_engine::schedule::follow_catalogue(&engine, &pg)
+        .await
+        .unwrap();
+    let over = engine
+        .reserve(&ReserveRequest::single("ann-u2", "BL-2", 1).for_buyer("ann"))
+        .await
+        .unwrap();
+    assert!(
+        matches!(over, ReserveOutcome::LimitExceeded { .. }),
+        "{over:?}"
     );
 }

@@ -242,6 +242,21 @@ impl Workers {
         }
         {
             let backends = backends.clone();
+            tasks.push(supervise(
+                "attempts",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = attempts_loop(backends.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let backends = backends.clone();
             tasks.push(supervise("housekeeping", rx, restarts, move |rx| {
                 let fut = housekeeping_loop(backends.clone(), stopped(rx));
                 async move {
@@ -461,6 +476,24 @@ async fn counters_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
     .await;
 }
 
+/// How often this process's reservation attempts are added to PostgreSQL.
+const ATTEMPTS_EVERY: Duration = Duration::from_secs(1);
+
+/// Every [`ATTEMPTS_EVERY`], and once more at shutdown: adds the reservation
+/// attempts counted since to PostgreSQL (a drop report's peak per second).
+async fn attempts_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    let flush = || async {
+        if let Err(e) = backends.engine.attempts().flush(&backends.pg).await {
+            tracing::debug!(error = %e, "recording reservation attempts failed; they wait");
+        }
+    };
+    periodically(ATTEMPTS_EVERY, shutdown, &flush).await;
+    flush().await;
+}
+
+/// How long reservation attempts per second are kept for reports.
+const ATTEMPTS_KEPT_DAYS: i32 = 90;
+
 /// How often expired sessions are deleted.
 const HOUSEKEEPING_EVERY: Duration = Duration::from_secs(600);
 
@@ -474,6 +507,12 @@ async fn housekeeping_loop(backends: Backends, shutdown: impl Future<Output = ()
                 Ok(0) => {}
                 Ok(n) => tracing::debug!(sessions = n, "expired sessions deleted"),
                 Err(e) => tracing::warn!(error = %e, "deleting expired sessions failed"),
+            }
+            if let Err(e) =
+                holdfast_engine::attempts::Attempts::forget_older_than(&pg, ATTEMPTS_KEPT_DAYS)
+                    .await
+            {
+                tracing::warn!(error = %e, "deleting old reservation attempts failed");
             }
         }
     })

@@ -207,3 +207,77 @@ async fn a_pim_pushes_a_drop_that_then_sells(pool: PgPool) {
             .unwrap();
     assert_eq!(actors, ["token:pim", "token:pim"]);
 }
+
+/// The report's peak attempts per second counts every reservation attempt at
+/// the drop's SKUs, refusals included (sold out, those answered from the
+/// sold-out memory too), and not requests for SKUs nobody has.
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn the_report_counts_attempts_refusals_included(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn(backends.clone()).await;
+    let http = Client::new();
+    let catalog = token(&pool, "pim", &[Scope::Catalog]).await;
+    let checkout = token(&pool, "shop", &[Scope::Checkout]).await;
+    let drop = json!({"skus": [{"sku": "TRY-1", "product": "Cap", "stock": 2}]});
+    let (status, _) = put(&http, &server.url("/api/v1/drops/tries"), &catalog, &drop).await;
+    assert_eq!(status, 200);
+
+    let mut statuses = Vec::new();
+    for i in 0..10 {
+        for sku in ["TRY-1", "NOBODY-HAS-IT"] {
+            let res = http
+                .post(server.url("/api/v1/reservations"))
+                .bearer_auth(&checkout)
+                .header("Idempotency-Key", format!("try-{sku}-{i}"))
+                .json(&json!({"sku": sku, "qty": 1}))
+                .send()
+                .await
+                .unwrap();
+            if sku == "TRY-1" {
+                statuses.push(res.status().as_u16());
+            }
+        }
+    }
+    assert_eq!(statuses.iter().filter(|s| **s == 201).count(), 2);
+    assert_eq!(statuses.iter().filter(|s| **s == 409).count(), 8);
+    backends.engine.attempts().flush(&pool).await.unwrap();
+
+    let counted: Vec<(String, i64)> =
+        sqlx::query_as("SELECT sku, sum(n)::bigint FROM attempts GROUP BY sku ORDER BY sku")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(counted, [("TRY-1".to_owned(), 10)]);
+    let report: Value = http
+        .get(server.url("/api/v1/drops/tries/report"))
+        .bearer_auth(&catalog)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let sku = &report["skus"][0];
+    let peak = sku["peak_attempts_per_second"].as_i64().unwrap();
+    // A form it does not know, or a code no drop can have: said plainly.
+    for (path, want) in [
+        ("/api/v1/drops/tries/report?format=xml", 400),
+        ("/api/v1/drops/tries%00/report", 404),
+        ("/api/v1/drops/tries%00", 404),
+    ] {
+        let res = http
+            .get(server.url(path))
+            .bearer_auth(&catalog)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), want, "{path}");
+    }
+    // Ten attempts in at most a few seconds: the busiest second has several,
+    // never fewer than the holds taken in it.
+    assert!(
+        (4..=10).contains(&peak) && peak >= sku["peak_holds_per_second"].as_i64().unwrap(),
+        "{report}"
+    );
+}

@@ -70,7 +70,8 @@ pub fn ReportView(
                 <th scope="col">"Holds"</th><th scope="col">"Confirmed"</th><th scope="col">"Released"</th>
                 <th scope="col">"By support"</th><th scope="col">"Expired"</th><th scope="col">"Open"</th>
                 <th scope="col">"Late payments"</th><th scope="col">"Shortfalls"</th>
-                <th scope="col">"Peak holds/s"</th><th scope="col">"Sold out after"</th>
+                <th scope="col">"Peak holds/s"</th><th scope="col">"Peak attempts/s"</th>
+                <th scope="col">"Sold out after"</th>
             </tr></thead>
             <tbody>{report.skus.into_iter().map(|s| { let sku = s.sku.clone(); view! {
                 <tr data-sku=sku>
@@ -78,6 +79,7 @@ pub fn ReportView(
                     <td>{s.holds}</td><td>{s.confirmed}</td><td>{s.released_by_shoppers}</td>
                     <td>{s.released_by_support}</td><td>{s.expired}</td><td>{s.open}</td>
                     <td>{s.late_payments}</td><td>{s.shortfalls}</td><td>{s.peak_holds_per_second}</td>
+                    <td data-field="peak_attempts_per_second">{s.peak_attempts_per_second}</td>
                     <td>{s.sold_out_after_secs.map_or_else(|| "-".to_owned(), |v| format!("{v:.1} s"))}</td>
                 </tr>
             }}).collect_view()}</tbody>

@@ -113,7 +113,7 @@ pub async fn put(
 /// Query of `GET /api/v1/drops/{code}/report`.
 #[derive(Debug, Deserialize)]
 pub struct ReportQuery {
-    /// `csv` for CSV; JSON otherwise.
+    /// `csv` for CSV, `json` (the default) for JSON.
     pub format: Option<String>,
 }
 
@@ -122,10 +122,11 @@ pub struct ReportQuery {
     get, path = "/api/v1/drops/{code}/report", tag = "drops",
     params(
         ("code" = String, Path, description = "The drop's code"),
-        ("format" = Option<String>, Query, description = "`csv` for CSV (text/csv); JSON otherwise"),
+        ("format" = Option<String>, Query, description = "`csv` for CSV (text/csv), `json` (the default) for JSON; anything else is 400"),
     ),
     responses(
         (status = 200, description = "The report", body = DropReport),
+        (status = 400, description = "A format other than csv or json", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token has neither the catalog nor the read scope", body = ErrorBody),
         (status = 404, description = "No such drop", body = ErrorBody),
@@ -142,16 +143,27 @@ pub async fn report(
     if !caller.0.allows(Scope::Read) {
         caller.require(Scope::Catalog)?;
     }
+    let csv = match q.format.as_deref() {
+        None | Some("json") => false,
+        Some("csv") => true,
+        Some(other) => {
+            return Err(ApiError::new(
+                ErrorCode::BadRequest,
+                format!("format '{other}' is not one of csv, json"),
+            ));
+        }
+    };
     let report = holdfast_engine::report::drop_report(&state.backends.pg, &code)
         .await?
         .ok_or_else(|| ApiError::not_found(format!("no drop has the code '{code}'")))?;
-    Ok(match q.format.as_deref() {
-        Some("csv") => (
+    Ok(if csv {
+        (
             [(axum::http::header::CONTENT_TYPE, "text/csv; charset=utf-8")],
             report.to_csv(),
         )
-            .into_response(),
-        _ => Json(report).into_response(),
+            .into_response()
+    } else {
+        Json(report).into_response()
     })
 }
 

@@ -172,6 +172,18 @@ async fn reserve(
         }
         None => engine.reserve(&request).await?,
     };
+    // An attempt at stock, for the drop report's peak per second: a decision
+    // was made about these SKUs (not an unknown SKU, a bad or reused key).
+    if !matches!(
+        outcome,
+        ReserveOutcome::NotWarmed { .. }
+            | ReserveOutcome::Invalid(_)
+            | ReserveOutcome::Conflict { .. }
+    ) {
+        for line in &request.lines {
+            engine.attempts().note(&line.sku);
+        }
+    }
     match outcome {
         // A retry answers what the first attempt did, from the hold's record.
         ReserveOutcome::Reserved {
