@@ -345,7 +345,14 @@ impl Engine {
         if let [(shard, lines)] = groups.as_slice() {
             return self.reserve_alone(*shard, req, lines, ttl, &fp).await;
         }
-        self.reserve_cart(req, &groups, ttl, &fp).await
+        // A cart writes its parts one shard after another and undoes them if a
+        // later one fails: it runs in a task of its own, so a caller that stops
+        // waiting (an API deadline during a failover) never leaves it half
+        // made. A retry under the same id then meets what it finished.
+        let (engine, req) = (self.clone(), req.clone());
+        tokio::spawn(async move { engine.reserve_cart(&req, &groups, ttl, &fp).await })
+            .await
+            .map_err(|e| EngineError::UnexpectedReply(format!("the cart stopped: {e}")))?
     }
 
     /// A one-shard hold in one round trip: a pipeline that claims the id for this

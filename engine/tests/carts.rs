@@ -478,3 +478,45 @@ async fn a_stale_confirmer_is_rolled_back_whole_and_cannot_sell_half() {
     assert_eq!(figures(&engine, &a).await, (5, 0, 0));
     assert_eq!(figures(&engine, &b).await, (5, 0, 0));
 }
+
+/// A caller that stops waiting part-way (an API deadline during a failover)
+/// never leaves a cart half made: the cart runs to its end on its own, whole
+/// or undone, whenever the caller gives up.
+#[tokio::test]
+async fn a_cart_whose_caller_gives_up_is_whole_or_undone() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = three_shards(&engine);
+    for sku in &skus {
+        stock(&engine, sku, 1_000).await;
+    }
+    let names: Vec<&str> = skus.iter().map(String::as_str).collect();
+    for i in 0..40u64 {
+        let rid = format!("gave-up-{i}");
+        let _ = tokio::time::timeout(
+            Duration::from_micros(i * 100),
+            engine.reserve(&cart(&rid, &names, 1)),
+        )
+        .await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    let mut whole = 0;
+    for i in 0..40u64 {
+        let rid = format!("gave-up-{i}");
+        let mut parts = 0;
+        for sku in &skus {
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(ks.hold(ks.shard_of(sku), &rid))
+                .query_async(&mut conn)
+                .await
+                .unwrap();
+            parts += usize::from(exists);
+        }
+        assert!(parts == 0 || parts == 3, "{rid}: {parts} of 3 parts");
+        whole += usize::from(parts == 3);
+    }
+    let held: i64 = figures(&engine, &skus[0]).await.1;
+    assert_eq!(held, whole as i64, "each whole cart holds one unit of each");
+}

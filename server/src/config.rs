@@ -51,7 +51,9 @@ pub struct GlobalArgs {
 pub struct EngineArgs {
     /// Redis replicas that must hold a payment before it is answered as paid
     /// (Redis' WAIT, on a connection of its own, shared by concurrent payments):
-    /// a paid hold then survives losing the master to a promoted replica. When
+    /// a paid hold then survives losing the master to a promoted replica (not a
+    /// master restarted in place from old data, which the replica resyncs
+    /// from: run masters with AOF, or let replicas take over). When
     /// fewer acknowledge in time the payment is answered 503 (it stands on the
     /// master; a retry waits again). 0: answered at once (a failover can lose
     /// the last moments of sales).
