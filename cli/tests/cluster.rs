@@ -152,6 +152,15 @@ async fn freezing_a_master_mid_sale_oversells_nothing_and_selling_resumes_by_its
     sale_through_a_failover(Fault::Freeze).await;
 }
 
+/// The same with a graceful failover (`CLUSTER FAILOVER` on the replica): the
+/// server notices the new master at once, asking the nodes themselves rather
+/// than its cluster client (whose map was seen naming the old master for
+/// seconds), and sells on.
+#[tokio::test]
+async fn a_graceful_failover_mid_sale_is_noticed_and_selling_goes_on() {
+    sale_through_a_failover(Fault::Handover).await;
+}
+
 /// How the master dies.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fault {
@@ -159,6 +168,8 @@ enum Fault {
     Kill,
     /// SIGSTOP (SIGCONT at the end).
     Freeze,
+    /// `CLUSTER FAILOVER` on its replica.
+    Handover,
 }
 
 async fn sale_through_a_failover(fault: Fault) {
@@ -235,6 +246,10 @@ async fn sale_through_a_failover(fault: Fault) {
             let pid = cluster.node(victim).pid().unwrap();
             holdfast_engine::testkit::signal(pid, "STOP");
             Some(pid)
+        }
+        Fault::Handover => {
+            cluster.promote(cluster.replica_of(victim));
+            None
         }
     };
     // Until the server has seen the failover through and answers normally

@@ -21,12 +21,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use redis::Value;
 use sqlx::PgPool;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::reconcile::{ReconcileOptions, reconcile_all};
+use crate::redis_conn::nodes::{Address, Nodes};
 
 /// Which shards are not selling now, in this process.
 #[derive(Debug)]
@@ -76,51 +76,63 @@ pub struct Moved {
     pub restarted: bool,
 }
 
-/// The master (node id) serving each shard, as last seen.
-#[derive(Debug, Default)]
+/// The master (node id and run id) serving each shard, as last seen, asked
+/// of the cluster's nodes directly ([`Nodes`]: not through the cluster
+/// client, whose map can still name an old master for seconds).
 pub struct ShardMasters {
+    nodes: Nodes,
     seen: Option<Vec<Option<String>>>,
 }
 
 impl ShardMasters {
+    /// Watches the cluster that `redis_url` (its seed URLs) names.
+    pub fn new(redis_url: &str) -> Self {
+        Self {
+            nodes: Nodes::new(redis_url),
+            seen: None,
+        }
+    }
+
     /// Reads which master serves each shard now (`CLUSTER SLOTS`) and returns
     /// the shards whose master is another than at the last look: none the
-    /// first time, and none on a single node.
+    /// first time.
     pub async fn changed(&mut self, engine: &Engine) -> Result<Vec<Moved>, EngineError> {
-        let mut conn = engine.connection();
-        if !conn.is_cluster() {
-            return Ok(Vec::new());
-        }
-        let ranges: Vec<Value> = redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async(&mut conn)
-            .await?;
+        let Some(ranges) = self.nodes.cluster_slots().await else {
+            return Err(EngineError::UnexpectedReply(
+                "no cluster node answered CLUSTER SLOTS".into(),
+            ));
+        };
         let ranges = crate::redis_conn::slot_ranges(&ranges);
         // Each master's identity is its node id and its run id: a master
         // restarted so fast that the cluster did not fail it over keeps its
         // node id but not its run id, and may have come back with data older
         // than PostgreSQL's (an RDB file it received as a replica once). Run
-        // ids are asked of each master at once, at the address the cluster
-        // gave (not through the client's own map, which may still name a
-        // frozen old master); a master that does not answer keeps the run id
-        // last seen, so a frozen node never holds up seeing the others move.
-        let mut addresses: Vec<(String, u16)> = ranges
+        // ids are asked of each master at once; a master that does not answer
+        // keeps the run id last seen, so a frozen node never holds up seeing
+        // the others move.
+        let mut addresses: Vec<Address> = ranges
             .iter()
             .map(|r| (r.master_host.clone(), r.master_port))
             .collect();
         addresses.sort();
         addresses.dedup();
-        let runs = futures_util::future::join_all(
-            addresses
-                .iter()
-                .map(|(host, port)| run_id(conn.clone(), host.clone(), *port)),
-        )
-        .await;
+        let mut info = redis::cmd("INFO");
+        info.arg("server");
+        let nodes = &self.nodes;
+        let runs: Vec<Option<String>> =
+            futures_util::future::join_all(addresses.iter().map(|address| {
+                let info = &info;
+                async move {
+                    let text: String = nodes.query(address, info).await?;
+                    crate::redis_conn::parse_info(&text).remove("run_id")
+                }
+            }))
+            .await;
         let run_of = |host: &str, port: u16| {
             addresses
                 .iter()
                 .position(|(h, p)| h == host && *p == port)
-                .and_then(|i| runs[i].as_ref().ok().cloned())
+                .and_then(|i| runs[i].clone())
         };
         let identities: Vec<(u16, u16, String, Option<String>)> = ranges
             .iter()
@@ -180,27 +192,6 @@ impl ShardMasters {
     }
 }
 
-/// The `run_id` of the master at `host:port` (it changes on every restart).
-async fn run_id(
-    conn: crate::redis_conn::RedisConn,
-    host: String,
-    port: u16,
-) -> Result<String, EngineError> {
-    use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-    let crate::redis_conn::RedisConn::Cluster(link) = conn else {
-        return Ok(String::new());
-    };
-    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-    let mut cmd = redis::cmd("INFO");
-    cmd.arg("server");
-    let value = link.current().route_command(cmd, routing).await?;
-    let text: String = redis::from_redis_value(value.extract_error()?)
-        .map_err(|e| EngineError::UnexpectedReply(e.to_string()))?;
-    Ok(crate::redis_conn::parse_info(&text)
-        .remove("run_id")
-        .unwrap_or_default())
-}
-
 /// What the failover watch counts, for `/metrics`.
 #[derive(Debug, Default)]
 pub struct FailoverStats {
@@ -223,6 +214,7 @@ pub const WATCH_EVERY: Duration = Duration::from_millis(250);
 pub async fn run_failover_watch(
     engine: Engine,
     pg: PgPool,
+    redis_url: String,
     stats: Arc<FailoverStats>,
     shutdown: impl Future<Output = ()>,
 ) {
@@ -231,7 +223,7 @@ pub async fn run_failover_watch(
         return;
     }
     tokio::pin!(shutdown);
-    let mut masters = ShardMasters::default();
+    let mut masters = ShardMasters::new(&redis_url);
     loop {
         tokio::select! {
             () = &mut shutdown => break,

@@ -494,6 +494,26 @@ impl TestCluster {
             .expect("the master has a running replica")
     }
 
+    /// Promotes replica node `replica` with a graceful `CLUSTER FAILOVER`
+    /// (its master hands over, losing nothing) and waits until it is master.
+    pub fn promote(&self, replica: usize) {
+        let node = &self.nodes[replica];
+        node.command(&["CLUSTER", "FAILOVER"]);
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let info: String = redis::from_redis_value(node.command(&["INFO", "replication"]))
+                .expect("INFO is text");
+            if info.contains("role:master") {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {replica} was never promoted"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The index of the node that is master of `key`'s slot now, asked of a
     /// running node.
     pub fn master_of(&self, key: &str) -> usize {

@@ -72,6 +72,22 @@ async fn counts(pg: &PgPool, sku: &str) -> (i64, i64, i64, i64) {
     (orders, sales, on_hand, sold)
 }
 
+/// A consumer that fails right after its PostgreSQL commit, as a crash there would.
+fn dies_after_commit(name: &str) -> WriteBehindConfig {
+    WriteBehindConfig {
+        fault: Some(Fault::AfterCommit),
+        ..config(name)
+    }
+}
+
+/// A consumer that takes over entries pending for a millisecond.
+fn takes_over(name: &str) -> WriteBehindConfig {
+    WriteBehindConfig {
+        claim_idle: Duration::from_millis(1),
+        ..config(name)
+    }
+}
+
 /// Drains the write-behind with `w` until the group has nothing left.
 async fn drain(engine: &Engine, w: &mut WriteBehind) {
     w.ensure_groups().await.unwrap();
@@ -103,10 +119,7 @@ async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
         &engine,
         &pg,
         redis.connection().await,
-        WriteBehindConfig {
-            fault: Some(Fault::AfterCommit),
-            ..config("a")
-        },
+        dies_after_commit("a"),
     );
     a.ensure_groups().await.unwrap();
     assert!(a.run_once().await.is_err(), "a fails after its commit");
@@ -149,15 +162,7 @@ async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
     );
 
     // C takes over what they left pending.
-    let mut c = worker(
-        &engine,
-        &pg,
-        redis.connection().await,
-        WriteBehindConfig {
-            claim_idle: Duration::from_millis(1),
-            ..config("c")
-        },
-    );
+    let mut c = worker(&engine, &pg, redis.connection().await, takes_over("c"));
     tokio::time::sleep(Duration::from_millis(5)).await;
     c.reclaim_once().await.unwrap();
     drain(&engine, &mut c).await;
@@ -217,25 +222,14 @@ async fn sales_from_before_a_rebuilt_counter_are_settled_once(pg: PgPool) {
         &engine,
         &pg,
         redis.connection().await,
-        WriteBehindConfig {
-            fault: Some(Fault::AfterCommit),
-            ..config("dying")
-        },
+        dies_after_commit("dying"),
     );
     dying.ensure_groups().await.unwrap();
     assert!(dying.run_once().await.is_err(), "dies after its commit");
     assert_eq!(counts(&pg, "RB-1").await, (3, 3, 47, 3));
     rebuild().await;
     assert_eq!(settled(&redis, &engine, "RB-1").await, 3, "from PostgreSQL");
-    let mut w = worker(
-        &engine,
-        &pg,
-        redis.connection().await,
-        WriteBehindConfig {
-            claim_idle: Duration::from_millis(1),
-            ..config("next")
-        },
-    );
+    let mut w = worker(&engine, &pg, redis.connection().await, takes_over("next"));
     tokio::time::sleep(Duration::from_millis(5)).await;
     w.reclaim_once().await.unwrap();
     drain(&engine, &mut w).await;
@@ -299,15 +293,7 @@ async fn a_hold_ended_before_it_is_recorded_is_recorded_with_its_end(pg: PgPool)
     // The ends are recorded first...
     w.run_once().await.unwrap();
     // ...then the holds, taken over from the stalled consumer.
-    let mut next = worker(
-        &engine,
-        &pg,
-        redis.connection().await,
-        WriteBehindConfig {
-            claim_idle: Duration::from_millis(1),
-            ..config("next")
-        },
-    );
+    let mut next = worker(&engine, &pg, redis.connection().await, takes_over("next"));
     tokio::time::sleep(Duration::from_millis(5)).await;
     next.reclaim_once().await.unwrap();
     drain(&engine, &mut next).await;
@@ -587,10 +573,7 @@ async fn reconciliation_corrects_down_at_once_and_up_only_when_asked(pg: PgPool)
         &engine,
         &pg,
         redis.connection().await,
-        WriteBehindConfig {
-            fault: Some(Fault::AfterCommit),
-            ..config("rc")
-        },
+        dies_after_commit("rc"),
     );
     w.ensure_groups().await.unwrap();
     assert!(w.run_once().await.is_err());

@@ -207,6 +207,7 @@ impl Workers {
         }
         {
             let (backends, failover) = (backends.clone(), stats.failover.clone());
+            let url = redis_url.to_owned();
             tasks.push(supervise(
                 "failover watch",
                 rx.clone(),
@@ -215,6 +216,7 @@ impl Workers {
                     let fut = run_failover_watch(
                         backends.engine.clone(),
                         backends.pg.clone(),
+                        url.clone(),
                         failover.clone(),
                         stopped(rx),
                     );

@@ -20,6 +20,7 @@ use crate::error::{EngineError, redact_url};
 use crate::postgres::one_line;
 
 mod link;
+pub mod nodes;
 pub use link::{CLUSTER_POLL, ClusterLink, HEAL_AFTER, RedisConn, SlotRange, slot_ranges};
 
 /// What Redis said about memory eviction, as checked at start-up.
