@@ -21,10 +21,19 @@ use crate::EngineError;
 /// SKUs); more are dropped rather than grow without bound.
 pub const MAX_WAITING: usize = 60_000;
 
+/// Counts waiting, per SKU then per Unix second (a SKU is looked up by `&str`,
+/// so counting an attempt allocates nothing once its SKU is known).
+#[derive(Debug, Default)]
+struct Waiting {
+    by_sku: HashMap<String, HashMap<i64, i64>>,
+    /// SKU-seconds in `by_sku` (bounded by [`MAX_WAITING`]).
+    entries: usize,
+}
+
 /// Attempts counted and not yet in PostgreSQL.
 #[derive(Debug, Default)]
 pub struct Attempts {
-    waiting: Mutex<HashMap<(String, i64), i64>>,
+    waiting: Mutex<Waiting>,
     dropped: AtomicU64,
 }
 
@@ -33,12 +42,25 @@ impl Attempts {
     pub fn note(&self, sku: &str) {
         let second = chrono::Utc::now().timestamp();
         let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(n) = waiting.get_mut(&(sku.to_owned(), second)) {
-            *n += 1;
-        } else if waiting.len() < MAX_WAITING {
-            waiting.insert((sku.to_owned(), second), 1);
+        self.add(&mut waiting, sku, second, 1);
+    }
+
+    /// Adds `n` attempts at `sku` in `second`, within [`MAX_WAITING`]
+    /// SKU-seconds (beyond it they are counted as dropped).
+    fn add(&self, waiting: &mut Waiting, sku: &str, second: i64, n: i64) {
+        if let Some(count) = waiting.by_sku.get_mut(sku).and_then(|s| s.get_mut(&second)) {
+            *count += n;
+        } else if waiting.entries < MAX_WAITING {
+            waiting.entries += 1;
+            if let Some(seconds) = waiting.by_sku.get_mut(sku) {
+                seconds.insert(second, n);
+            } else {
+                waiting
+                    .by_sku
+                    .insert(sku.to_owned(), HashMap::from([(second, n)]));
+            }
         } else {
-            self.dropped.fetch_add(1, Ordering::Relaxed);
+            self.dropped.fetch_add(n as u64, Ordering::Relaxed);
         }
     }
 
@@ -50,15 +72,18 @@ impl Attempts {
     /// Adds the waiting counts to PostgreSQL in one statement; on failure they
     /// wait for the next flush. Returns how many SKU-seconds were written.
     pub async fn flush(&self, pg: &PgPool) -> Result<u64, EngineError> {
-        let taken = std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner()));
+        let taken =
+            std::mem::take(&mut *self.waiting.lock().unwrap_or_else(|e| e.into_inner())).by_sku;
         if taken.is_empty() {
             return Ok(0);
         }
         let (mut skus, mut seconds, mut counts) = (Vec::new(), Vec::new(), Vec::new());
-        for ((sku, second), n) in &taken {
-            skus.push(sku.as_str());
-            seconds.push(*second as f64);
-            counts.push(*n);
+        for (sku, per_second) in &taken {
+            for (second, n) in per_second {
+                skus.push(sku.as_str());
+                seconds.push(*second as f64);
+                counts.push(*n);
+            }
         }
         let written = sqlx::query(
             "INSERT INTO attempts (sku, at, n)
@@ -75,13 +100,9 @@ impl Attempts {
             Ok(done) => Ok(done.rows_affected()),
             Err(e) => {
                 let mut waiting = self.waiting.lock().unwrap_or_else(|e| e.into_inner());
-                for (key, n) in taken {
-                    if let Some(m) = waiting.get_mut(&key) {
-                        *m += n;
-                    } else if waiting.len() < MAX_WAITING {
-                        waiting.insert(key, n);
-                    } else {
-                        self.dropped.fetch_add(n as u64, Ordering::Relaxed);
+                for (sku, per_second) in &taken {
+                    for (second, n) in per_second {
+                        self.add(&mut waiting, sku, *second, *n);
                     }
                 }
                 Err(e.into())
@@ -98,5 +119,41 @@ impl Attempts {
                 .await?
                 .rows_affected(),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Past [`MAX_WAITING`] SKU-seconds new ones are dropped and counted as
+    /// such; a SKU-second already waiting still counts.
+    #[test]
+    fn waiting_counts_are_bounded() {
+        let attempts = Attempts::default();
+        for i in 0..MAX_WAITING + 5 {
+            attempts.note(&format!("SKU-{i}"));
+        }
+        attempts.note("SKU-0");
+        assert_eq!(attempts.dropped(), 5);
+    }
+
+    /// With PostgreSQL unreachable a flush fails and the counts wait for the
+    /// next one, none lost.
+    #[tokio::test]
+    async fn counts_wait_while_postgresql_is_down() {
+        let attempts = Attempts::default();
+        for _ in 0..3 {
+            attempts.note("DOWN-1");
+        }
+        let port = crate::testkit::closed_port();
+        let pg = sqlx::postgres::PgPoolOptions::new()
+            .acquire_timeout(std::time::Duration::from_millis(200))
+            .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/none"))
+            .unwrap();
+        assert!(attempts.flush(&pg).await.is_err());
+        let waiting = attempts.waiting.lock().unwrap();
+        let counted: i64 = waiting.by_sku["DOWN-1"].values().sum();
+        assert_eq!((counted, waiting.entries <= 2), (3, true));
     }
 }

@@ -178,8 +178,7 @@ pub(crate) async fn lock_drop(
     code: &str,
     skus: &[String],
 ) -> Result<(), EngineError> {
-    let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
-    locks.sort();
+    let mut locks = sku_locks(skus);
     locks.insert(0, format!("holdfast:drop:{code}"));
     take_locks(tx, &locks).await
 }
@@ -187,9 +186,14 @@ pub(crate) async fn lock_drop(
 /// Takes, until `tx` ends, the locks of `skus` (in code order), as
 /// [`lock_drop`] does after its drop's.
 async fn lock_skus(tx: &mut sqlx::PgConnection, skus: &[String]) -> Result<(), EngineError> {
+    take_locks(tx, &sku_locks(skus)).await
+}
+
+/// The lock names of `skus`, in code order (the order everyone takes them in).
+fn sku_locks(skus: &[String]) -> Vec<String> {
     let mut locks: Vec<String> = skus.iter().map(|s| format!("holdfast:sku:{s}")).collect();
     locks.sort();
-    take_locks(tx, &locks).await
+    locks
 }
 
 /// Takes the advisory locks named `locks`, in their order, until `tx` ends.
