@@ -130,12 +130,15 @@ mod tests {
     /// such; a SKU-second already waiting still counts.
     #[test]
     fn waiting_counts_are_bounded() {
+        // One fixed second, so the clock turning over cannot add SKU-seconds.
         let attempts = Attempts::default();
+        let mut waiting = Waiting::default();
         for i in 0..MAX_WAITING + 5 {
-            attempts.note(&format!("SKU-{i}"));
+            attempts.add(&mut waiting, &format!("SKU-{i}"), 7, 1);
         }
-        attempts.note("SKU-0");
+        attempts.add(&mut waiting, "SKU-0", 7, 1);
         assert_eq!(attempts.dropped(), 5);
+        assert_eq!(waiting.by_sku["SKU-0"][&7], 2);
     }
 
     /// With PostgreSQL unreachable a flush fails and the counts wait for the
