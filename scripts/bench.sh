@@ -4,14 +4,21 @@
 # with the drop rehearsal's plot (bench/output/drop.svg) and report (drop.json).
 # Each benchmark starts its own redis-server; PostgreSQL is reused or started as
 # for the other scripts. Run it on an otherwise idle machine. The badge benchmark
-# opens 10,000 sockets in each of two processes: the open-files limit must allow it.
+# opens 50,000 sockets in each of two processes: the open-files limit is raised to
+# 110,000 (as root, or where the hard limit allows it).
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 ensure_service_binaries
 ensure_postgres
 command -v redis-benchmark >/dev/null || apt_install redis-tools
+command -v wrk >/dev/null || apt_install wrk
+command -v perf >/dev/null || apt_install linux-perf
 
-[ "$(ulimit -n)" -ge 12000 ] || ulimit -n 20000 2>/dev/null || die "raise the open-files limit to at least 12000 (ulimit -n)"
+files=110000
+if [ "$(ulimit -n)" -lt "$files" ]; then
+    ulimit -Hn "$files" 2>/dev/null || true
+    ulimit -n "$files" 2>/dev/null || die "raise the open-files limit to at least $files (ulimit -n)"
+fi
 out="$HOLDFAST_ROOT/bench/output"
 mkdir -p "$out"
 say "building the benchmarks and the server (release)"
@@ -31,7 +38,7 @@ run() {
     echo
     echo "### Reserve through the HTTP API vs raw EVALSHA (one hot SKU)"
     echo
-    run http_vs_evalsha --clients 50 --seconds 5
+    run http_vs_evalsha --clients 50 --seconds 5 --profile 1
     echo
     echo "### The Redis path vs PostgreSQL SELECT ... FOR UPDATE (one hot row)"
     echo
@@ -40,6 +47,10 @@ run() {
     echo "### The worked example: 2,000 units, 160,000 shoppers at 8,000/s"
     echo
     run drop_rehearsal --out "$out"
+    echo
+    echo "The same step with 1,000 connections per server opened before it:"
+    echo
+    run drop_rehearsal --out "$out/preopened" --connections 1000
     echo
     echo "### Rejections after a sell-out: sold-out cache vs Redis"
     echo
@@ -65,7 +76,7 @@ run() {
     echo
     echo "### Shopper badges"
     echo
-    run badge_bench --connections 10000
+    run badge_bench --connections 50000
     echo
     echo "### Running at scale: one node vs a cluster, replica acknowledgements, failover"
     echo

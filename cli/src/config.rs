@@ -150,6 +150,12 @@ pub struct SimulateArgs {
     /// Seed for the shoppers' choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
+    /// Connections to open to each server before the first shopper arrives
+    /// and keep for reuse, as a load balancer holds them (up to 1,024). With
+    /// 0, shoppers open connections as they need them, so a sudden step also
+    /// measures connection set-up.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
+    pub connections: u64,
     /// Longest wait after the run for holds to end and sales to reach PostgreSQL.
     #[arg(long, default_value_t = 60)]
     pub settle_secs: u64,

@@ -7,6 +7,8 @@
 //! Every server watches for Redis losing its data ([`rewarm_after_loss`]) and
 //! the first to see it warms everything again, so checkout comes back by itself.
 
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Instant;
 
 use redis::Value;
@@ -181,6 +183,10 @@ pub(crate) async fn read_counters(
 }
 
 /// Warms every SKU in PostgreSQL, calling `progress` after each page.
+///
+/// Two pages are in flight: while one page's counters are written to Redis,
+/// the next page is read from PostgreSQL (each under its own transaction's
+/// share lock), so neither side waits for the other.
 pub async fn warm_all(
     engine: &Engine,
     pg: &PgPool,
@@ -191,24 +197,35 @@ pub async fn warm_all(
     let total: i64 = sqlx::query_scalar("SELECT count(*) FROM skus")
         .fetch_one(pg)
         .await?;
-    let mut warming = Warming::default();
+    let mut report = WarmReport::default();
     let mut after = String::new();
     load_warm_script(engine).await?;
+    let mut writing: Option<Writing<'_>> = None;
     loop {
-        let pick = Pick::After(&after, options.page.max(1));
-        let Some(last) = warming.page(engine, pg, pick, options).await? else {
-            break;
+        let read = read_page(pg, Pick::After(&after, options.page.max(1)));
+        let next = match writing.take() {
+            Some(write) => {
+                let (next, written) = tokio::join!(read, write);
+                report.add(&written?);
+                progress(WarmProgress {
+                    done: report.skus,
+                    total: total as u64,
+                    warmed: report.warmed,
+                });
+                next?
+            }
+            None => read.await?,
         };
-        after = last;
-        progress(WarmProgress {
-            done: warming.report.skus,
-            total: total as u64,
-            warmed: warming.report.warmed,
-        });
+        let Some(last) = next.rows.last() else { break };
+        after = last.sku.clone();
+        writing = Some(Box::pin(next.write(engine, options)));
     }
-    warming.report.elapsed_ms = started.elapsed().as_millis() as u64;
-    Ok(warming.report)
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
 }
+
+/// A page's counters being written (what it did, when done).
+type Writing<'a> = Pin<Box<dyn Future<Output = Result<WarmReport, EngineError>> + Send + 'a>>;
 
 /// Loads warm.lua, so a pipeline of EVALSHA finds it.
 async fn load_warm_script(engine: &Engine) -> Result<(), EngineError> {
@@ -229,15 +246,14 @@ pub async fn warm_list(
     skus: &[String],
 ) -> Result<WarmReport, EngineError> {
     let started = Instant::now();
-    let mut warming = Warming::default();
+    let mut report = WarmReport::default();
     load_warm_script(engine).await?;
     for chunk in skus.chunks(2_000) {
-        warming
-            .page(engine, pg, Pick::These(chunk), WarmOptions::default())
-            .await?;
+        let page = read_page(pg, Pick::These(chunk)).await?;
+        report.add(&page.write(engine, WarmOptions::default()).await?);
     }
-    warming.report.elapsed_ms = started.elapsed().as_millis() as u64;
-    Ok(warming.report)
+    report.elapsed_ms = started.elapsed().as_millis() as u64;
+    Ok(report)
 }
 
 /// Which SKUs a page of warm-up reads.
@@ -248,50 +264,60 @@ enum Pick<'a> {
     These(&'a [String]),
 }
 
-/// A warm-up under way: what it did so far.
-#[derive(Default)]
-struct Warming {
-    report: WarmReport,
+impl WarmReport {
+    /// Adds what one page did.
+    fn add(&mut self, page: &WarmReport) {
+        self.skus += page.skus;
+        self.warmed += page.warmed;
+        self.existing += page.existing;
+        self.guards += page.guards;
+    }
 }
 
-impl Warming {
-    /// Warms the page `pick` names; returns the last SKU code it read (`None`:
-    /// there was none).
-    ///
-    /// The rows are read under a share lock held until their counters are
-    /// written, and the write-behind records a movement only while it holds the
-    /// row (checking the counter's epoch, see `lua/late.lua`): a counter is built
-    /// either from a row that has the movement or before the movement is
-    /// recorded (which then applies it), never from a row it is changing.
-    async fn page(
-        &mut self,
-        engine: &Engine,
-        pg: &PgPool,
-        pick: Pick<'_>,
-        options: WarmOptions,
-    ) -> Result<Option<String>, EngineError> {
-        let report = &mut self.report;
+/// A page of rows read for warm-up, under a share lock held by its
+/// transaction until [`Page::write`] has written their counters.
+///
+/// The write-behind records a movement only while it holds the row (checking
+/// the counter's epoch, see `lua/late.lua`): a counter is built either from a
+/// row that has the movement or before the movement is recorded (which then
+/// applies it), never from a row it is changing.
+struct Page {
+    tx: sqlx::Transaction<'static, sqlx::Postgres>,
+    rows: Vec<StockRow>,
+}
+
+/// Reads the page `pick` names, locking its rows.
+async fn read_page(pg: &PgPool, pick: Pick<'_>) -> Result<Page, EngineError> {
+    let mut tx = pg.begin().await?;
+    let rows: Vec<StockRow> = match pick {
+        Pick::After(after, page) => {
+            sqlx::query_as(&stock_query(
+                "WHERE s.sku > $1 ORDER BY s.sku LIMIT $2 FOR SHARE OF s",
+            ))
+            .bind(after)
+            .bind(page as i64)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+        Pick::These(skus) => {
+            sqlx::query_as(&stock_query(
+                "WHERE s.sku = ANY($1) ORDER BY s.sku FOR SHARE OF s",
+            ))
+            .bind(skus)
+            .fetch_all(&mut *tx)
+            .await?
+        }
+    };
+    Ok(Page { tx, rows })
+}
+
+impl Page {
+    /// Writes the counters of the page's rows (missing ones, or all when
+    /// forced), then lets the rows go; what it did.
+    async fn write(self, engine: &Engine, options: WarmOptions) -> Result<WarmReport, EngineError> {
+        let Page { mut tx, rows } = self;
+        let mut report = WarmReport::default();
         let script = &engine.scripts.warm;
-        let mut tx = pg.begin().await?;
-        let rows: Vec<StockRow> = match pick {
-            Pick::After(after, page) => {
-                sqlx::query_as(&stock_query(
-                    "WHERE s.sku > $1 ORDER BY s.sku LIMIT $2 FOR SHARE OF s",
-                ))
-                .bind(after)
-                .bind(page as i64)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-            Pick::These(skus) => {
-                sqlx::query_as(&stock_query(
-                    "WHERE s.sku = ANY($1) ORDER BY s.sku FOR SHARE OF s",
-                ))
-                .bind(skus)
-                .fetch_all(&mut *tx)
-                .await?
-            }
-        };
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
         let missing: Vec<&str> = skus
@@ -355,7 +381,7 @@ impl Warming {
         }
         tx.commit().await?;
         report.skus += rows.len() as u64;
-        Ok(rows.last().map(|r| r.sku.clone()))
+        Ok(report)
     }
 }
 

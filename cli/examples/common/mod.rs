@@ -209,3 +209,152 @@ pub async fn stack(
     let server = start(&redis.url(), &pg_url, &all).await;
     (redis, server, engine, token)
 }
+
+/// What a `wrk` run measured.
+pub struct Wrk {
+    /// Requests completed per second.
+    pub rps: f64,
+    /// Median latency, ms.
+    pub p50: f64,
+    /// 99th percentile, ms.
+    pub p99: f64,
+    /// Answers other than 2xx or 3xx, and socket errors.
+    pub failed: u64,
+}
+
+/// `wrk` (one thread, `clients` connections, `seconds`) posting a reservation of
+/// one unit of `sku` per request, each with its own `Idempotency-Key` (`run`
+/// makes the keys of one run differ from another's): the lean C client beside
+/// `redis-benchmark`, so neither side pays for a heavier client.
+pub fn wrk_reserve(
+    base: &str,
+    token: &str,
+    sku: &str,
+    clients: usize,
+    seconds: u64,
+    run: &str,
+) -> Wrk {
+    let script =
+        std::env::temp_dir().join(format!("holdfast-wrk-{}-{run}.lua", std::process::id()));
+    std::fs::write(
+        &script,
+        format!(
+            r#"wrk.method = "POST"
+wrk.body = '{{"sku":"{sku}","qty":1,"ttl_ms":600000}}'
+wrk.headers["Content-Type"] = "application/json"
+wrk.headers["Authorization"] = "Bearer {token}"
+local threads = 0
+function setup(thread)
+  threads = threads + 1
+  thread:set("tid", threads)
+end
+local n = 0
+function request()
+  n = n + 1
+  wrk.headers["Idempotency-Key"] = "{run}-" .. tid .. "-" .. n
+  return wrk.format()
+end
+"#
+        ),
+    )
+    .expect("write the wrk script");
+    let out = Command::new("wrk")
+        .args([
+            "-t1",
+            "-c",
+            &clients.to_string(),
+            "-d",
+            &format!("{seconds}s"),
+        ])
+        .args(["--latency", "-s"])
+        .arg(&script)
+        .arg(format!("{base}/api/v1/reservations"))
+        .output()
+        .expect("run wrk (Debian package wrk)");
+    let _ = std::fs::remove_file(&script);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "wrk failed: {text}");
+    parse_wrk(&text)
+}
+
+/// Reads `wrk --latency`'s report.
+fn parse_wrk(text: &str) -> Wrk {
+    let ms = |v: &str| {
+        let (n, unit) = v.split_at(v.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(v.len()));
+        let n: f64 = n.parse().unwrap_or(f64::NAN);
+        match unit {
+            "us" => n / 1000.0,
+            "s" => n * 1000.0,
+            "m" => n * 60_000.0,
+            _ => n,
+        }
+    };
+    let field = |prefix: &str| {
+        text.lines()
+            .map(str::trim)
+            .find_map(|l| l.strip_prefix(prefix).map(|r| r.trim().to_owned()))
+    };
+    let errors: u64 = field("Socket errors:").map_or(0, |s| {
+        s.split(',')
+            .filter_map(|p| p.split_whitespace().last()?.parse::<u64>().ok())
+            .sum()
+    });
+    Wrk {
+        rps: field("Requests/sec:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0),
+        p50: field("50%").map_or(f64::NAN, |v| ms(&v)),
+        p99: field("99%").map_or(f64::NAN, |v| ms(&v)),
+        failed: field("Non-2xx or 3xx responses:")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0)
+            + errors,
+    }
+}
+
+/// Samples process `pid`'s stacks with `perf` (CPU clock, 999 Hz) for
+/// `seconds`, in the background; [`Profile::top`] then reads the hottest
+/// functions. `None` when `perf` is not installed (package linux-perf).
+pub struct Profile {
+    child: Child,
+    data: std::path::PathBuf,
+}
+
+impl Profile {
+    /// Starts sampling.
+    pub fn start(pid: u32, seconds: u64) -> Option<Self> {
+        let data = std::env::temp_dir().join(format!("holdfast-perf-{pid}.data"));
+        let child = Command::new("perf")
+            .args(["record", "-e", "cpu-clock", "-F", "999", "-g", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&data)
+            .args(["--", "sleep", &seconds.to_string()])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .ok()?;
+        Some(Self { child, data })
+    }
+
+    /// The `n` functions with the most samples of their own (self time), as
+    /// `perf report` prints them.
+    pub fn top(mut self, n: usize) -> Vec<String> {
+        let _ = self.child.wait();
+        let out = Command::new("perf")
+            .args(["report", "--stdio", "--no-children", "--sort", "dso,symbol"])
+            .args(["-g", "none", "--percent-limit", "0.5", "-i"])
+            .arg(&self.data)
+            .output();
+        let _ = std::fs::remove_file(&self.data);
+        out.map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .filter(|l| !l.starts_with('#') && !l.trim().is_empty())
+                .take(n)
+                .map(|l| l.split_whitespace().collect::<Vec<_>>().join(" "))
+                .collect()
+        })
+        .unwrap_or_default()
+    }
+}

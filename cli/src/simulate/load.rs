@@ -36,6 +36,8 @@ pub struct Behaviour {
     pub max_qty: i64,
     /// Random seed.
     pub seed: u64,
+    /// Connections opened to each server before the first arrival.
+    pub connections: usize,
 }
 
 /// A tiny, seedable random source (xorshift64*); good enough to vary behaviour.
@@ -309,6 +311,7 @@ pub async fn run(target: Target, b: Behaviour, tally: Arc<Tally>) -> Duration {
         .timeout(Duration::from_secs(30))
         .build()
         .expect("an HTTP client");
+    preopen(&http, &target, b.connections).await;
     let arrivals = schedule(&b);
     let started = Instant::now();
     let mut rng = Rng::new(b.seed);
@@ -328,6 +331,35 @@ pub async fn run(target: Target, b: Behaviour, tally: Arc<Tally>) -> Duration {
     }
     while tasks.join_next().await.is_some() {}
     last.duration_since(started)
+}
+
+/// Opens `n` connections to each server and leaves them idle in `http`'s pool:
+/// `n` requests at once each need a connection of their own (a connection
+/// started while another came free still joins the pool).
+async fn preopen(http: &reqwest::Client, target: &Target, n: usize) {
+    if n == 0 {
+        return;
+    }
+    let mut opening = tokio::task::JoinSet::new();
+    for base in &target.bases {
+        for _ in 0..n {
+            let (http, url) = (http.clone(), format!("{base}/healthz"));
+            // Read to the end, so the connection goes back to the pool.
+            opening.spawn(async move {
+                match http.get(url).send().await {
+                    Ok(r) => r.bytes().await.is_ok(),
+                    Err(_) => false,
+                }
+            });
+        }
+    }
+    let opened = opening
+        .join_all()
+        .await
+        .into_iter()
+        .filter(|ok| *ok)
+        .count();
+    eprintln!("{opened} connections opened before the first shopper");
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -469,6 +501,7 @@ mod tests {
             repeat: 0.0,
             max_qty: 1,
             seed: 7,
+            connections: 0,
         };
         let s = schedule(&b);
         assert_eq!(s.len(), 3_000);

@@ -88,6 +88,7 @@ fn behaviour(args: &SimulateArgs) -> Behaviour {
         repeat: args.repeat,
         max_qty: args.per_buyer_limit.max(1),
         seed: args.seed,
+        connections: args.connections as usize,
     }
 }
 
