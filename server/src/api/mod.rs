@@ -22,9 +22,32 @@ use soldout::SoldOutCache;
 /// under 2 KiB); `HOLDFAST_API_MAX_BODY_BYTES` changes it.
 pub const DEFAULT_BODY_LIMIT: usize = 16 * 1024;
 
-/// What the API's handlers work with.
+/// What the API's handlers work with: built once, a reference count to clone
+/// for each request.
 #[derive(Clone)]
-pub struct ApiState {
+pub struct ApiState(Arc<ApiParts>);
+
+impl ApiState {
+    /// The API's state over `backends`.
+    pub fn new(backends: Backends, sold_out: Arc<SoldOutCache>, deadline: Deadline) -> Self {
+        Self(Arc::new(ApiParts {
+            backends,
+            sold_out,
+            deadline,
+        }))
+    }
+}
+
+impl std::ops::Deref for ApiState {
+    type Target = ApiParts;
+
+    fn deref(&self) -> &ApiParts {
+        &self.0
+    }
+}
+
+/// What [`ApiState`] holds.
+pub struct ApiParts {
     /// PostgreSQL and Redis, through the engine.
     pub backends: Backends,
     /// SKUs that just sold out.

@@ -133,6 +133,9 @@ async fn poll(
     response
 }
 
+/// Bytes each badge socket reads into at a time (and holds while idle).
+const READ_BUFFER: usize = 1024;
+
 /// `GET /public/ws`: the live feed. Refused (403) for an origin outside the
 /// allow-list and (429) past the connections allowed per client address.
 async fn live(
@@ -159,9 +162,11 @@ async fn live(
         )
             .into_response();
     };
-    // Badge connections are mostly idle: small buffers keep thousands of them cheap.
+    // Badge connections are mostly idle: small buffers keep tens of thousands
+    // of them cheap. A subscription is a few hundred bytes; a longer message
+    // (up to `max_message`) grows the buffer for as long as it takes.
     let max_message = hub.config.max_message;
-    ws.read_buffer_size(max_message.min(4 * 1024))
+    ws.read_buffer_size(max_message.min(READ_BUFFER))
         .write_buffer_size(0)
         .max_write_buffer_size(64 * 1024)
         .max_message_size(max_message)
