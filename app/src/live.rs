@@ -163,8 +163,14 @@ impl Live {
                 replayed,
             } => {
                 self.cursor.set_value(Some(cursor));
-                self.figures
-                    .set(skus.into_iter().map(|s| (s.sku.clone(), s)).collect());
+                // The snapshot has the drops' SKUs the hub follows (at most a
+                // few thousand); the figures a page was rendered with for
+                // others stay until their first change arrives.
+                self.figures.update(|m| {
+                    for f in skus {
+                        m.insert(f.sku.clone(), f);
+                    }
+                });
                 self.history.set(
                     history
                         .into_iter()

@@ -83,7 +83,9 @@ async fn main() {
     let (go_tx, go_rx) = watch::channel::<Option<Instant>>(None);
     let connecting = Arc::new(Semaphore::new(200));
     let mut tasks = tokio::task::JoinSet::new();
-    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<()>(n);
+    // Each connection says whether it opened (a refused one must not leave
+    // the count waiting).
+    let (ready_tx, mut ready_rx) = tokio::sync::mpsc::channel::<bool>(n);
     let started = Instant::now();
     let server_addr: std::net::SocketAddr = base.parse().unwrap();
     for i in 0..n {
@@ -97,19 +99,30 @@ async fn main() {
         );
         tasks.spawn(async move {
             let permit = connecting.acquire_owned().await.unwrap();
-            let socket = tokio::net::TcpSocket::new_v4().ok()?;
-            socket.bind((source, 0).into()).ok()?;
-            let stream = socket.connect(server_addr).await.ok()?;
-            stream.set_nodelay(true).ok()?;
-            let (mut ws, _) =
-                tokio_tungstenite::client_async_with_config(&url, stream, Some(config))
-                    .await
-                    .ok()?;
-            ws.send(subscribe).await.ok()?;
-            let first = ws.next().await?.ok()?;
+            let opened = async {
+                let socket = tokio::net::TcpSocket::new_v4().ok()?;
+                socket.bind((source, 0).into()).ok()?;
+                let stream = socket.connect(server_addr).await.ok()?;
+                stream.set_nodelay(true).ok()?;
+                let (mut ws, _) =
+                    tokio_tungstenite::client_async_with_config(&url, stream, Some(config))
+                        .await
+                        .ok()?;
+                ws.send(subscribe).await.ok()?;
+                let first = ws.next().await?.ok()?;
+                first
+                    .to_text()
+                    .unwrap_or_default()
+                    .contains("in_stock")
+                    .then_some(ws)
+            };
+            let opened = tokio::time::timeout(Duration::from_secs(30), opened)
+                .await
+                .ok()
+                .flatten();
             drop(permit);
-            assert!(first.to_text().unwrap_or_default().contains("in_stock"));
-            let _ = ready_tx.send(()).await;
+            let _ = ready_tx.send(opened.is_some()).await;
+            let mut ws = opened?;
             go_rx.wait_for(Option::is_some).await.ok()?;
             let t0 = (*go_rx.borrow()).unwrap_or_else(Instant::now);
             while let Some(Ok(m)) = ws.next().await {
@@ -121,9 +134,13 @@ async fn main() {
         });
     }
     drop(ready_tx);
-    let mut connected = 0;
-    while connected < n && ready_rx.recv().await.is_some() {
-        connected += 1;
+    let (mut answered, mut connected) = (0, 0);
+    while answered < n {
+        let Some(opened) = ready_rx.recv().await else {
+            break;
+        };
+        answered += 1;
+        connected += usize::from(opened);
     }
     let connect_secs = started.elapsed().as_secs_f64();
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -150,10 +150,13 @@ pub struct SimulateArgs {
     /// Seed for the shoppers' choices.
     #[arg(long, default_value_t = 1)]
     pub seed: u64,
-    /// Connections to open to each server before the first shopper arrives
-    /// and keep for reuse, as a load balancer holds them (up to 1,024). With
-    /// 0, shoppers open connections as they need them, so a sudden step also
-    /// measures connection set-up.
+    /// Connections to each server, opened before the first shopper arrives
+    /// and kept, as a load balancer holds its pool of backend connections (up
+    /// to 1,024): at most this many requests are in flight to each server, and
+    /// a request waits for a free connection (its latency counting from the
+    /// shopper's arrival). With 0, shoppers open connections as they need
+    /// them, as many as they like, so a sudden step also measures connection
+    /// set-up.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=1024))]
     pub connections: u64,
     /// Longest wait after the run for holds to end and sales to reach PostgreSQL.

@@ -1,6 +1,7 @@
 // The dashboard in Chromium against the server the test script starts with the
 // demo drop: sign-in, live figures, releasing holds by role, a forged call
-// refused, a drop set up from a CSV by a merchandiser, locks, the warm-up progress bar, and a screenshot of every page.
+// refused, a drop set up from a CSV by a merchandiser, locks, the warm-up progress bar, a
+// 10,000-SKU drop paged and live, and a screenshot of every page.
 import { test, expect, Page, APIRequestContext } from '@playwright/test';
 import { execFileSync } from 'node:child_process';
 
@@ -389,4 +390,47 @@ test('every other page renders for an admin', async ({ page }) => {
   await page.goto('/');
   await live(page);
   await page.screenshot({ path: 'output/overview-phone.png', fullPage: true });
+});
+
+test('a drop of 10,000 SKUs shows a page of them at a time, counts them all, and stays live', async ({ page, request }) => {
+  test.setTimeout(180_000);
+  // The drop comes from a PIM through the API (a catalog token made with the CLI).
+  const catalog = execFileSync(process.env.HOLDFAST_BIN!, ['token', 'create', '--name', 'e2e-catalog', '--scopes', 'catalog'], { env: process.env, stdio: ['ignore', 'pipe', 'ignore'] })
+    .toString().split('\n')[1].trim();
+  const code = (i: number) => `BIG-${String(i).padStart(5, '0')}`;
+  const lines = ['drop,drop_name,sku,product,stock'];
+  for (let i = 0; i < 10_000; i++) lines.push(`e2e-big,Big E2E,${code(i)},Product ${Math.floor(i / 50)},5`);
+  const imported = await request.put('/api/v1/drops/e2e-big', {
+    headers: { Authorization: `Bearer ${catalog}`, 'Content-Type': 'text/csv' },
+    data: lines.join('\n'),
+    timeout: 120_000,
+  });
+  expect(imported.status(), await imported.text()).toBe(200);
+  expect((await imported.json()).counters_warmed).toBe(10_000);
+
+  await signIn(page, 'merchandiser');
+  await page.goto('/?drop=e2e-big');
+  await live(page);
+  await expect(page.locator('tr[data-sku]')).toHaveCount(100);
+  await expect(page.locator('.pager .page-of')).toHaveText('Page 1 of 100');
+  await expect(page.locator('[data-total="available"]')).toHaveText('50,000');
+  await expect(page.locator('.count')).toHaveText('Showing 10000 of 10000 SKUs');
+  // The next page has the next hundred, and follows a sale live.
+  await page.getByRole('button', { name: 'Next' }).click();
+  await expect(page.locator('.pager .page-of')).toHaveText('Page 2 of 100');
+  await expect(page.locator(`tr[data-sku="${code(150)}"]`)).toBeVisible();
+  await expect(page.locator(`tr[data-sku="${code(0)}"]`)).toHaveCount(0);
+  await reserve(request, 'big-150', code(150), 2);
+  await expect(cell(page, code(150), 'available')).toHaveText('3', { timeout: 1000 });
+  await expect(page.locator('[data-total="available"]')).toHaveText('49,998');
+  // A sale on a page not shown counts in the totals at once.
+  await reserve(request, 'big-9999', code(9999), 1);
+  await expect(page.locator('[data-total="available"]')).toHaveText('49,997', { timeout: 1000 });
+  // The filter searches every SKU, from the first page of what it keeps.
+  await page.getByPlaceholder('SKU, title or product').fill('BIG-0999');
+  await expect(page.locator('tr[data-sku]')).toHaveCount(10);
+  await expect(page.locator('.count')).toHaveText('Showing 10 of 10000 SKUs');
+  await expect(page.locator('.pager')).toHaveCount(0);
+  await expect(cell(page, code(9999), 'available')).toHaveText('4');
+  await page.screenshot({ path: 'output/overview-10000.png', fullPage: true });
 });

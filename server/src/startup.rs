@@ -165,6 +165,25 @@ async fn site_or_page(uri: Uri, state: State<AppState>, req: Request<Body>) -> R
     leptos_axum::file_and_error_handler::<AppState, _>(shell)(uri, state, req).await
 }
 
+/// Connections the kernel completes and queues before the server accepts
+/// them. The step at a drop's start brings thousands at once: with the
+/// common 1,024 the queue overflowed on a 2-core machine, and each dropped
+/// handshake cost its shopper a second or more (TCP's retransmission). The
+/// kernel caps it at `net.core.somaxconn` (4,096 on current Linux).
+const LISTEN_BACKLOG: u32 = 4_096;
+
+/// A listener on `addr` with [`LISTEN_BACKLOG`].
+fn listen(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
+
 /// Serves `router` on `listener` until `shutdown` completes, then drains
 /// in-flight requests (for at most [`DRAIN`]).
 ///
@@ -486,9 +505,8 @@ impl Application {
                  build it with scripts/run.sh (or `cargo leptos build`)"
             );
         }
-        let listener = TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener =
+            listen(args.listen).with_context(|| format!("cannot listen on {}", args.listen))?;
         let addr = listener.local_addr()?;
         let options = StateOptions {
             api_rate: args.api_rate,

@@ -1,6 +1,7 @@
 //! The drop overview: every SKU of a drop with available, reserved, sold and
 //! drift, low-stock and sold-out states, take rate and estimated sell-out, and a
-//! live chart per SKU; variants grouped under their product.
+//! live chart per SKU; variants grouped under their product, a page of rows at a
+//! time (the totals count every SKU).
 
 use holdfast_domain::StockState;
 use leptos::prelude::*;
@@ -42,13 +43,26 @@ fn figures(live: Live, initial: &SkuLive) -> Memo<SkuLive> {
     Memo::new(move |_| live.sku(&initial.sku).unwrap_or_else(|| initial.clone()))
 }
 
+/// SKU rows shown at once: a drop of thousands of SKUs renders (and follows
+/// live) one page of them, while the totals count every SKU.
+const PAGE_ROWS: usize = 100;
+
+/// Whether `s` matches the filter `needle` (lower case; empty matches all).
+fn matches(s: &SkuSummary, needle: &str) -> bool {
+    needle.is_empty()
+        || s.sku.to_lowercase().contains(needle)
+        || s.title.to_lowercase().contains(needle)
+        || s.product.to_lowercase().contains(needle)
+}
+
 #[component]
 fn DropView(drop: DropOverview) -> impl IntoView {
     let live = expect_context::<Live>();
     live.seed(&drop.figures);
     let filter = RwSignal::new(String::new());
-    let skus = drop.skus.clone();
-    let names: Vec<String> = skus.iter().map(|s| s.sku.clone()).collect();
+    let page = RwSignal::new(0usize);
+    let names: Vec<String> = drop.skus.iter().map(|s| s.sku.clone()).collect();
+    let total_skus = names.len();
     let totals = Memo::new(move |_| {
         live.figures.with(|m| {
             names
@@ -64,6 +78,7 @@ fn DropView(drop: DropOverview) -> impl IntoView {
                 })
         })
     });
+    // Variants grouped under their product, products in first-seen order.
     let mut products: Vec<(String, Vec<(SkuSummary, SkuLive)>)> = Vec::new();
     for (s, f) in drop.skus.into_iter().zip(drop.figures) {
         match products.iter_mut().find(|(p, _)| *p == s.product) {
@@ -71,15 +86,43 @@ fn DropView(drop: DropOverview) -> impl IntoView {
             None => products.push((s.product.clone(), vec![(s, f)])),
         }
     }
-    let total_skus = skus.len();
-    let visible = move |s: &SkuSummary| {
+    let rows = StoredValue::new(
+        products
+            .into_iter()
+            .flat_map(|(_, rows)| rows)
+            .collect::<Vec<_>>(),
+    );
+    // The rows the filter keeps (indices into `rows`).
+    let matching = Memo::new(move |_| {
         let needle = filter.get().trim().to_lowercase();
-        needle.is_empty()
-            || s.sku.to_lowercase().contains(&needle)
-            || s.title.to_lowercase().contains(&needle)
-            || s.product.to_lowercase().contains(&needle)
+        rows.with_value(|rows| {
+            rows.iter()
+                .enumerate()
+                .filter(|(_, (s, _))| matches(s, &needle))
+                .map(|(i, _)| i)
+                .collect::<Vec<usize>>()
+        })
+    });
+    let pages = Memo::new(move |_| matching.with(|m| m.len().div_ceil(PAGE_ROWS).max(1)));
+    let current = Memo::new(move |_| page.get().min(pages.get() - 1));
+    let shown = move || matching.with(Vec::len);
+    // This page's rows, grouped by product as they come.
+    let page_groups = move || {
+        let first = current.get() * PAGE_ROWS;
+        let mut groups: Vec<(String, Vec<(SkuSummary, SkuLive)>)> = Vec::new();
+        matching.with(|m| {
+            rows.with_value(|rows| {
+                for &i in m.iter().skip(first).take(PAGE_ROWS) {
+                    let (s, f) = rows[i].clone();
+                    match groups.last_mut() {
+                        Some((p, g)) if *p == s.product => g.push((s, f)),
+                        _ => groups.push((s.product.clone(), vec![(s, f)])),
+                    }
+                }
+            })
+        });
+        groups
     };
-    let shown = move || skus.iter().filter(|s| visible(s)).count();
     let switcher = (drop.drops.len() > 1).then(|| {
         let current = drop.code.clone();
         view! {
@@ -112,9 +155,21 @@ fn DropView(drop: DropOverview) -> impl IntoView {
             <label>"Filter "
                 <input type="search" name="filter" placeholder="SKU, title or product"
                     prop:value=move || filter.get()
-                    on:input:target=move |ev| filter.set(ev.target().value())/>
+                    on:input:target=move |ev| {
+                        filter.set(ev.target().value());
+                        page.set(0);
+                    }/>
             </label>
             <span class="count" aria-live="polite">{move || format!("Showing {} of {} SKUs", shown(), total_skus)}</span>
+            <Show when=move || { pages.get() > 1 }>
+                <nav class="pager" aria-label="Pages of SKUs">
+                    <button type="button" disabled=move || { current.get() == 0 }
+                        on:click=move |_| page.set(current.get_untracked().saturating_sub(1))>"Previous"</button>
+                    <span class="page-of">{move || format!("Page {} of {}", current.get() + 1, pages.get())}</span>
+                    <button type="button" disabled=move || { current.get() + 1 >= pages.get() }
+                        on:click=move |_| page.set(current.get_untracked() + 1)>"Next"</button>
+                </nav>
+            </Show>
         </div>
         <div class="table-wrap">
         <table class="skus">
@@ -131,18 +186,11 @@ fn DropView(drop: DropOverview) -> impl IntoView {
                     <th scope="col">"Last 10 min"</th>
                 </tr>
             </thead>
-            {products.into_iter().map(|(product, rows)| {
-                let names: Vec<SkuSummary> = rows.iter().map(|(s, _)| s.clone()).collect();
-                let any_visible = move || names.iter().any(&visible);
-                view! {
-                    <tbody class="product" style:display=move || if any_visible() { "" } else { "none" }>
-                        <tr class="product-row"><th scope="rowgroup" colspan="9">{product}</th></tr>
-                        {rows.into_iter().map(|(s, f)| {
-                            let show = { let s = s.clone(); move || visible(&s) };
-                            view! { <SkuRow summary=s initial=f show=Signal::derive(show)/> }
-                        }).collect_view()}
-                    </tbody>
-                }
+            {move || page_groups().into_iter().map(|(product, rows)| view! {
+                <tbody class="product">
+                    <tr class="product-row"><th scope="rowgroup" colspan="9">{product}</th></tr>
+                    {rows.into_iter().map(|(s, f)| view! { <SkuRow summary=s initial=f/> }).collect_view()}
+                </tbody>
             }).collect_view()}
         </table>
         </div>
@@ -150,7 +198,7 @@ fn DropView(drop: DropOverview) -> impl IntoView {
 }
 
 #[component]
-fn SkuRow(summary: SkuSummary, initial: SkuLive, show: Signal<bool>) -> impl IntoView {
+fn SkuRow(summary: SkuSummary, initial: SkuLive) -> impl IntoView {
     let live = expect_context::<Live>();
     let f = figures(live, &initial);
     let sku = summary.sku.clone();
@@ -182,7 +230,7 @@ fn SkuRow(summary: SkuSummary, initial: SkuLive, show: Signal<bool>) -> impl Int
         .clone()
         .unwrap_or_else(|| summary.title.clone());
     view! {
-        <tr data-sku=sku.clone() style:display=move || if show.get() { "" } else { "none" }>
+        <tr data-sku=sku.clone()>
             <td class="sku"><a href=format!("/sku/{sku}")>{sku.clone()}</a></td>
             <td>{variant}<span class=move || state().1>{move || state().0}</span></td>
             <td class="num" data-field="available">{move || thousands(f.get().available)}</td>

@@ -41,6 +41,10 @@ pub fn holdfast_exe() -> std::path::PathBuf {
 
 /// Starts `holdfast serve` on a free port against `redis_url` and `pg_url` with the
 /// extra environment `env` (scheduled reconciliation off), and waits for `/readyz`.
+///
+/// The load comes from one address standing in for thousands of shoppers (as
+/// it would through a trusted load balancer), so the cap on connections per
+/// client address is lifted.
 pub async fn start(redis_url: &str, pg_url: &str, env: &[(&str, String)]) -> Server {
     let port = holdfast_engine::testkit::free_port();
     let exe = holdfast_exe();
@@ -50,6 +54,7 @@ pub async fn start(redis_url: &str, pg_url: &str, env: &[(&str, String)]) -> Ser
         .env("DATABASE_URL", pg_url)
         .env("HOLDFAST_LISTEN", format!("127.0.0.1:{port}"))
         .env("HOLDFAST_RECONCILE_EVERY_SECS", "0")
+        .env("HOLDFAST_MAX_CONNECTIONS_PER_ADDRESS", "100000")
         .env("HOLDFAST_LOG", "warn")
         .stdout(Stdio::null());
     for (k, v) in env {

@@ -247,12 +247,24 @@ pub struct Target {
     pub sku: String,
     /// Prefix making this run's idempotency keys and buyers unique.
     pub run: String,
+    /// With `--connections`: places for requests in flight, as many as the
+    /// connections held open (a load balancer's pool of backend connections:
+    /// a request waits for a free one, and its latency counts the wait).
+    pub gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Target {
     /// The server for a shopper's `turn`-th request.
     fn base(&self, turn: u64) -> &str {
         &self.bases[turn as usize % self.bases.len()]
+    }
+
+    /// A place for one request in flight, when connections are pooled.
+    async fn admit(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        match &self.gate {
+            Some(gate) => gate.clone().acquire_owned().await.ok(),
+            None => None,
+        }
     }
 }
 
@@ -273,6 +285,7 @@ async fn reserve(
     ttl: Duration,
     tally: &Tally,
 ) -> (Answer, Option<(u16, String)>) {
+    let _place = t.admit().await;
     let res = http
         .post(format!("{base}/api/v1/reservations"))
         .bearer_auth(&t.token)
@@ -450,6 +463,7 @@ async fn shopper(
             continue;
         }
         tokio::time::sleep(b.think.mul_f64(draws[2])).await;
+        let place = t.admit().await;
         let res = http
             .post(format!(
                 "{}/api/v1/reservations/{id}/{ending}",
@@ -459,6 +473,7 @@ async fn shopper(
             .header("Idempotency-Key", format!("{key}-{ending}"))
             .send()
             .await;
+        drop(place);
         match res.map(|r| r.status().as_u16()) {
             Ok(200) if ending == "confirm" => {
                 tally.confirmed.fetch_add(1, Ordering::Relaxed);

@@ -145,7 +145,13 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
     eprintln!("watch it live on the dashboard: {base}/?drop={DROP}");
 
     let tally = Arc::new(Tally::default());
+    let gate = (args.connections > 0).then(|| {
+        Arc::new(tokio::sync::Semaphore::new(
+            args.connections as usize * bases.len(),
+        ))
+    });
     let target = Target {
+        gate,
         bases,
         token,
         sku: sku.clone(),
