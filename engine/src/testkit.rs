@@ -188,34 +188,30 @@ impl TestRedis {
     /// Waits (up to 20 s) until this node, if a replica, says its link to its
     /// master is up (the first full sync done).
     fn await_replica_synced(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let info: String = redis::from_redis_value(self.command(&["INFO", "replication"]))
-                .expect("INFO is text");
-            if !info.contains("role:slave") || info.contains("master_link_status:up") {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the replica on port {} never synced:\n{info}",
-                self.port
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        self.await_text(&["INFO", "replication"], "its replica link up", |info| {
+            !info.contains("role:slave") || info.contains("master_link_status:up")
+        });
     }
 
     /// Waits (up to 20 s) until this node says `cluster_state:ok`.
     fn await_cluster_ok(&self) {
+        self.await_text(&["CLUSTER", "INFO"], "cluster_state:ok", |info| {
+            info.contains("cluster_state:ok")
+        });
+    }
+
+    /// Asks this node `args` every 50 ms until its text answer is `done`;
+    /// panics after 20 s naming what it waited for (`what`) and the last answer.
+    fn await_text(&self, args: &[&str], what: &str, done: impl Fn(&str) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            let info: String = redis::from_redis_value(self.command(&["CLUSTER", "INFO"]))
-                .expect("CLUSTER INFO is text");
-            if info.contains("cluster_state:ok") {
+            let text: String = redis::from_redis_value(self.command(args)).expect("a text answer");
+            if done(&text) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "the cluster node on port {} never reached cluster_state:ok:\n{info}",
+                "the node on port {} never reached {what}:\n{text}",
                 self.port
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -499,19 +495,9 @@ impl TestCluster {
     pub fn promote(&self, replica: usize) {
         let node = &self.nodes[replica];
         node.command(&["CLUSTER", "FAILOVER"]);
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let info: String = redis::from_redis_value(node.command(&["INFO", "replication"]))
-                .expect("INFO is text");
-            if info.contains("role:master") {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "node {replica} was never promoted"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        node.await_text(&["INFO", "replication"], "role:master", |info| {
+            info.contains("role:master")
+        });
     }
 
     /// The index of the node that is master of `key`'s slot now, asked of a

@@ -416,7 +416,7 @@ pub fn start_live(
         tokio::spawn(feed.run(redis_url.to_owned(), keys, stopped(stop.clone()))),
         tokio::spawn(api::soldout::clear_on_restock(
             events,
-            state.sold_out.clone(),
+            state.api.sold_out.clone(),
             stopped(stop.clone()),
         )),
         tokio::spawn(

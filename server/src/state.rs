@@ -93,7 +93,7 @@ impl std::ops::Deref for AppState {
 
 /// What [`AppState`] shares.
 pub struct Shared {
-    /// What the API's handlers work with.
+    /// What the API's handlers work with (the sold-out cache among it).
     pub api: ApiState,
     /// Where the site (WASM, JS, CSS) lives and how Leptos renders.
     pub leptos: LeptosOptions,
@@ -103,8 +103,6 @@ pub struct Shared {
     pub workers: Arc<WorkerStats>,
     /// API token verification and limits.
     pub tokens: TokenCheck,
-    /// SKUs that just sold out.
-    pub sold_out: Arc<SoldOutCache>,
     /// Webhook sources, lanes and limits.
     pub ingest: IngestState,
     /// Live events from Redis, for every listener in this process.
@@ -140,11 +138,10 @@ impl AppState {
     ) -> Self {
         let jobs = Arc::new(JobBoard::default());
         let secure = options.edge.cookies.secure;
-        let sold_out = Arc::new(SoldOutCache::new(options.sold_out_ttl));
         Self(Arc::new(Shared {
             api: ApiState::new(
                 backends.clone(),
-                sold_out.clone(),
+                Arc::new(SoldOutCache::new(options.sold_out_ttl)),
                 options.edge.api_deadline,
             ),
             leptos,
@@ -164,7 +161,6 @@ impl AppState {
                     refused_remembered: options.refused_tokens_remembered,
                 },
             ),
-            sold_out,
             ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
             feed: Feed::new(4_096),
             edge: Arc::new(options.edge),
@@ -242,7 +238,7 @@ impl FromRef<AppState> for MetricsSources {
             workers: state.workers.clone(),
             access: state.metrics.clone(),
             http: state.http_metrics.clone(),
-            sold_out: state.sold_out.clone(),
+            sold_out: state.api.sold_out.clone(),
             ingest: state.ingest.clone(),
             live: state.live.clone(),
             badges: state.badges.clone(),

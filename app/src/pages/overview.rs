@@ -61,23 +61,7 @@ fn DropView(drop: DropOverview) -> impl IntoView {
     live.seed(&drop.figures);
     let filter = RwSignal::new(String::new());
     let page = RwSignal::new(0usize);
-    let names: Vec<String> = drop.skus.iter().map(|s| s.sku.clone()).collect();
-    let total_skus = names.len();
-    let totals = Memo::new(move |_| {
-        live.figures.with(|m| {
-            names
-                .iter()
-                .filter_map(|n| m.get(n))
-                .fold((0, 0, 0, 0), |t, f| {
-                    (
-                        t.0 + f.available,
-                        t.1 + f.reserved,
-                        t.2 + f.sold,
-                        t.3 + i64::from(f.available == 0 && f.warmed),
-                    )
-                })
-        })
-    });
+    let total_skus = drop.skus.len();
     // Variants grouped under their product, products in first-seen order.
     let mut products: Vec<(String, Vec<(SkuSummary, SkuLive)>)> = Vec::new();
     for (s, f) in drop.skus.into_iter().zip(drop.figures) {
@@ -92,6 +76,23 @@ fn DropView(drop: DropOverview) -> impl IntoView {
             .flat_map(|(_, rows)| rows)
             .collect::<Vec<_>>(),
     );
+    // Every SKU of the drop counts, on whichever page it is.
+    let totals = Memo::new(move |_| {
+        live.figures.with(|m| {
+            rows.with_value(|rows| {
+                rows.iter()
+                    .filter_map(|(s, _)| m.get(&s.sku))
+                    .fold((0, 0, 0, 0), |t, f| {
+                        (
+                            t.0 + f.available,
+                            t.1 + f.reserved,
+                            t.2 + f.sold,
+                            t.3 + i64::from(f.available == 0 && f.warmed),
+                        )
+                    })
+            })
+        })
+    });
     // The rows the filter keeps (indices into `rows`).
     let matching = Memo::new(move |_| {
         let needle = filter.get().trim().to_lowercase();
