@@ -10,7 +10,9 @@
 --
 -- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired'
 -- ARGV[3] tombstone ttl ms (how long the ended hold is remembered)
--- ARGV[4..] sku of each line, in KEYS order (checked against the hold)
+-- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
+--          optionally the fingerprint of the request that made the hold (as in
+--          confirm.lua)
 --
 -- Units coming back pay the SKU's `owed` debt first (units a feed removed while
 -- they were held); only the rest becomes available again.
@@ -23,9 +25,12 @@
 --   {'mismatch'}           the keys given do not match the hold's lines
 --   {'busy'}               a cart's confirmation is deciding this part: nothing moves
 local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
-local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer')
+local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer', 'fp')
 -- A refused request's record (reserve.lua) is no hold.
 if not h[1] or h[1] == 'refused' then return {'unknown'} end
+-- One argument past the skus: the hold must be the named request's.
+local _, count = string.gsub(h[3] or '', '=', '')
+if #ARGV == 4 + count and ARGV[#ARGV] ~= h[5] then return {'mismatch'} end
 if h[1] == 'confirming' then return {'busy'} end
 if h[1] ~= 'held' then return {'gone', h[1]} end
 
@@ -40,7 +45,7 @@ for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   if ARGV[3 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 3 ~= i then return {'mismatch'} end
+if #ARGV - 3 ~= i and #ARGV - 4 ~= i then return {'mismatch'} end
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]

@@ -15,6 +15,7 @@ use crate::redis_conn::RedisConn;
 use redis::Value;
 
 use crate::error::EngineError;
+use crate::hold_cache::{HoldCache, Known};
 use crate::keys::Keyspace;
 use crate::model::{
     ConfirmOutcome, Figures, Hold, HoldState, Invalid, Line, ReapReport, ReleaseOutcome,
@@ -57,6 +58,10 @@ pub struct EngineConfig {
     pub confirm_replicas: u32,
     /// Longest wait for those acknowledgements before answering 503.
     pub confirm_replica_timeout: Duration,
+    /// How many one-shard holds this process remembers so that confirming or
+    /// releasing one is a single Redis call ([`crate::hold_cache`]; a few
+    /// hundred bytes each). 0: every confirm and release looks the hold up first.
+    pub hold_cache_entries: usize,
 }
 
 impl Default for EngineConfig {
@@ -76,6 +81,7 @@ impl Default for EngineConfig {
             max_payload_events: crate::payload::DEFAULT_MAX_EVENTS,
             confirm_replicas: 0,
             confirm_replica_timeout: Duration::from_millis(1_000),
+            hold_cache_entries: 200_000,
         }
     }
 }
@@ -95,6 +101,8 @@ pub struct Engine {
     pub(crate) acks: Option<crate::replicas::ReplicaAcks>,
     /// Reservation attempts counted for drop reports ([`crate::attempts`]).
     attempts: Arc<crate::attempts::Attempts>,
+    /// The one-shard holds this process made ([`crate::hold_cache`]).
+    holds: Arc<HoldCache>,
 }
 
 /// Whether `s` is a valid SKU code: what PostgreSQL's `skus.sku` check accepts.
@@ -179,6 +187,7 @@ impl Engine {
             fence: Arc::new(crate::failover::ShardFence::new(
                 Keyspace::new(config.shards).shards(),
             )),
+            holds: Arc::new(HoldCache::new(config.hold_cache_entries)),
             config: Arc::new(config),
             acks: None,
             attempts: Arc::default(),
@@ -407,7 +416,23 @@ impl Engine {
                 from_memory: Some(sku),
                 ..
             }) => Some(sku),
-            _ => return Ok(outcome),
+            _ => {
+                if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome {
+                    self.holds.remember(Known {
+                        shard,
+                        fp: fp.to_owned(),
+                        hold: Hold {
+                            reservation_id: rid.clone(),
+                            state: HoldState::Held,
+                            lines: lines.to_vec(),
+                            buyer: req.buyer.clone(),
+                            expires_at_ms: *expires_at_ms,
+                            created_at_ms: expires_at_ms - ttl.as_millis() as i64,
+                        },
+                    });
+                }
+                return Ok(outcome);
+            }
         };
         match outcome {
             // This request's hold here, made now or left by an attempt whose
@@ -751,7 +776,45 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
+        if let Some(known) = self.holds.get(rid) {
+            let part = Part::known(&known);
+            let reply = self
+                .run_on_hold(
+                    &self.scripts.confirm,
+                    part.shard,
+                    &part.hold,
+                    None,
+                    Some(ConfirmMode::Direct.as_str()),
+                    Some(&known.fp),
+                )
+                .await?;
+            if !reply.is_miss()? {
+                let outcome = self.confirm_reply(rid, &reply)?;
+                return self.confirmed(rid, &[part], outcome).await;
+            }
+            self.holds.forget(rid);
+        }
         let parts = self.locate_parts(rid).await?;
+        let outcome = match parts.as_slice() {
+            [] => ConfirmOutcome::Unknown,
+            [part] if part.cart.is_empty() => {
+                let reply = self.confirm_step(part, ConfirmMode::Direct).await?;
+                self.confirm_reply(rid, &reply)?
+            }
+            _ => self.confirm_cart(rid, parts.clone()).await?,
+        };
+        self.confirmed(rid, &parts, outcome).await
+    }
+
+    /// What [`Engine::confirm_showing`] answers once `parts` of `rid` were
+    /// confirmed with `outcome`: after the replicas acknowledged a payment,
+    /// when asked for, with the reservation as it stands.
+    async fn confirmed(
+        &self,
+        rid: &str,
+        parts: &[Part],
+        outcome: ConfirmOutcome,
+    ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         let shown = whole(parts.iter().map(|p| p.hold.clone()));
         // Where the payment writes: the replicas of these slots' masters
         // must hold it ([`crate::replicas`]).
@@ -759,14 +822,6 @@ impl Engine {
             .iter()
             .map(|p| crate::keys::key_slot(self.keys.hold(p.shard, rid).as_bytes()))
             .collect();
-        let outcome = match parts.as_slice() {
-            [] => ConfirmOutcome::Unknown,
-            [part] if part.cart.is_empty() => {
-                let reply = self.confirm_step(part, ConfirmMode::Direct).await?;
-                self.confirm_reply(rid, &reply)?
-            }
-            _ => self.confirm_cart(rid, parts).await?,
-        };
         if let (Some(acks), ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed) =
             (&self.acks, &outcome)
         {
@@ -826,6 +881,7 @@ impl Engine {
             &part.hold,
             None,
             Some(mode.as_str()),
+            None,
         )
         .await
     }
@@ -861,15 +917,34 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
+        if let Some(known) = self.holds.get(rid) {
+            let reply = self
+                .run_on_hold(
+                    &self.scripts.release,
+                    known.shard,
+                    &known.hold,
+                    Some(HoldState::Released.as_str()),
+                    None,
+                    Some(&known.fp),
+                )
+                .await?;
+            if !reply.is_miss()? {
+                return match release_outcome(&reply)? {
+                    ReleaseOutcome::AlreadyGone {
+                        state: HoldState::Confirming,
+                    } => Err(busy(rid)),
+                    outcome => Ok((outcome, Some(known.hold))),
+                };
+            }
+            self.holds.forget(rid);
+        }
         let parts = self.locate(rid).await?;
         let shown = whole(parts.iter().map(|(_, h)| h.clone()));
         if parts.is_empty() {
             return Ok((ReleaseOutcome::Unknown, None));
         }
         if parts.iter().any(|(_, h)| h.state == HoldState::Confirming) {
-            return Err(EngineError::Busy(format!(
-                "reservation {rid} is being confirmed; retry in a moment"
-            )));
+            return Err(busy(rid));
         }
         let mut outcome = None;
         for (shard, hold) in &parts {
@@ -902,29 +977,17 @@ impl Engine {
                 hold,
                 Some(reason.as_str()),
                 None,
+                None,
             )
             .await?;
-        Ok(match reply.tag()?.as_str() {
-            "released" => ReleaseOutcome::Released,
-            "gone" => ReleaseOutcome::AlreadyGone {
-                state: reply.state(1)?,
-            },
-            "unknown" => ReleaseOutcome::Unknown,
-            "busy" => ReleaseOutcome::AlreadyGone {
-                state: HoldState::Confirming,
-            },
-            // Not yet due: another reaper's clock ran ahead; leave it for later.
-            "not_due" => ReleaseOutcome::AlreadyGone {
-                state: HoldState::Held,
-            },
-            other => return Err(EngineError::UnexpectedReply(format!("release: {other}"))),
-        })
+        release_outcome(&reply)
     }
 
     /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
     /// its lines; ARGV the id, `before` (release's reason), the tombstone
     /// lifetime, `after` (confirm's mode), then each line's SKU (checked against
-    /// the hold).
+    /// the hold) and, for a hold known from memory, the fingerprint of the
+    /// request that made it (checked too).
     async fn run_on_hold(
         &self,
         script: &redis::Script,
@@ -932,6 +995,7 @@ impl Engine {
         hold: &Hold,
         before: Option<&str>,
         after: Option<&str>,
+        fp: Option<&str>,
     ) -> Result<Reply, EngineError> {
         let rid = &hold.reservation_id;
         let mut inv = script.prepare_invoke();
@@ -948,6 +1012,9 @@ impl Engine {
         }
         for line in &hold.lines {
             inv.arg(&line.sku);
+        }
+        if let Some(fp) = fp {
+            inv.arg(fp);
         }
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
@@ -1246,6 +1313,16 @@ pub(crate) struct Part {
 }
 
 impl Part {
+    /// A one-shard hold this process made, as a part.
+    fn known(known: &Known) -> Self {
+        Self {
+            shard: known.shard,
+            hold: known.hold.clone(),
+            cart: Vec::new(),
+            preparing_ms: None,
+        }
+    }
+
     /// The part in `shard` from its `HOLD_FIELDS` row.
     fn new(shard: u16, hold: Hold, row: &[Option<String>]) -> Self {
         let field = |i: usize| row.get(i).cloned().flatten();
@@ -1260,6 +1337,33 @@ impl Part {
             preparing_ms: field(6).and_then(|v| v.parse().ok()),
         }
     }
+}
+
+/// What `release.lua`'s reply says. A part whose cart is being confirmed is
+/// `AlreadyGone { state: Confirming }`.
+fn release_outcome(reply: &Reply) -> Result<ReleaseOutcome, EngineError> {
+    Ok(match reply.tag()?.as_str() {
+        "released" => ReleaseOutcome::Released,
+        "gone" => ReleaseOutcome::AlreadyGone {
+            state: reply.state(1)?,
+        },
+        "unknown" => ReleaseOutcome::Unknown,
+        "busy" => ReleaseOutcome::AlreadyGone {
+            state: HoldState::Confirming,
+        },
+        // Not yet due: another reaper's clock ran ahead; leave it for later.
+        "not_due" => ReleaseOutcome::AlreadyGone {
+            state: HoldState::Held,
+        },
+        other => return Err(EngineError::UnexpectedReply(format!("release: {other}"))),
+    })
+}
+
+/// A release refused while reservation `rid`'s confirmation is being decided.
+fn busy(rid: &str) -> EngineError {
+    EngineError::Busy(format!(
+        "reservation {rid} is being confirmed; retry in a moment"
+    ))
 }
 
 /// A hold from `HMGET state lines buyer deadline created`; `None` when absent.

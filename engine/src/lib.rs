@@ -98,6 +98,7 @@ pub mod engine;
 pub mod error;
 pub mod events;
 pub mod failover;
+mod hold_cache;
 pub mod idempotency;
 pub mod ingest;
 pub mod keys;

@@ -38,6 +38,13 @@ impl Reply {
     }
 
     /// Element `i` as text.
+    /// Whether confirm's or release's script did not find the hold it was
+    /// given (`unknown`, or `mismatch`: another hold under the id), so nothing
+    /// moved and the caller should look the hold up.
+    pub(crate) fn is_miss(&self) -> Result<bool, EngineError> {
+        Ok(matches!(self.tag()?.as_str(), "unknown" | "mismatch"))
+    }
+
     pub(crate) fn text(&self, i: usize) -> Result<String, EngineError> {
         redis::from_redis_value_ref(self.get(i)?)
             .map_err(|e| EngineError::UnexpectedReply(format!("element {i}: {e}")))

@@ -78,6 +78,78 @@ async fn confirm_moves_stock_once_and_release_is_exactly_once() {
     assert_eq!(engine.figures("SKU-C").await.unwrap().unwrap().available, 7);
 }
 
+/// The process that made a hold confirms or releases it from memory (one Redis
+/// call), any other after looking it up; the answers are the same. Memory that
+/// no longer matches Redis (its data lost and the id taken by another request
+/// since) is never acted on: the hold in Redis is the one confirmed.
+#[tokio::test]
+async fn a_hold_known_from_memory_is_never_mistaken_for_another() {
+    let redis = TestRedis::start();
+    let maker = redis.engine().await;
+    let other = redis.engine().await;
+    stock(&maker, "MEM-1", 5).await;
+    maker
+        .reserve(&ReserveRequest::single("mem-1", "MEM-1", 2))
+        .await
+        .unwrap();
+    assert_eq!(
+        other.release("mem-1").await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    let gone = HoldState::Released;
+    assert_eq!(
+        maker.confirm("mem-1").await.unwrap(),
+        ConfirmOutcome::Expired { state: gone }
+    );
+    assert_eq!(
+        maker.release("mem-1").await.unwrap(),
+        ReleaseOutcome::AlreadyGone { state: gone }
+    );
+    assert_eq!(maker.figures("MEM-1").await.unwrap().unwrap().available, 5);
+
+    // Redis loses everything; another request takes the id (the same line,
+    // for a buyer). The maker still remembers its own hold.
+    let mut conn = redis.connection().await;
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    stock(&maker, "MEM-1", 5).await;
+    let taken = ReserveRequest {
+        buyer: Some("buyer-b".into()),
+        ..ReserveRequest::single("mem-1", "MEM-1", 1)
+    };
+    assert!(matches!(
+        other.reserve(&taken).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    let (outcome, shown) = maker.confirm_showing("mem-1").await.unwrap();
+    assert_eq!(outcome, ConfirmOutcome::Confirmed);
+    let shown = shown.unwrap();
+    assert_eq!(
+        (shown.buyer.as_deref(), shown.lines[0].qty),
+        (Some("buyer-b"), 1),
+        "the hold in Redis, not the one remembered"
+    );
+    let f = maker.figures("MEM-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold), (4, 0, 1));
+
+    // Released from memory after the maker's own hold: one unit back, once.
+    maker
+        .reserve(&ReserveRequest::single("mem-2", "MEM-1", 3))
+        .await
+        .unwrap();
+    assert_eq!(
+        maker.release("mem-2").await.unwrap(),
+        ReleaseOutcome::Released
+    );
+    assert_eq!(
+        other.release("mem-2").await.unwrap(),
+        ReleaseOutcome::AlreadyGone { state: gone }
+    );
+    assert_eq!(maker.figures("MEM-1").await.unwrap().unwrap().available, 4);
+}
+
 #[tokio::test]
 async fn confirm_after_the_deadline_is_expired_and_moves_no_stock_to_sold() {
     let redis = TestRedis::start();

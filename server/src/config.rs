@@ -64,6 +64,17 @@ pub struct EngineArgs {
     #[arg(long, env = "HOLDFAST_CONFIRM_REPLICA_TIMEOUT_MS", default_value_t = 1_000, global = true,
           value_parser = clap::value_parser!(u64).range(10..=4_000))]
     pub confirm_replica_timeout_ms: u64,
+    /// One-shard holds this process remembers (a few hundred bytes each), so that
+    /// confirming or releasing a hold it made is one Redis call instead of two
+    /// (a hold made by another server, or forgotten, is looked up first). 0:
+    /// always look up.
+    #[arg(
+        long,
+        env = "HOLDFAST_HOLD_CACHE",
+        default_value_t = 200_000,
+        global = true
+    )]
+    pub hold_cache: usize,
     /// Hash-tag shards SKUs are spread over in Redis. Fixed per deployment:
     /// changing it moves every SKU's keys.
     #[arg(long, env = "HOLDFAST_REDIS_SHARDS", default_value_t = holdfast_engine::keys::DEFAULT_SHARDS, global = true,
@@ -133,6 +144,7 @@ impl EngineArgs {
             confirm_replica_timeout: std::time::Duration::from_millis(
                 self.confirm_replica_timeout_ms,
             ),
+            hold_cache_entries: self.hold_cache,
             ..holdfast_engine::EngineConfig::default()
         }
     }
