@@ -17,9 +17,10 @@
 -- ARGV[1] reservation id   ARGV[2] tombstone ttl ms
 -- ARGV[3] mode: 'direct' (a one-shard hold) | 'prepare' | 'commit' | 'rollback'
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
---          optionally the fingerprint of the request that made the hold: a caller
---          that knows the hold from memory (not from reading it) names it, so a
---          hold made since under the same id by another request is not touched
+--          optionally 'fp:' and the fingerprint of the request that made the
+--          hold: a caller that knows the hold from memory (not from reading it)
+--          names it, so a hold made since under the id by another request is
+--          never touched
 --
 -- A SKU whose `owed` exceeds its other open holds has fewer real units than this
 -- hold: confirming sells units a feed removed. The sale stands (the shopper
@@ -42,9 +43,12 @@ local rid, tomb, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer', 'fp')
 -- A refused request's record (reserve.lua) is no hold.
 if not h[1] or h[1] == 'refused' then return {'unknown'} end
--- One argument past the skus: the hold must be the named request's.
-local _, count = string.gsub(h[3] or '', '=', '')
-if #ARGV == 4 + count and ARGV[#ARGV] ~= h[5] then return {'mismatch'} end
+-- A caller that knew the hold from memory named the request that made it
+-- ('fp:<fingerprint>' last; no SKU has a ':'): any other hold under the id is
+-- a mismatch, whatever its state.
+local named = string.sub(ARGV[#ARGV], 1, 3) == 'fp:'
+if named and string.sub(ARGV[#ARGV], 4) ~= h[5] then return {'mismatch'} end
+local skus = #ARGV - 3 - (named and 1 or 0)
 if h[1] == 'confirmed' then return {'already_confirmed'} end
 
 local t = redis.call('TIME')
@@ -81,7 +85,7 @@ for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   if ARGV[3 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 3 ~= i and #ARGV - 4 ~= i then return {'mismatch'} end
+if skus ~= i then return {'mismatch'} end
 local reply = {'confirmed'}
 
 for j = 1, i do

@@ -11,8 +11,8 @@
 -- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired'
 -- ARGV[3] tombstone ttl ms (how long the ended hold is remembered)
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
---          optionally the fingerprint of the request that made the hold (as in
---          confirm.lua)
+--          optionally 'fp:' and the fingerprint of the request that made the
+--          hold (as in confirm.lua)
 --
 -- Units coming back pay the SKU's `owed` debt first (units a feed removed while
 -- they were held); only the rest becomes available again.
@@ -28,9 +28,12 @@ local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer', 'fp')
 -- A refused request's record (reserve.lua) is no hold.
 if not h[1] or h[1] == 'refused' then return {'unknown'} end
--- One argument past the skus: the hold must be the named request's.
-local _, count = string.gsub(h[3] or '', '=', '')
-if #ARGV == 4 + count and ARGV[#ARGV] ~= h[5] then return {'mismatch'} end
+-- A caller that knew the hold from memory named the request that made it
+-- ('fp:<fingerprint>' last; no SKU has a ':'): any other hold under the id is
+-- a mismatch, whatever its state.
+local named = string.sub(ARGV[#ARGV], 1, 3) == 'fp:'
+if named and string.sub(ARGV[#ARGV], 4) ~= h[5] then return {'mismatch'} end
+local skus = #ARGV - 3 - (named and 1 or 0)
 if h[1] == 'confirming' then return {'busy'} end
 if h[1] ~= 'held' then return {'gone', h[1]} end
 
@@ -45,7 +48,7 @@ for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   if ARGV[3 + i] ~= sku then return {'mismatch'} end
   parsed[i] = {sku, tonumber(qty)}
 end
-if #ARGV - 3 ~= i and #ARGV - 4 ~= i then return {'mismatch'} end
+if skus ~= i then return {'mismatch'} end
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]

@@ -418,16 +418,20 @@ impl Engine {
             }) => Some(sku),
             _ => {
                 if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome {
+                    let created_at_ms = expires_at_ms - ttl.as_millis() as i64;
                     self.holds.remember(Known {
                         shard,
-                        fp: fp.to_owned(),
+                        // The claim, which the look-up path checks the hold
+                        // against, is kept this long after it was made; a
+                        // minute's margin for the clocks.
+                        until_ms: created_at_ms + self.claim_ttl_ms() as i64 - 60_000,
                         hold: Hold {
                             reservation_id: rid.clone(),
                             state: HoldState::Held,
                             lines: lines.to_vec(),
                             buyer: req.buyer.clone(),
                             expires_at_ms: *expires_at_ms,
-                            created_at_ms: expires_at_ms - ttl.as_millis() as i64,
+                            created_at_ms,
                         },
                     });
                 }
@@ -776,7 +780,7 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
-        if let Some(known) = self.holds.get(rid) {
+        if let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
             let part = Part::known(&known);
             let reply = self
                 .run_on_hold(
@@ -785,7 +789,7 @@ impl Engine {
                     &part.hold,
                     None,
                     Some(ConfirmMode::Direct.as_str()),
-                    Some(&known.fp),
+                    Some(&known.fp()),
                 )
                 .await?;
             if !reply.is_miss()? {
@@ -917,7 +921,7 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
-        if let Some(known) = self.holds.get(rid) {
+        if let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
             let reply = self
                 .run_on_hold(
                     &self.scripts.release,
@@ -925,7 +929,7 @@ impl Engine {
                     &known.hold,
                     Some(HoldState::Released.as_str()),
                     None,
-                    Some(&known.fp),
+                    Some(&known.fp()),
                 )
                 .await?;
             if !reply.is_miss()? {
@@ -1014,7 +1018,7 @@ impl Engine {
             inv.arg(&line.sku);
         }
         if let Some(fp) = fp {
-            inv.arg(fp);
+            inv.arg(format!("fp:{fp}"));
         }
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
@@ -1247,13 +1251,18 @@ impl Engine {
 /// conflict): the buyer and the lines, in any order. Not `ttl_ms` (policy rather
 /// than what was asked for), nor how the body was written.
 pub fn fingerprint(req: &ReserveRequest) -> String {
-    let mut lines: Vec<String> = req
-        .lines
+    fingerprint_of(&req.lines, req.buyer.as_deref())
+}
+
+/// [`fingerprint`] of a request for `lines` by `buyer` (a hold's own lines and
+/// buyer give the fingerprint of the request that made it).
+pub(crate) fn fingerprint_of(lines: &[Line], buyer: Option<&str>) -> String {
+    let mut lines: Vec<String> = lines
         .iter()
         .map(|l| format!("{}={}", l.sku, l.qty))
         .collect();
     lines.sort();
-    format!("{}|{}", req.buyer.as_deref().unwrap_or(""), lines.join(","))
+    format!("{}|{}", buyer.unwrap_or(""), lines.join(","))
 }
 
 /// One shard's part of a reservation, as `reserve.lua` is called for it.

@@ -4,7 +4,10 @@
 //!
 //! Memory is only a hint. The script is given the fingerprint of the request
 //! that made the hold and answers `mismatch` (or `unknown`) when the hold in
-//! Redis is not that one, and the caller then looks the hold up as before.
+//! Redis is not that one, and the caller then looks the hold up as before. An
+//! entry is used only while its id's claim lasts (the look-up path checks a
+//! hold against the claim's owner; within the claim's life that owner is the
+//! request remembered).
 //! A process that did not make the hold (another server behind the load
 //! balancer, or this one after a restart) has no entry and looks it up: two
 //! round trips instead of one, same answer.
@@ -19,15 +22,24 @@ use std::sync::Mutex;
 
 use crate::Hold;
 
-/// A hold this process made: where it lives and who made it.
+/// A hold this process made: where it lives, and until when memory may stand
+/// for a look-up.
 #[derive(Debug, Clone)]
 pub(crate) struct Known {
     /// The shard its lines are in.
     pub(crate) shard: u16,
     /// The hold as made.
     pub(crate) hold: Hold,
-    /// The fingerprint of the request that made it.
-    pub(crate) fp: String,
+    /// Unix ms after which it is forgotten: the look-up path checks a hold
+    /// against its id's claim, so memory must not outlive the claim.
+    pub(crate) until_ms: i64,
+}
+
+impl Known {
+    /// The fingerprint of the request that made the hold.
+    pub(crate) fn fp(&self) -> String {
+        crate::engine::fingerprint_of(&self.hold.lines, self.hold.buyer.as_deref())
+    }
 }
 
 /// Holds made by this process, newest kept (see the module's documentation).
@@ -57,17 +69,31 @@ impl HoldCache {
         if self.half == 0 {
             return;
         }
-        let mut maps = self.lock();
-        if maps.young.len() >= self.half {
-            maps.old = mem::take(&mut maps.young);
-        }
-        maps.young.insert(known.hold.reservation_id.clone(), known);
+        let aged = {
+            let mut maps = self.lock();
+            let aged = if maps.young.len() >= self.half {
+                let young = mem::take(&mut maps.young);
+                Some(mem::replace(&mut maps.old, young))
+            } else {
+                None
+            };
+            maps.young.insert(known.hold.reservation_id.clone(), known);
+            aged
+        };
+        // The oldest generation is freed outside the lock: no caller waits
+        // while a hundred thousand entries are dropped.
+        drop(aged);
     }
 
-    /// The hold `rid`, when this process made it and still remembers it.
-    pub(crate) fn get(&self, rid: &str) -> Option<Known> {
+    /// The hold `rid`, when this process made it and still remembers it at
+    /// `now_ms` (Unix ms).
+    pub(crate) fn get(&self, rid: &str, now_ms: i64) -> Option<Known> {
         let maps = self.lock();
-        maps.young.get(rid).or_else(|| maps.old.get(rid)).cloned()
+        maps.young
+            .get(rid)
+            .or_else(|| maps.old.get(rid))
+            .filter(|k| now_ms < k.until_ms)
+            .cloned()
     }
 
     /// Forgets `rid` (what was remembered did not match Redis).
@@ -100,7 +126,7 @@ mod tests {
                 expires_at_ms: 0,
                 created_at_ms: 0,
             },
-            fp: "f".into(),
+            until_ms: 100,
         }
     }
 
@@ -112,21 +138,23 @@ mod tests {
         }
         // "a" and "b" filled the first young map and aged; "c" and "d" the
         // second, which pushed them out; "e" is young.
-        assert!(cache.get("a").is_none() && cache.get("b").is_none());
+        assert!(cache.get("a", 0).is_none() && cache.get("b", 0).is_none());
         for rid in ["c", "d", "e"] {
             assert_eq!(
-                cache.get(rid).map(|k| k.hold.reservation_id),
+                cache.get(rid, 99).map(|k| k.hold.reservation_id),
                 Some(rid.into())
             );
         }
+        // From its time on, an entry is no longer used.
+        assert!(cache.get("e", 100).is_none());
         cache.forget("d");
-        assert!(cache.get("d").is_none());
+        assert!(cache.get("d", 0).is_none());
     }
 
     #[test]
     fn remembers_nothing_at_capacity_zero() {
         let cache = HoldCache::new(0);
         cache.remember(known("a"));
-        assert!(cache.get("a").is_none());
+        assert!(cache.get("a", 0).is_none());
     }
 }

@@ -336,14 +336,17 @@ impl WriteBehind {
         self.inject(Fault::AfterCommit)?;
         self.settle(&events).await?;
         self.inject(Fault::BeforeAck)?;
+        // Every shard's acknowledgement in one pipeline (one round trip on a
+        // single node, one per master on a cluster).
+        let mut acks = redis::pipe();
         for batch in batches.iter().filter(|b| !b.ids.is_empty()) {
-            redis::cmd("XACK")
+            acks.cmd("XACK")
                 .arg(self.engine.keyspace().events(batch.shard))
                 .arg(GROUP)
                 .arg(&batch.ids)
-                .query_async::<()>(&mut self.conn)
-                .await?;
+                .ignore();
         }
+        acks.query_async::<()>(&mut self.conn).await?;
         self.stats
             .events
             .fetch_add(entries as u64, Ordering::Relaxed);

@@ -3,8 +3,10 @@
 use std::time::Duration;
 
 use holdfast_engine::events::{EventKind, EventReader, StreamCursor};
-use holdfast_engine::testkit::{TestRedis, stock};
-use holdfast_engine::{ConfirmOutcome, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest};
+use holdfast_engine::testkit::{TestRedis, skus_same_and_other_shard, stock};
+use holdfast_engine::{
+    ConfirmOutcome, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+};
 
 #[tokio::test]
 async fn confirm_moves_stock_once_and_release_is_exactly_once() {
@@ -148,6 +150,54 @@ async fn a_hold_known_from_memory_is_never_mistaken_for_another() {
         ReleaseOutcome::AlreadyGone { state: gone }
     );
     assert_eq!(maker.figures("MEM-1").await.unwrap().unwrap().available, 4);
+
+    // The id taken after a loss by a hold of more lines (here already paid):
+    // whatever its state, memory's one line is not it.
+    let (a, b, _) = skus_same_and_other_shard(&maker);
+    stock(&maker, &a, 5).await;
+    stock(&maker, &b, 5).await;
+    maker
+        .reserve(&ReserveRequest::single("mem-3", &a, 1))
+        .await
+        .unwrap();
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    stock(&maker, &a, 5).await;
+    stock(&maker, &b, 5).await;
+    let two = ReserveRequest {
+        lines: [&a, &b]
+            .map(|sku| Line {
+                sku: sku.clone(),
+                qty: 1,
+            })
+            .to_vec(),
+        ..ReserveRequest::single("mem-3", &a, 1)
+    };
+    assert!(matches!(
+        other.reserve(&two).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    assert_eq!(
+        other.confirm("mem-3").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    let (outcome, shown) = maker.confirm_showing("mem-3").await.unwrap();
+    assert_eq!(
+        (outcome, shown.map(|h| h.lines.len())),
+        (ConfirmOutcome::AlreadyConfirmed, Some(2))
+    );
+    let (outcome, shown) = maker.release_showing("mem-3").await.unwrap();
+    assert_eq!(
+        (outcome, shown.map(|h| h.lines.len())),
+        (
+            ReleaseOutcome::AlreadyGone {
+                state: HoldState::Confirmed
+            },
+            Some(2)
+        )
+    );
 }
 
 #[tokio::test]
