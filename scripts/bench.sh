@@ -33,6 +33,27 @@ run() {
     "$CARGO_TARGET_DIR/release/examples/$@"
 }
 
+# Runs a benchmark with its load generator (the benchmark process, and wrk,
+# redis-benchmark or `holdfast simulate` it starts) on the last core and the
+# stack it measures (server, Redis, PostgreSQL) on the others, so the figures
+# show what the stack does without the generator's share of the CPU.
+all_cores="0-$(( $(nproc) - 1 ))"
+service_cores="0-$(( $(nproc) - 2 ))"
+generator_core="$(( $(nproc) - 1 ))"
+pin_postgres() {
+    local p
+    for p in $(pgrep -x postgres); do taskset -a -p -c "$1" "$p" >/dev/null; done
+}
+run_split() {
+    say "$* (load generator on core $generator_core, the stack on $service_cores)"
+    local status=0
+    pin_postgres "$service_cores"
+    HOLDFAST_BENCH_SERVICE_CPUS="$service_cores" \
+        taskset -c "$generator_core" "$CARGO_TARGET_DIR/release/examples/$@" || status=$?
+    pin_postgres "$all_cores"
+    return $status
+}
+
 {
     echo "## Run of $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
@@ -77,6 +98,21 @@ run() {
     echo
     run checkout_bench --rate 5000 --seconds 5 --pause-feeds 1
     echo
+    echo "### The load generator on a core of its own"
+    echo
+    if [ "$(nproc)" -ge 2 ]; then
+        echo "The same benchmarks with the load generator pinned to core $generator_core and the server, Redis and PostgreSQL to cores $service_cores (\`taskset\`):"
+        echo
+        run_split http_vs_evalsha --clients 50 --seconds 5
+        echo
+        run_split checkout_bench --rate 5000 --seconds 5
+        echo
+        run_split drop_rehearsal --out "$out/split" --connections 1000
+        echo
+    else
+        echo "One core: nothing to split."
+        echo
+    fi
     echo "### Shopper badges"
     echo
     [ "$badges" -eq 50000 ] || echo "The open-files limit here is $(ulimit -n) (hard limit $(ulimit -Hn)): $badges connections, not 50,000."

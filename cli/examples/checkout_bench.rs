@@ -78,6 +78,7 @@ async fn main() {
     // signed and queued, but not applied), as an operator would during a drop.
     let pause_feeds = flag("--pause-feeds", 0) == 1;
     let redis = TestRedis::start();
+    common::pin_service(redis.pid());
     let (pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_api").await;
     pg.execute("INSERT INTO skus (sku, title, product, on_hand) VALUES ('HOT-1', 'Hot', 'Hot', 1000000000)")
         .await

@@ -36,6 +36,7 @@ async fn main() {
         .unwrap_or_else(|| "bench/output".into());
     std::fs::create_dir_all(&out).unwrap();
     let redis = TestRedis::start();
+    common::pin_service(redis.pid());
     let (_pg, pg_url) = holdfast_engine::testkit::fresh_database("holdfast_bench_drop").await;
     let server = common::start(&redis.url(), &pg_url, &[("HOLDFAST_API_RATE", "0".into())]).await;
     let exe = common::holdfast_exe();

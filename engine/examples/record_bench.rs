@@ -110,8 +110,9 @@ async fn main() {
         .unwrap();
     assert_eq!(rec.corrected_down, skus.div_ceil(100));
 
-    // Write-behind throughput: a backlog of sales, then drain it with one worker.
-    drop_sales(&engine, sales, 50, skus.min(2_000), "tp").await;
+    // Write-behind throughput: first the warm-up's and reconciliation's
+    // entries (one per SKU, nothing to write to PostgreSQL for most), then a
+    // backlog of sales alone, each drained by one worker and timed apart.
     let stats = Arc::new(WriteBehindStats::default());
     let mut worker = WriteBehind::new(
         engine.clone(),
@@ -124,12 +125,17 @@ async fn main() {
         stats.clone(),
     );
     worker.ensure_groups().await.unwrap();
-    let backlog = engine.write_behind_lag().await.unwrap().entries;
-    let t = Instant::now();
-    while engine.write_behind_lag().await.unwrap().entries > 0 {
-        worker.run_once().await.unwrap();
-    }
-    let drain = t.elapsed().as_secs_f64();
+    let drain_backlog = async |worker: &mut WriteBehind| {
+        let backlog = engine.write_behind_lag().await.unwrap().entries;
+        let t = Instant::now();
+        while engine.write_behind_lag().await.unwrap().entries > 0 {
+            worker.run_once().await.unwrap();
+        }
+        (backlog, t.elapsed().as_secs_f64())
+    };
+    let (warm_backlog, warm_drain) = drain_backlog(&mut worker).await;
+    drop_sales(&engine, sales, 50, skus.min(2_000), "tp").await;
+    let (backlog, drain) = drain_backlog(&mut worker).await;
     let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'")
         .fetch_one(&pg)
         .await
@@ -197,9 +203,13 @@ async fn main() {
         "| Redis memory per open hold (hold, due and SKU sets, buyer counter, stream entry; {holds} holds) | {per_hold:.0} B | (no budget) |"
     );
     println!(
-        "| write-behind drain: {backlog} stream entries ({sales} sales) | {:.0} entries/s ({:.0} sales/s) | >= 10,000 events/s |",
-        backlog as f64 / drain,
-        sales as f64 / drain
+        "| write-behind drain of the warm-up's and reconciliation's {warm_backlog} stream entries | {:.0} entries/s ({warm_drain:.2} s) | (no budget) |",
+        warm_backlog as f64 / warm_drain
+    );
+    println!(
+        "| write-behind drain of {sales} sales (reserve and confirm: {backlog} stream entries) | {:.0} sales/s ({:.0} entries/s) | >= 20,000 sales/s |",
+        sales as f64 / drain,
+        backlog as f64 / drain
     );
     println!(
         "| lag during a drop of {sales} sales in {drop_secs:.2} s ({:.0} sales/s), write-behind running | worst {:.2} s ({worst_entries} entries); caught up {caught_up:.2} s after the last sale | < 2 s |",

@@ -39,6 +39,25 @@ pub fn holdfast_exe() -> std::path::PathBuf {
         .join("holdfast")
 }
 
+/// Pins process `pid` (every thread) to the CPUs named in
+/// `HOLDFAST_BENCH_SERVICE_CPUS` (a `taskset` list such as `0`), when it is set.
+/// `scripts/bench.sh` sets it when it runs a benchmark with the load generator
+/// on the other cores (`taskset -c`): the server and Redis it starts then stay
+/// off the generator's cores (PostgreSQL is pinned by the script).
+pub fn pin_service(pid: Option<u32>) {
+    let (Ok(cpus), Some(pid)) = (std::env::var("HOLDFAST_BENCH_SERVICE_CPUS"), pid) else {
+        return;
+    };
+    let pinned = Command::new("taskset")
+        .args(["-a", "-p", "-c", &cpus, &pid.to_string()])
+        .stdout(Stdio::null())
+        .status();
+    assert!(
+        pinned.is_ok_and(|s| s.success()),
+        "taskset could not pin process {pid} to CPUs {cpus}"
+    );
+}
+
 /// Starts `holdfast serve` on a free port against `redis_url` and `pg_url` with the
 /// extra environment `env` (scheduled reconciliation off), and waits for `/readyz`.
 ///
@@ -66,6 +85,7 @@ pub async fn start(redis_url: &str, pg_url: &str, env: &[(&str, String)]) -> Ser
             exe.display()
         )
     });
+    pin_service(Some(child.id()));
     let server = Server {
         child,
         addr: format!("127.0.0.1:{port}"),
@@ -185,6 +205,7 @@ pub async fn stack(
     String,
 ) {
     let redis = holdfast_engine::testkit::TestRedis::start();
+    pin_service(redis.pid());
     let (pg, pg_url) = holdfast_engine::testkit::fresh_database(db).await;
     sqlx::query("INSERT INTO skus (sku, title, product, on_hand) VALUES ($1, 'Hot', 'Hot', $2)")
         .bind(sku)
