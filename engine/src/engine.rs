@@ -392,8 +392,10 @@ impl Engine {
         let inv = self.reserve_invocation(&call);
         let mut pipe = redis::pipe();
         self.claim_into(&mut pipe, rid, fp);
+        // How long the claim has left: memory of the hold must not outlive it.
+        pipe.cmd("PTTL").arg(self.keys.claim(rid));
         pipe.invoke_script(&inv);
-        let (owner, script_reply): (Option<String>, Vec<Value>) = match pipe
+        let (owner, claim_ms, script_reply): (Option<String>, i64, Vec<Value>) = match pipe
             .query_async(&mut self.conn.clone())
             .await
         {
@@ -411,20 +413,26 @@ impl Engine {
         // Another request owns the id: a conflict. This request was answered
         // from memory before: that answer stands. Otherwise the script's does.
         let refused_before = match claim {
-            Some(c) if c.fp != fp => None,
+            Some(c) if c.fp != fp => {
+                self.holds.forget(rid);
+                None
+            }
             Some(Claim {
                 from_memory: Some(sku),
                 ..
             }) => Some(sku),
             _ => {
-                if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome {
+                if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome
+                    && claim_ms > 0
+                {
                     let created_at_ms = expires_at_ms - ttl.as_millis() as i64;
                     self.holds.remember(Known {
                         shard,
-                        // The claim, which the look-up path checks the hold
-                        // against, is kept this long after it was made; a
-                        // minute's margin for the clocks.
-                        until_ms: created_at_ms + self.claim_ttl_ms() as i64 - 60_000,
+                        // Only while the claim lasts, which the look-up path
+                        // checks the hold against (an earlier attempt under
+                        // the id may have set it long before); a minute's
+                        // margin.
+                        until_ms: chrono::Utc::now().timestamp_millis() + claim_ms - 60_000,
                         hold: Hold {
                             reservation_id: rid.clone(),
                             state: HoldState::Held,
@@ -488,6 +496,12 @@ impl Engine {
     /// id is owned for as long as anything under it is remembered.
     fn claim_ttl_ms(&self) -> u64 {
         (self.config.tombstone_ttl + self.config.max_hold_ttl).as_millis() as u64
+    }
+
+    /// Forgets every hold this process remembers making (Redis lost its data);
+    /// confirm and release look holds up until it makes new ones.
+    pub fn forget_known_holds(&self) {
+        self.holds.clear();
     }
 
     /// Whether a request owns reservation id `rid` (its claim is kept as long as

@@ -103,6 +103,15 @@ impl HoldCache {
         maps.old.remove(rid);
     }
 
+    /// Forgets every hold (Redis lost its data: ids may have been taken since).
+    pub(crate) fn clear(&self) {
+        let dropped = {
+            let mut maps = self.lock();
+            (mem::take(&mut maps.young), mem::take(&mut maps.old))
+        };
+        drop(dropped);
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Generations> {
         // A panic while holding the lock leaves the maps consistent (each
         // operation is one map call), so a poisoned lock is still usable.
@@ -149,6 +158,8 @@ mod tests {
         assert!(cache.get("e", 100).is_none());
         cache.forget("d");
         assert!(cache.get("d", 0).is_none());
+        cache.clear();
+        assert!(cache.get("c", 0).is_none());
     }
 
     #[test]

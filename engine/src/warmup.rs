@@ -578,6 +578,9 @@ pub async fn rewarm_after_loss(
         }
     }
     tracing::error!("Redis lost data (a shard's mark is gone or new): warming every counter again");
+    // Holds remembered from before the loss may since have been made again
+    // under their ids by other requests: look them up from now on.
+    engine.forget_known_holds();
     let report = warm_all(engine, pg, WarmOptions::default(), |_| {}).await?;
     *seen = current;
     Ok(Some(report))
