@@ -794,23 +794,13 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
-        if let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
-            let part = Part::known(&known);
-            let reply = self
-                .run_on_hold(
-                    &self.scripts.confirm,
-                    part.shard,
-                    &part.hold,
-                    None,
-                    Some(ConfirmMode::Direct.as_str()),
-                    Some(&known.fp()),
-                )
-                .await?;
-            if !reply.is_miss()? {
-                let outcome = self.confirm_reply(rid, &reply)?;
-                return self.confirmed(rid, &[part], outcome).await;
-            }
-            self.holds.forget(rid);
+        let direct = Some(ConfirmMode::Direct.as_str());
+        if let Some((known, reply)) = self
+            .run_remembered(rid, &self.scripts.confirm, None, direct)
+            .await?
+        {
+            let outcome = self.confirm_reply(rid, &reply)?;
+            return self.confirmed(rid, &[Part::known(&known)], outcome).await;
         }
         let parts = self.locate_parts(rid).await?;
         let outcome = match parts.as_slice() {
@@ -935,26 +925,17 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
-        if let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
-            let reply = self
-                .run_on_hold(
-                    &self.scripts.release,
-                    known.shard,
-                    &known.hold,
-                    Some(HoldState::Released.as_str()),
-                    None,
-                    Some(&known.fp()),
-                )
-                .await?;
-            if !reply.is_miss()? {
-                return match release_outcome(&reply)? {
-                    ReleaseOutcome::AlreadyGone {
-                        state: HoldState::Confirming,
-                    } => Err(busy(rid)),
-                    outcome => Ok((outcome, Some(known.hold))),
-                };
-            }
-            self.holds.forget(rid);
+        let released = Some(HoldState::Released.as_str());
+        if let Some((known, reply)) = self
+            .run_remembered(rid, &self.scripts.release, released, None)
+            .await?
+        {
+            return match release_outcome(&reply)? {
+                ReleaseOutcome::AlreadyGone {
+                    state: HoldState::Confirming,
+                } => Err(busy(rid)),
+                outcome => Ok((outcome, Some(known.hold))),
+            };
         }
         let parts = self.locate(rid).await?;
         let shown = whole(parts.iter().map(|(_, h)| h.clone()));
@@ -999,6 +980,32 @@ impl Engine {
             )
             .await?;
         release_outcome(&reply)
+    }
+
+    /// Runs `script` (confirm's or release's, with `before` and `after` as in
+    /// [`Engine::run_on_hold`]) on hold `rid` as this process remembers making
+    /// it, naming the request that made it: one call. `None` when it is not
+    /// remembered, or the script found another hold or none (the entry is
+    /// forgotten and nothing moved): the caller looks the hold up.
+    async fn run_remembered(
+        &self,
+        rid: &str,
+        script: &redis::Script,
+        before: Option<&str>,
+        after: Option<&str>,
+    ) -> Result<Option<(Known, Reply)>, EngineError> {
+        let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) else {
+            return Ok(None);
+        };
+        let fp = known.fp();
+        let reply = self
+            .run_on_hold(script, known.shard, &known.hold, before, after, Some(&fp))
+            .await?;
+        if reply.is_miss()? {
+            self.holds.forget(rid);
+            return Ok(None);
+        }
+        Ok(Some((known, reply)))
     }
 
     /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
