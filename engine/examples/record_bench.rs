@@ -6,7 +6,7 @@
 //! PostgreSQL in `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`).
 //!
 //! ```sh
-//! cargo run --release -p holdfast-engine --example record_bench -- --skus 100000 --sales 20000
+//! cargo run --release -p holdfast-engine --example record_bench -- --skus 100000 --sales 20000 [--workers 4]
 //! ```
 
 use std::sync::Arc;
@@ -78,9 +78,11 @@ async fn main() {
 
     let mut conn = redis.connection().await;
     let before_warm = used_memory(&conn).await;
-    let warm = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    let options = WarmOptions {
+        page: flag("--page", WarmOptions::default().page as u64) as usize,
+        ..WarmOptions::default()
+    };
+    let warm = warm_all(&engine, &pg, options, |_| {}).await.unwrap();
     assert_eq!(warm.warmed, skus);
     let per_sku = (used_memory(&conn).await - before_warm) as f64 / skus as f64;
     // The counter alone (without its warm-up event, trimmed once written behind).
@@ -112,41 +114,60 @@ async fn main() {
 
     // Write-behind throughput: first the warm-up's and reconciliation's
     // entries (one per SKU, nothing to write to PostgreSQL for most), then a
-    // backlog of sales alone, each drained by one worker and timed apart.
+    // backlog of sales alone, each drained by `--workers` parts side by side
+    // (the server's default) and timed apart.
+    let workers = flag("--workers", WriteBehindConfig::default().workers as u64) as usize;
     let stats = Arc::new(WriteBehindStats::default());
-    let mut worker = WriteBehind::new(
-        engine.clone(),
-        pg.clone(),
-        redis.connection().await,
-        WriteBehindConfig {
-            consumer: "bench".into(),
-            ..WriteBehindConfig::default()
-        },
-        stats.clone(),
-    );
-    worker.ensure_groups().await.unwrap();
-    let drain_backlog = async |worker: &mut WriteBehind| {
+    let mut parts = Vec::new();
+    for part in 0..workers {
+        let mut worker = WriteBehind::new(
+            engine.clone(),
+            pg.clone(),
+            redis.connection().await,
+            WriteBehindConfig {
+                consumer: "bench".into(),
+                ..WriteBehindConfig::default()
+            },
+            stats.clone(),
+        )
+        .part(part, workers);
+        worker.ensure_groups().await.unwrap();
+        parts.push(worker);
+    }
+    // Timed until the first part sees nothing left (the others may still be
+    // waiting out an empty read).
+    let drain_backlog = async |parts: &mut Vec<WriteBehind>| {
         let backlog = engine.write_behind_lag().await.unwrap().entries;
         let t = Instant::now();
-        while engine.write_behind_lag().await.unwrap().entries > 0 {
-            worker.run_once().await.unwrap();
-        }
-        (backlog, t.elapsed().as_secs_f64())
+        let done = futures_util::future::join_all(parts.iter_mut().map(|w| async {
+            while engine.write_behind_lag().await.unwrap().entries > 0 {
+                w.run_once().await.unwrap();
+            }
+            t.elapsed().as_secs_f64()
+        }))
+        .await;
+        (backlog, done.into_iter().fold(f64::MAX, f64::min))
     };
-    let (warm_backlog, warm_drain) = drain_backlog(&mut worker).await;
+    let (warm_backlog, warm_drain) = drain_backlog(&mut parts).await;
     drop_sales(&engine, sales, 50, skus.min(2_000), "tp").await;
-    let (backlog, drain) = drain_backlog(&mut worker).await;
+    let (backlog, drain) = drain_backlog(&mut parts).await;
     let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'")
         .fetch_one(&pg)
         .await
         .unwrap();
     assert_eq!(recorded as u64, sales);
 
-    // Lag during a drop: the worker runs while shoppers buy; sample the lag.
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run_write_behind(worker, async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }));
+    // Lag during a drop: the parts run while shoppers buy; sample the lag.
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let tasks: Vec<_> = parts
+        .into_iter()
+        .map(|w| {
+            let mut rx = rx.clone();
+            tokio::spawn(run_write_behind(w, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }))
+        })
+        .collect();
     let sampling = Arc::new(std::sync::atomic::AtomicBool::new(true));
     let sampler = {
         let (engine, sampling) = (engine.clone(), sampling.clone());
@@ -171,7 +192,9 @@ async fn main() {
     sampling.store(false, std::sync::atomic::Ordering::Relaxed);
     let (worst_ms, worst_entries) = sampler.await.unwrap();
     tx.send(true).unwrap();
-    task.await.unwrap();
+    for task in tasks {
+        task.await.unwrap();
+    }
 
     // Memory per open hold: 10,000 holds of one unit (with a buyer, so the
     // per-buyer counter is there too) on 2,000 SKUs, left open.
@@ -207,7 +230,7 @@ async fn main() {
         warm_backlog as f64 / warm_drain
     );
     println!(
-        "| write-behind drain of {sales} sales (reserve and confirm: {backlog} stream entries) | {:.0} sales/s ({:.0} entries/s) | >= 20,000 sales/s |",
+        "| write-behind drain of {sales} sales (reserve and confirm: {backlog} stream entries; {workers} parts) | {:.0} sales/s ({:.0} entries/s) | >= 20,000 sales/s |",
         sales as f64 / drain,
         backlog as f64 / drain
     );

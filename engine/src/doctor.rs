@@ -128,8 +128,9 @@ pub struct RedisConnections {
 ///
 /// - one multiplexed connection shared by the API, the reaper, scheduled
 ///   reconciliation and verification, badges and the dashboard;
-/// - one for the write-behind and one for the event feed, whose blocking
-///   stream reads would stall a shared connection;
+/// - one per write-behind part (two by default, `--write-behind-workers`) and
+///   one for the event feed, whose blocking stream reads would stall a shared
+///   connection;
 /// - one per ingestion lane consumer (every lane is consumed, with or without
 ///   sources);
 /// - briefly, one for the start-up reachability probe and one each time the
@@ -149,9 +150,10 @@ pub fn redis_connections_per_server() -> RedisConnections {
         .iter()
         .map(|lane| LaneConfig::default_for(*lane).concurrency.max(1) as u64)
         .sum();
+    let write_behind = crate::record::WriteBehindConfig::default().workers.max(1) as u64;
     let held = vec![
         ("shared".to_owned(), 1),
-        ("write-behind".to_owned(), 1),
+        (format!("write-behind ({write_behind} parts)"), write_behind),
         ("event feed".to_owned(), 1),
         (
             format!("lane consumers ({})", consumers.join(", ")),

@@ -49,6 +49,12 @@ pub async fn connect_and_migrate(url: &str, max_connections: u32) -> Result<PgPo
     // A transaction left open by a process that froze (paused, swapped out, cut
     // off mid-batch) is ended by PostgreSQL after IDLE_IN_TRANSACTION, so its
     // row locks cannot stop every other server from recording.
+    //
+    // No JIT: every statement here is short, but a page of warm-up or a batch
+    // of the write-behind (thousands of array elements) is estimated above
+    // PostgreSQL's `jit_above_cost`, and compiling it with LLVM took more CPU
+    // than running it: a profile of warming a million SKUs on two cores spent
+    // 22% of all CPU in libLLVM (BENCHMARKS.md).
     let options: sqlx::postgres::PgConnectOptions = url.parse().map_err(unreachable)?;
     let options = options.options([
         (
@@ -59,6 +65,7 @@ pub async fn connect_and_migrate(url: &str, max_connections: u32) -> Result<PgPo
             "idle_in_transaction_session_timeout",
             format!("{}", IDLE_IN_TRANSACTION.as_millis()),
         ),
+        ("jit", "off".to_owned()),
     ]);
     let pool = PgPoolOptions::new()
         .max_connections(max_connections)

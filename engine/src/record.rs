@@ -38,6 +38,14 @@ pub struct WriteBehindConfig {
     pub consumer: String,
     /// Most entries per shard per read.
     pub batch_max: usize,
+    /// Workers recording side by side in one process, each owning the shards
+    /// whose number modulo `workers` is its own (see [`WriteBehind::part`]).
+    /// One worker waits in turn on Redis and PostgreSQL; several keep both
+    /// busy. Shards hold disjoint SKUs, so no two workers lock the same SKU's
+    /// row (a cart over shards has its order row written by each; inserts of it
+    /// are idempotent and made in reservation-id order). Each holds a PostgreSQL
+    /// connection while it records a batch.
+    pub workers: usize,
     /// How long a read waits for new entries.
     pub block: Duration,
     /// Entries pending this long on any consumer are taken over: longer than a
@@ -70,6 +78,7 @@ impl Default for WriteBehindConfig {
         Self {
             consumer: redis_conn::consumer_name("record"),
             batch_max: 2_000,
+            workers: 2,
             block: Duration::from_millis(200),
             claim_idle: Duration::from_secs(30),
             retain: Duration::from_secs(60),
@@ -91,8 +100,9 @@ pub struct WriteBehindStats {
     pub sales: AtomicU64,
     /// Failed attempts (the batch was retried).
     pub failures: AtomicU64,
-    /// The last failure, cleared by the next successful batch.
-    pub last_error: Mutex<Option<String>>,
+    /// Each part's last failure, cleared by that part's next successful batch
+    /// (one slot per part: a healthy part must not hide a failing one).
+    pub last_error: Mutex<BTreeMap<usize, String>>,
     /// Entries that came back without their fields (trimmed or corrupted before
     /// PostgreSQL had them): each is an alarm and asks for a reconciliation.
     pub lost_entries: AtomicU64,
@@ -108,14 +118,21 @@ pub struct WriteBehindStats {
 }
 
 impl WriteBehindStats {
-    /// The last failure, if the most recent attempt failed.
+    /// A failure, if any part's most recent attempt failed.
     pub fn last_error(&self) -> Option<String> {
-        self.last_error.lock().map(|e| e.clone()).unwrap_or(None)
+        self.last_error
+            .lock()
+            .ok()
+            .and_then(|e| e.values().next().cloned())
     }
 
-    fn set_error(&self, e: Option<String>) {
-        if let Ok(mut slot) = self.last_error.lock() {
-            *slot = e;
+    /// Records part `part`'s outcome: its failure, or `None` after a success.
+    fn set_error(&self, part: usize, e: Option<String>) {
+        if let Ok(mut slots) = self.last_error.lock() {
+            match e {
+                Some(e) => slots.insert(part, e),
+                None => slots.remove(&part),
+            };
         }
     }
 }
@@ -155,10 +172,15 @@ pub struct WriteBehind {
     config: WriteBehindConfig,
     stats: Arc<WriteBehindStats>,
     groups_ready: bool,
+    /// The shards this worker reads (every shard unless it is one [`part`](Self::part)).
+    shards: Vec<u16>,
+    /// Which part this worker is (0 unless made by [`part`](Self::part)).
+    part: usize,
 }
 
 impl WriteBehind {
-    /// A worker reading with `conn` (give it its own: reads block) into `pg`.
+    /// A worker reading every shard with `conn` (give it its own: reads block)
+    /// into `pg`.
     pub fn new(
         engine: Engine,
         pg: PgPool,
@@ -166,6 +188,7 @@ impl WriteBehind {
         config: WriteBehindConfig,
         stats: Arc<WriteBehindStats>,
     ) -> Self {
+        let shards = (0..engine.keyspace().shards()).collect();
         Self {
             engine,
             pg,
@@ -173,12 +196,37 @@ impl WriteBehind {
             config,
             stats,
             groups_ready: false,
+            shards,
+            part: 0,
         }
     }
 
-    /// Creates the consumer group on every shard's stream (idempotent).
+    /// This worker as part `part` of `of` running side by side: it reads only
+    /// the shards whose number modulo `of` is `part`, under a consumer name of
+    /// its own (`<consumer>.<part>`), and only part 0 trims the streams. Its
+    /// pending entries are re-read by the same part after a failure; entries a
+    /// part left pending when the process died (or the count changed) are
+    /// taken over like any dead consumer's (see [`WriteBehindConfig::claim_idle`]).
+    pub fn part(mut self, part: usize, of: usize) -> Self {
+        let of = of.max(1);
+        if of > 1 {
+            self.shards.retain(|s| usize::from(*s) % of == part);
+            self.config.consumer = format!("{}.{part}", self.config.consumer);
+        }
+        self.part = part;
+        self
+    }
+
+    /// Event streams of this worker's shards, in `shards` order.
+    fn stream_keys(&self) -> Vec<String> {
+        let ks = self.engine.keyspace();
+        self.shards.iter().map(|&s| ks.events(s)).collect()
+    }
+
+    /// Creates the consumer group on the streams of this worker's shards
+    /// (idempotent; a worker made by [`WriteBehind::new`] has every shard).
     pub async fn ensure_groups(&mut self) -> Result<(), EngineError> {
-        for key in self.engine.keyspace().all_events() {
+        for key in self.stream_keys() {
             redis_conn::ensure_group(&mut self.conn, &key, GROUP).await?;
         }
         self.groups_ready = true;
@@ -198,6 +246,11 @@ impl WriteBehind {
     /// Reads and applies one batch: this consumer's own pending entries first (a
     /// batch that failed before), then new ones. Returns what it applied.
     pub async fn run_once(&mut self) -> Result<BatchReport, EngineError> {
+        if self.shards.is_empty() {
+            // A part beyond the shard count: nothing is ever its own.
+            tokio::time::sleep(self.config.block).await;
+            return Ok(BatchReport::default());
+        }
         self.ready().await?;
         let mut batches = self.read(false).await?;
         if batches.iter().all(|b| b.ids.is_empty()) {
@@ -210,8 +263,7 @@ impl WriteBehind {
     pub async fn reclaim_once(&mut self) -> Result<BatchReport, EngineError> {
         self.ready().await?;
         let mut batches = Vec::new();
-        for shard in 0..self.engine.keyspace().shards() {
-            let key = self.engine.keyspace().events(shard);
+        for (shard, key) in self.shards.clone().into_iter().zip(self.stream_keys()) {
             self.engine
                 .forget_idle_consumers(
                     &key,
@@ -252,7 +304,7 @@ impl WriteBehind {
     }
 
     async fn read(&mut self, new: bool) -> Result<Vec<ShardBatch>, EngineError> {
-        let keys = self.engine.keyspace().all_events();
+        let keys = self.stream_keys();
         let ids = vec![if new { ">" } else { "0" }.to_owned(); keys.len()];
         let mut head = redis::cmd("XREADGROUP");
         head.arg("GROUP")
@@ -264,19 +316,20 @@ impl WriteBehind {
         let streams = self.conn.read_streams(&head, &keys, &ids, block).await?;
         let mut batches = Vec::new();
         for stream in streams {
-            let Some(shard) = keys.iter().position(|k| *k == stream.key) else {
+            let Some(at) = keys.iter().position(|k| *k == stream.key) else {
                 continue;
             };
+            let shard = self.shards[at];
             let mut batch = ShardBatch {
-                shard: shard as u16,
+                shard,
                 ids: Vec::new(),
                 events: Vec::new(),
             };
             for entry in stream.ids {
                 batch.ids.push(entry.id.clone());
-                match Event::from_fields(entry.id.clone(), shard as u16, &entry.map) {
+                match Event::from_fields(entry.id.clone(), shard, &entry.map) {
                     Some(event) => batch.events.push(event),
-                    None => self.lost(shard as u16, &entry.id),
+                    None => self.lost(shard, &entry.id),
                 }
             }
             batches.push(batch);
@@ -964,9 +1017,9 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
         };
         match result {
             Ok(report) => {
-                worker.stats.set_error(None);
+                worker.stats.set_error(worker.part, None);
                 backoff = Duration::from_millis(100);
-                if last_trim.elapsed() >= Duration::from_secs(1) {
+                if worker.part == 0 && last_trim.elapsed() >= Duration::from_secs(1) {
                     last_trim = Instant::now();
                     match worker.engine.trim_acknowledged(worker.config.retain).await {
                         Ok(n) => {
@@ -987,7 +1040,7 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
                 // Redis may have restarted empty: make the groups again next time.
                 worker.groups_ready = false;
                 worker.stats.failures.fetch_add(1, Ordering::Relaxed);
-                worker.stats.set_error(Some(e.to_string()));
+                worker.stats.set_error(worker.part, Some(e.to_string()));
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "write-behind batch failed; events wait in the stream");
                 tokio::select! {
                     () = &mut shutdown => break,

@@ -112,8 +112,8 @@ impl Engine {
     pub async fn warm(&self, spec: &WarmSpec, force: bool) -> Result<WarmOutcome, EngineError> {
         let shard = self.keys.shard_of(&spec.sku);
         let mut inv = self.scripts.warm.prepare_invoke();
-        inv.key(self.keys.sku(&spec.sku))
-            .key(self.keys.events(shard))
+        inv.key(self.keys.events(shard))
+            .key(self.keys.sku(&spec.sku))
             .arg(&spec.sku)
             .arg(spec.on_hand)
             .arg(spec.reserved)
@@ -126,10 +126,9 @@ impl Engine {
             .arg(0)
             .arg(spec.opens_ms)
             .arg(spec.closes_ms);
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
+        // One SKU: the first (and only) answer.
+        let answers: Vec<Vec<Value>> = inv.invoke_async(&mut self.conn.clone()).await?;
+        let reply = Reply::new(answers.into_iter().next().unwrap_or_default());
         Ok(match reply.tag()?.as_str() {
             "warmed" => WarmOutcome::Warmed {
                 available: reply.int(1)?,

@@ -359,6 +359,127 @@ async fn two_consumers_record_each_sale_once(pg: PgPool) {
     );
 }
 
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn parts_share_the_shards_and_a_dead_part_is_taken_over(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = holdfast_engine::testkit::skus_in_distinct_shards(&engine, "PT", 12);
+    for sku in &skus {
+        add_sku(&pg, sku, 50).await;
+    }
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let shards = engine.keyspace().shards();
+    let of_part = |part: u16| {
+        skus.iter()
+            .filter(|s| engine.keyspace().shard_of(s) % 3 == part)
+            .count()
+    };
+    assert!(
+        (0..3).all(|p| of_part(p) > 0),
+        "every part owns some of the SKUs ({shards} shards)"
+    );
+    let sellers: Vec<_> = skus
+        .iter()
+        .map(|sku| {
+            let (engine, sku) = (engine.clone(), sku.clone());
+            tokio::spawn(async move { sell(&engine, &format!("pt-{sku}"), &sku, 4).await })
+        })
+        .collect();
+    for s in sellers {
+        s.await.unwrap();
+    }
+
+    // Parts 0 and 2 of three run; part 1 commits its shards' sales, then dies
+    // before settling, every time.
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let mut running = Vec::new();
+    for (part, config) in [
+        (0, config("p")),
+        (1, dies_after_commit("p")),
+        (2, config("p")),
+    ] {
+        let w = worker(&engine, &pg, redis.connection().await, config).part(part, 3);
+        let mut rx = rx.clone();
+        running.push(tokio::spawn(run_write_behind(w, async move {
+            let _ = rx.wait_for(|s| *s).await;
+        })));
+    }
+    let on_part = |part: u16| -> Vec<&String> {
+        skus.iter()
+            .filter(|s| engine.keyspace().shard_of(s) % 3 == part)
+            .collect()
+    };
+    let mut settled = false;
+    for _ in 0..400 {
+        let mut done = true;
+        for sku in on_part(0).into_iter().chain(on_part(2)) {
+            done &= engine.figures(sku).await.unwrap().unwrap().sold_pending == 0;
+        }
+        for sku in on_part(1) {
+            done &= counts(&pg, sku).await == (4, 4, 46, 4);
+        }
+        if done {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(settled, "parts 0 and 2 settled, part 1 committed");
+    tx.send(true).unwrap();
+    for r in running {
+        r.await.unwrap();
+    }
+    for sku in &skus {
+        assert_eq!(
+            counts(&pg, sku).await,
+            (4, 4, 46, 4),
+            "{sku}: recorded once"
+        );
+        let pending = engine.figures(sku).await.unwrap().unwrap().sold_pending;
+        let dead = engine.keyspace().shard_of(sku) % 3 == 1;
+        assert_eq!(
+            pending,
+            if dead { 4 } else { 0 },
+            "{sku}: settled by its part"
+        );
+    }
+    let lag = engine.write_behind_lag().await.unwrap();
+    assert!(lag.entries > 0, "the dead part's entries wait: {lag:?}");
+
+    // Another process's part 1 takes them over: nothing is recorded twice.
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let mut heir = worker(&engine, &pg, redis.connection().await, takes_over("q")).part(1, 3);
+    heir.ensure_groups().await.unwrap();
+    let taken = heir.reclaim_once().await.unwrap();
+    assert!(taken.entries > 0, "the pending entries were taken over");
+    let mut all = vec![
+        worker(&engine, &pg, redis.connection().await, config("p")).part(0, 3),
+        heir,
+        worker(&engine, &pg, redis.connection().await, config("p")).part(2, 3),
+    ];
+    let mut drained = false;
+    for _ in 0..200 {
+        for w in &mut all {
+            w.run_once().await.unwrap();
+        }
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            drained = true;
+            break;
+        }
+    }
+    assert!(drained, "the parts drained every shard");
+    for sku in &skus {
+        assert_eq!(counts(&pg, sku).await, (4, 4, 46, 4), "{sku}: still once");
+        assert_eq!(
+            engine.figures(sku).await.unwrap().unwrap().sold_pending,
+            0,
+            "{sku}: settled"
+        );
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn postgres_stopped_mid_sale_loses_nothing() {
     let mut postgres = TestPostgres::start();
@@ -966,4 +1087,112 @@ async fn a_buyer_at_the_limit_stays_there_after_redis_loses_its_data(pg: PgPool)
         matches!(over, ReserveOutcome::LimitExceeded { .. }),
         "{over:?}"
     );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn warm_up_in_small_pages_writes_each_counter_once(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    for i in 0..50 {
+        add_sku(&pg, &format!("WP-{i:02}"), 10 + i).await;
+    }
+    // Most counters exist already: left alone, whichever page they fall in.
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    for i in [3, 17, 18, 41] {
+        redis::cmd("DEL")
+            .arg(engine.keyspace().sku(&format!("WP-{i:02}")))
+            .query_async::<()>(&mut redis.connection().await)
+            .await
+            .unwrap();
+    }
+    let mut seen = Vec::new();
+    let report = warm_all(
+        &engine,
+        &pg,
+        WarmOptions {
+            page: 7,
+            ..WarmOptions::default()
+        },
+        |p| seen.push(p.done),
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.skus, report.warmed, report.existing), (50, 4, 46));
+    assert_eq!(
+        seen.len(),
+        8,
+        "one progress report per page (50 in pages of 7)"
+    );
+    assert!(
+        seen.windows(2).all(|w| w[0] < w[1]),
+        "progress only rises: {seen:?}"
+    );
+    assert_eq!(seen.last(), Some(&50));
+    for i in 0..50 {
+        let f = engine
+            .figures(&format!("WP-{i:02}"))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(f.available, 10 + i, "WP-{i:02}");
+    }
+
+    // Forced, in one page: one warm.lua call per shard, several SKUs in some;
+    // each keeps its live holds.
+    let shards: Vec<u16> = (0..50)
+        .map(|i| engine.keyspace().shard_of(&format!("WP-{i:02}")))
+        .collect();
+    assert!(
+        (0..50).any(|i| shards[i + 1..].contains(&shards[i])),
+        "some shard holds two of the SKUs"
+    );
+    for i in (0..50).step_by(3) {
+        let r = engine
+            .reserve(&ReserveRequest::single(
+                format!("wp-{i}"),
+                format!("WP-{i:02}"),
+                3,
+            ))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    let report = warm_all(
+        &engine,
+        &pg,
+        WarmOptions {
+            force: true,
+            page: 50,
+        },
+        |_| {},
+    )
+    .await
+    .unwrap();
+    assert_eq!((report.skus, report.warmed), (50, 50));
+    for i in 0..50 {
+        let sku = format!("WP-{i:02}");
+        let held = if i % 3 == 0 { 3 } else { 0 };
+        let f = engine.figures(&sku).await.unwrap().unwrap();
+        assert_eq!((f.available, f.reserved), (10 + i - held, held), "{sku}");
+        // Its `warmed` event carries the figures it was warmed to.
+        let entries: Vec<(String, std::collections::HashMap<String, String>)> =
+            redis::cmd("XRANGE")
+                .arg(engine.keyspace().events(engine.keyspace().shard_of(&sku)))
+                .arg("-")
+                .arg("+")
+                .query_async(&mut redis.connection().await)
+                .await
+                .unwrap();
+        let last = entries
+            .iter()
+            .rev()
+            .map(|(_, f)| f)
+            .find(|f| f["sku"] == sku && f["kind"] == "warmed")
+            .unwrap();
+        assert_eq!(last["available"], (10 + i - held).to_string(), "{sku}");
+        assert_eq!(last["reserved"], held.to_string(), "{sku}");
+        assert_eq!(last["sold_pending"], "0", "{sku}");
+    }
 }

@@ -207,6 +207,13 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub write_behind_batch: usize,
+    /// Write-behind workers in this process, each recording its own share of
+    /// the shards: while one commits in PostgreSQL another settles in Redis.
+    /// Each holds a Redis connection, and a PostgreSQL one while it records a
+    /// batch (at most 16, the default PostgreSQL pool's size).
+    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_WORKERS", default_value_t = 2,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
+    pub write_behind_workers: usize,
     /// Seconds a stream entry (a sale for the write-behind, a webhook for an
     /// ingestion lane) may stay pending on one server before another takes it
     /// over: how long a server that died mid-batch delays what it had read.

@@ -609,6 +609,7 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
         },
         write_behind: WriteBehindConfig {
             batch_max: args.write_behind_batch,
+            workers: args.write_behind_workers,
             claim_idle: Duration::from_secs(args.takeover_after_secs),
             ..WriteBehindConfig::default()
         },

@@ -117,16 +117,35 @@ impl Workers {
                     let (backends, url, wb, stats) =
                         (backends.clone(), url.clone(), wb.clone(), wb_stats.clone());
                     async move {
-                        // Its reads block: a Redis connection of its own.
-                        let conn = redis_conn::connect(&url).await?;
-                        let writer = WriteBehind::new(
-                            backends.engine.clone(),
-                            backends.pg.clone(),
-                            conn,
-                            wb,
-                            stats,
-                        );
-                        run_write_behind(writer, stopped(rx)).await;
+                        // Parts side by side, each over its own shards; their
+                        // reads block: a Redis connection each.
+                        let parts = wb.workers.max(1);
+                        // Aborted with this task: a restart never leaves a part behind.
+                        let mut writers = tokio::task::JoinSet::new();
+                        for part in 0..parts {
+                            let conn = redis_conn::connect(&url).await?;
+                            let writer = WriteBehind::new(
+                                backends.engine.clone(),
+                                backends.pg.clone(),
+                                conn,
+                                wb.clone(),
+                                stats.clone(),
+                            );
+                            writers.spawn(run_write_behind(
+                                writer.part(part, parts),
+                                stopped(rx.clone()),
+                            ));
+                        }
+                        // The first part to end (a panic; or shutdown, when
+                        // all end) ends them all: dropping the set aborts the
+                        // others, and the supervisor starts every part again
+                        // under the same names, each re-reading its pending
+                        // entries. A part left dead would strand its shards.
+                        if let Some(Err(e)) = writers.join_next().await
+                            && e.is_panic()
+                        {
+                            std::panic::resume_unwind(e.into_panic());
+                        }
                         Ok(())
                     }
                 },
