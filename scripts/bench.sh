@@ -90,6 +90,8 @@ run_split() {
     echo
     run record_bench --skus 100000 --sales 20000
     echo
+    run record_bench --skus 1000000 --sales 20000
+    echo
     echo "### Checkout through HTTP, alone and during a bulk feed"
     echo
     run checkout_bench --rate 2000 --seconds 10
