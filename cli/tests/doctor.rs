@@ -229,7 +229,7 @@ async fn a_real_server_opens_the_redis_connections_doctor_counts(
             panic!("holdfast serve exited early");
         }
     }
-    let need = redis_connections_per_server();
+    let need = redis_connections_per_server(holdfast_engine::record::DEFAULT_WORKERS);
     let mut conn = redis_conn::connect(&redis.url()).await.unwrap();
     // The workers and the live side connect on their own after start-up: wait
     // for the held connections, then watch a while for more.

@@ -212,11 +212,11 @@ async fn main() {
     println!("| measure | result | budget |");
     println!("|---|---|---|");
     println!(
-        "| warm-up of {skus} SKUs | {} ms | < 5,000 ms |",
+        "| warm-up of {skus} SKUs | {} ms | 1,000,000 under 30 s |",
         warm.elapsed_ms
     );
     println!(
-        "| reconciliation of {skus} SKUs ({} corrected) | {} ms | < 10,000 ms |",
+        "| reconciliation of {skus} SKUs ({} corrected) | {} ms | 1,000,000 under 30 s |",
         rec.corrected_down, rec.elapsed_ms
     );
     println!(
@@ -235,7 +235,7 @@ async fn main() {
         backlog as f64 / drain
     );
     println!(
-        "| lag during a drop of {sales} sales in {drop_secs:.2} s ({:.0} sales/s), write-behind running | worst {:.2} s ({worst_entries} entries); caught up {caught_up:.2} s after the last sale | < 2 s |",
+        "| lag during a drop of {sales} sales in {drop_secs:.2} s ({:.0} sales/s), write-behind running | worst {:.2} s ({worst_entries} entries); caught up {caught_up:.2} s after the last sale | under 1 s at 10,000 sales/s |",
         sales as f64 / drop_secs,
         worst_ms as f64 / 1000.0
     );

@@ -100,6 +100,9 @@ pub struct DoctorConfig {
     pub database_url: String,
     /// PostgreSQL connections one server's pool opens (`HOLDFAST_PG_MAX_CONNECTIONS`).
     pub pg_pool_size: u32,
+    /// Write-behind parts per server (`HOLDFAST_WRITE_BEHIND_WORKERS`), each a
+    /// Redis connection of its own.
+    pub write_behind_workers: usize,
     /// Servers that will run against these services.
     pub servers: u32,
     /// The webhook sources by name and lane, or why `serve` would refuse them.
@@ -128,14 +131,14 @@ pub struct RedisConnections {
 ///
 /// - one multiplexed connection shared by the API, the reaper, scheduled
 ///   reconciliation and verification, badges and the dashboard;
-/// - one per write-behind part (two by default, `--write-behind-workers`) and
+/// - one per write-behind part (`write_behind_workers`, two by default) and
 ///   one for the event feed, whose blocking stream reads would stall a shared
 ///   connection;
 /// - one per ingestion lane consumer (every lane is consumed, with or without
 ///   sources);
 /// - briefly, one for the start-up reachability probe and one each time the
 ///   dashboard hub re-reads the streams' tails.
-pub fn redis_connections_per_server() -> RedisConnections {
+pub fn redis_connections_per_server(write_behind_workers: usize) -> RedisConnections {
     let consumers: Vec<String> = Lane::ALL
         .iter()
         .map(|lane| {
@@ -150,7 +153,7 @@ pub fn redis_connections_per_server() -> RedisConnections {
         .iter()
         .map(|lane| LaneConfig::default_for(*lane).concurrency.max(1) as u64)
         .sum();
-    let write_behind = crate::record::WriteBehindConfig::default().workers.max(1) as u64;
+    let write_behind = write_behind_workers.max(1) as u64;
     let held = vec![
         ("shared".to_owned(), 1),
         (format!("write-behind ({write_behind} parts)"), write_behind),
@@ -287,7 +290,7 @@ async fn redis_checks(report: &mut DoctorReport, conn: &mut RedisConn, c: &Docto
         maxclients,
         others,
         c.servers,
-        &redis_connections_per_server(),
+        &redis_connections_per_server(c.write_behind_workers),
     ));
     report.checks.push(memory(
         number(&info, "used_memory"),
@@ -1023,7 +1026,7 @@ mod tests {
 
     #[test]
     fn maxclients_thresholds() {
-        let need = redis_connections_per_server();
+        let need = redis_connections_per_server(crate::record::DEFAULT_WORKERS);
         assert!(need.peak > need.steady);
         let level =
             |max, others, servers| maxclients_line(Some(max), Some(others), servers, &need).level;

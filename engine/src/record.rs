@@ -31,6 +31,11 @@ use crate::redis_conn;
 /// The consumer group every write-behind process joins.
 pub const GROUP: &str = "holdfast-record";
 
+/// Write-behind parts per process unless configured ([`WriteBehindConfig::workers`]):
+/// on two cores two parts drained sales fastest, and more took CPU from checkout
+/// (BENCHMARKS.md, the run of 23:56 UTC).
+pub const DEFAULT_WORKERS: usize = 2;
+
 /// How the write-behind batches and recovers.
 #[derive(Debug, Clone)]
 pub struct WriteBehindConfig {
@@ -78,7 +83,7 @@ impl Default for WriteBehindConfig {
         Self {
             consumer: redis_conn::consumer_name("record"),
             batch_max: 2_000,
-            workers: 2,
+            workers: DEFAULT_WORKERS,
             block: Duration::from_millis(200),
             claim_idle: Duration::from_secs(30),
             retain: Duration::from_secs(60),
@@ -122,18 +127,22 @@ impl WriteBehindStats {
     pub fn last_error(&self) -> Option<String> {
         self.last_error
             .lock()
-            .ok()
-            .and_then(|e| e.values().next().cloned())
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .values()
+            .next()
+            .cloned()
     }
 
     /// Records part `part`'s outcome: its failure, or `None` after a success.
     fn set_error(&self, part: usize, e: Option<String>) {
-        if let Ok(mut slots) = self.last_error.lock() {
-            match e {
-                Some(e) => slots.insert(part, e),
-                None => slots.remove(&part),
-            };
-        }
+        let mut slots = self
+            .last_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match e {
+            Some(e) => slots.insert(part, e),
+            None => slots.remove(&part),
+        };
     }
 }
 

@@ -257,6 +257,11 @@ pub async fn warm_all(
                 break;
             }
         };
+        // A page read while another's write failed is let go unwritten
+        // (its transaction rolls back, releasing its rows).
+        if failed.is_some() {
+            break;
+        }
         let Some(last) = next.rows.last() else { break };
         after = last.sku.clone();
         writing.push(Box::pin(next.write(engine, options)));

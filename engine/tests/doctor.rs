@@ -12,6 +12,7 @@ fn config(redis_url: &str, database_url: &str) -> DoctorConfig {
         redis_url: redis_url.to_owned(),
         database_url: database_url.to_owned(),
         pg_pool_size: 16,
+        write_behind_workers: holdfast_engine::record::DEFAULT_WORKERS,
         servers: 1,
         webhook_sources: Ok(vec![("erp".into(), Lane::Feeds)]),
         badge_origins: vec!["https://shop.example".into()],
@@ -87,7 +88,9 @@ async fn redis_persistence_memory_and_clients_are_judged_from_its_own_figures(
 
     // maxclients sized for exactly one server: fine alone is too tight (over
     // 80%), two servers cannot both connect.
-    let need = holdfast_engine::doctor::redis_connections_per_server();
+    let need = holdfast_engine::doctor::redis_connections_per_server(
+        holdfast_engine::record::DEFAULT_WORKERS,
+    );
     let small = TestRedis::start_with(&["--maxclients", &need.peak.to_string()]);
     let report = run(&config(&small.url(), &pg)).await;
     assert_eq!(level(&report, check::REDIS_MAXCLIENTS), CheckLevel::Warn);

@@ -210,8 +210,9 @@ pub struct ServeArgs {
     /// Write-behind workers in this process, each recording its own share of
     /// the shards: while one commits in PostgreSQL another settles in Redis.
     /// Each holds a Redis connection, and a PostgreSQL one while it records a
-    /// batch (at most 16, the default PostgreSQL pool's size).
-    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_WORKERS", default_value_t = 2,
+    /// batch: fewer than `--pg-max-connections`, so the API always has one.
+    #[arg(long, env = "HOLDFAST_WRITE_BEHIND_WORKERS",
+          default_value_t = holdfast_engine::record::DEFAULT_WORKERS,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=16))]
     pub write_behind_workers: usize,
     /// Seconds a stream entry (a sale for the write-behind, a webhook for an
@@ -445,6 +446,13 @@ impl ServeArgs {
                 self.api_deadline_ms, self.request_timeout_secs
             ));
         }
+        if self.write_behind_workers as u64 >= u64::from(self.pg_max_connections) {
+            return Err(format!(
+                "--write-behind-workers {} needs fewer than --pg-max-connections {}: each part \
+                 holds a PostgreSQL connection while it records, and the API and warm-up need theirs",
+                self.write_behind_workers, self.pg_max_connections
+            ));
+        }
         if self.demo && !self.listen.ip().is_loopback() && self.demo_password == DEMO_PASSWORD {
             return Err(format!(
                 "--demo on {} would let anyone who can reach it sign in as admin with the published \
@@ -505,6 +513,7 @@ impl ServeArgs {
             redis_url: global.redis_url.clone(),
             database_url: global.database_url.clone(),
             pg_pool_size: self.pg_max_connections,
+            write_behind_workers: self.write_behind_workers,
             servers: self.servers,
             webhook_sources,
             badge_origins: self.badge_origins.clone(),
@@ -598,6 +607,27 @@ mod tests {
                 .check()
                 .unwrap_err()
                 .contains("--api-deadline-ms")
+        );
+    }
+
+    #[test]
+    fn write_behind_parts_leave_the_pool_a_connection() {
+        let args = |parts: &str, pool: &str| {
+            ServeArgs::parse_from([
+                "holdfast",
+                "--write-behind-workers",
+                parts,
+                "--pg-max-connections",
+                pool,
+            ])
+        };
+        assert!(ServeArgs::parse_from(["holdfast"]).check().is_ok());
+        assert!(args("3", "4").check().is_ok());
+        assert!(
+            args("4", "4")
+                .check()
+                .unwrap_err()
+                .contains("--write-behind-workers 4")
         );
     }
 

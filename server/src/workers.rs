@@ -141,7 +141,9 @@ impl Workers {
                         // others, and the supervisor starts every part again
                         // under the same names, each re-reading its pending
                         // entries. A part left dead would strand its shards.
-                        if let Some(Err(e)) = writers.join_next().await
+                        let first = writers.join_next().await;
+                        writers.shutdown().await;
+                        if let Some(Err(e)) = first
                             && e.is_panic()
                         {
                             std::panic::resume_unwind(e.into_panic());

@@ -660,6 +660,7 @@ async fn an_admin_runs_the_deployment_checks_from_the_operations_page(pool: PgPo
             redis_url: redis.url(),
             database_url: db,
             pg_pool_size: 4,
+            write_behind_workers: holdfast_engine::record::DEFAULT_WORKERS,
             servers: 1,
             webhook_sources: Ok(Vec::new()),
             badge_origins: Vec::new(),
