@@ -88,10 +88,10 @@ run_split() {
     done
     echo "### System of record"
     echo
-    run record_bench --skus 100000 --sales 20000
-    echo
-    run record_bench --skus 1000000 --sales 20000
-    echo
+    for skus in 100000 1000000; do
+        run record_bench --skus "$skus" --sales 20000
+        echo
+    done
     echo "### Checkout through HTTP, alone and during a bulk feed"
     echo
     run checkout_bench --rate 2000 --seconds 10

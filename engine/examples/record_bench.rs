@@ -6,7 +6,7 @@
 //! PostgreSQL in `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`).
 //!
 //! ```sh
-//! cargo run --release -p holdfast-engine --example record_bench -- --skus 100000 --sales 20000 [--workers 4]
+//! cargo run --release -p holdfast-engine --example record_bench -- --skus 100000 --sales 20000 [--workers 2] [--page 2000]
 //! ```
 
 use std::sync::Arc;

@@ -399,8 +399,9 @@ impl Page {
             restore_buyers(engine, &mut tx, &missing).await?;
         }
         let orphans = open_holds(engine, &rows, &current).await?;
-        // One warm.lua call per shard for the page's SKUs in it (a call per SKU
-        // spent most of Redis' time entering scripts).
+        // One warm.lua call per shard for the page's SKUs in it: fewer script
+        // calls for Redis to enter (measured no faster on two cores, where
+        // PostgreSQL's share was what mattered; see BENCHMARKS.md).
         let mut calls: BTreeMap<u16, redis::ScriptInvocation<'_>> = BTreeMap::new();
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
             // A forced warm-up computes `available` inside warm.lua from the live

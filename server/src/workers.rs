@@ -120,7 +120,7 @@ impl Workers {
                         // Parts side by side, each over its own shards; their
                         // reads block: a Redis connection each.
                         let parts = wb.workers.max(1);
-                        // Aborted with this task: a restart never leaves a part behind.
+                        // Aborted with this task too: a restart never leaves a part behind.
                         let mut writers = tokio::task::JoinSet::new();
                         for part in 0..parts {
                             let conn = redis_conn::connect(&url).await?;
@@ -137,8 +137,8 @@ impl Workers {
                             ));
                         }
                         // The first part to end (a panic; or shutdown, when
-                        // all end) ends them all: dropping the set aborts the
-                        // others, and the supervisor starts every part again
+                        // all end) ends them all: the others are stopped and
+                        // awaited, and the supervisor starts every part again
                         // under the same names, each re-reading its pending
                         // entries. A part left dead would strand its shards.
                         let first = writers.join_next().await;
