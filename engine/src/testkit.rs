@@ -163,7 +163,18 @@ impl TestRedis {
             cluster,
             peers: Vec::new(),
         };
-        redis.spawn();
+        // The port was free a moment ago; another process may take it (or,
+        // on a cluster node, its bus port, port + 10000) before redis-server
+        // binds: a node that exits at once is started again on another port.
+        for _ in 0..4 {
+            if redis.try_spawn() {
+                break;
+            }
+            redis.port = free_port();
+        }
+        if redis.child.is_none() {
+            redis.spawn();
+        }
         if cluster == ClusterRole::Alone {
             redis.command(&["CLUSTER", "ADDSLOTSRANGE", "0", "16383"]);
             redis.await_cluster_ok();
@@ -293,7 +304,20 @@ impl TestRedis {
         self.child.is_some()
     }
 
+    /// Starts redis-server on this node's port, panicking unless it answers.
     fn spawn(&mut self) {
+        if !self.try_spawn() {
+            panic!(
+                "redis-server on port {} exited at start; see {}",
+                self.port,
+                self.dir.path().join("redis.log").display()
+            );
+        }
+    }
+
+    /// Starts redis-server on this node's port: true once it answers, false
+    /// if it exited first (its port was taken); panics if it does neither.
+    fn try_spawn(&mut self) -> bool {
         let log: PathBuf = self.dir.path().join("redis.log");
         let port = self.port.to_string();
         let ports: &[&str] = if self.tls_ca.is_some() {
@@ -318,7 +342,13 @@ impl TestRedis {
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {
             if std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok() {
-                return;
+                return true;
+            }
+            if let Some(child) = self.child.as_mut()
+                && child.try_wait().is_ok_and(|status| status.is_some())
+            {
+                self.child = None;
+                return false;
             }
             std::thread::sleep(Duration::from_millis(20));
         }
