@@ -98,6 +98,8 @@ for j = 1, i do
       local paid = math.min(owed, qty)
       if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
       available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty - paid)
+      -- A rise of a split SKU's part: the sold-out check (split.rs) sees it.
+      if string.find(sku, '~', 1, true) then redis.call('HINCRBY', KEYS[b + 1], 'gen', 1) end
       reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
       pending = redis.call('HGET', KEYS[b + 1], 'sold_pending') or '0'
     else

@@ -22,7 +22,9 @@ end
 local target = tonumber(ARGV[6])
 local available, owed = target, 0
 if target < 0 then available, owed = 0, -target end
+-- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XADD', KEYS[2], '*', 'kind', 'corrected', 'sku', ARGV[1],

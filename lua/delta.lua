@@ -29,7 +29,9 @@ if not c[1] then return {'not_warmed'} end
 local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
+-- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
 -- `fed` sums what feeds applied; PostgreSQL's fed_recorded catches up through the
 -- write-behind, and reconciliation counts the difference as in flight.
 redis.call('HINCRBY', KEYS[1], 'fed', delta)

@@ -30,7 +30,9 @@ local change = tonumber(ARGV[2])
 local effective = tonumber(c[1]) - tonumber(c[2] or '0') + change
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
+-- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
 local version = tonumber(ARGV[6])
 if version >= 0 and version > tonumber(c[6] or '-1') then
   redis.call('HSET', KEYS[1], 'version', version)

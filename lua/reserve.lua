@@ -49,6 +49,10 @@
 --   {'not_started', sku, opens_ms}    Redis' clock is before the drop's start
 --   {'ended', sku, closes_ms}         Redis' clock is at or after the drop's end
 --   {'invalid', field, message}       a number is not a whole number in range
+--   {'split', sku, parts}             the line names another split of the SKU than
+--                                     its counter's (`parts`, 1: not split): nothing moves
+--   {'short', sku, available}         a part of a split SKU has too few units: nothing
+--                                     moves or is remembered (the engine gathers, see split.rs)
 local function whole(v)
   local x = tonumber(v)
   if x and x == math.floor(x) and x >= 1 and x < 1e15 then return x end
@@ -106,8 +110,15 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 -- Check every line before changing anything: all or nothing.
 for i = 1, n do
   local b, sku, qty = 3 + 3 * (i - 1), ARGV[7 + 2 * i], tonumber(ARGV[8 + 2 * i])
-  local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit', 'opens', 'closes')
+  local c = redis.call('HMGET', KEYS[b + 1], 'available', 'limit', 'opens', 'closes', 'parts')
+  -- A split SKU is reserved part by part, each line naming its part as
+  -- `sku~j/k`: a caller that names another split than the counter's (it has
+  -- not seen the SKU split, or merged) is told the count and tries again.
   if not c[1] then return {'not_warmed', sku} end
+  local parts = tonumber(c[5] or '1')
+  if parts ~= tonumber(string.match(sku, '~%d+/(%d+)$') or '1') then
+    return {'split', sku, parts}
+  end
   local opens, closes = tonumber(c[3] or '0') or 0, tonumber(c[4] or '0') or 0
   if opens > now then return {'not_started', sku, opens} end
   if closes > 0 and now >= closes then return {'ended', sku, closes} end
@@ -121,7 +132,12 @@ for i = 1, n do
     local already = tonumber(redis.call('GET', KEYS[b + 3]) or '0')
     if already + qty > limit then return refuse('limit', sku, limit, already) end
   end
-  if available < qty then return refuse('sold_out', sku, available) end
+  if available < qty then
+    -- One part short is not the SKU sold out: the engine gathers units from
+    -- the other parts, and only it can tell (nothing is remembered here).
+    if parts > 1 then return {'short', sku, available} end
+    return refuse('sold_out', sku, available)
+  end
 end
 
 local deadline = now + ttl

@@ -36,7 +36,9 @@ local before = tonumber(c[1]) - tonumber(c[5] or '0')
 local effective = on_hand - reserved - pending
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
+-- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'version', version)
+redis.call('HINCRBY', KEYS[1], 'gen', 1)
 redis.call('HINCRBY', KEYS[1], 'fed', effective - before)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])
 local t = redis.call('TIME')

@@ -83,6 +83,8 @@ for i = 1, n do
     if effective < 0 then available, owed = 0, -effective end
     redis.call('HSET', key, 'available', available, 'owed', owed, 'limit', w.limit,
       'opens', w.opens, 'closes', w.closes)
+    -- `gen` counts changes that may raise `available` (the split sold-out check, split.rs).
+    redis.call('HINCRBY', key, 'gen', 1)
     if w.version >= tonumber(c[5] or '-1') and w.version >= 0 then
       redis.call('HSET', key, 'version', w.version)
     end

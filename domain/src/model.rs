@@ -288,6 +288,14 @@ pub struct Figures {
     /// When the SKU's drop closes, Unix ms (0: no end).
     #[serde(default)]
     pub closes_at_ms: i64,
+    /// Units on their way from one part of a split SKU to another: neither
+    /// available nor held for that moment, and counted in the equation
+    /// (`available + moving + reserved + sold_pending = on_hand`).
+    #[serde(default)]
+    pub moving: i64,
+    /// How many parts the SKU's stock is split into (0 or 1: not split).
+    #[serde(default)]
+    pub parts: u16,
 }
 
 /// One reservation as Redis holds it.

@@ -103,6 +103,8 @@ pub struct Engine {
     attempts: Arc<crate::attempts::Attempts>,
     /// The one-shard holds this process made ([`crate::hold_cache`]).
     holds: Arc<HoldCache>,
+    /// The split SKUs this process has seen ([`crate::split`]).
+    pub(crate) splits: Arc<crate::split::Splits>,
 }
 
 /// Whether `s` is a valid SKU code: what PostgreSQL's `skus.sku` check accepts.
@@ -117,6 +119,12 @@ pub fn valid_sku(s: &str) -> bool {
 /// In a claim (`hf:claim:{<rid>}`), between the request's fingerprint and the
 /// SKU it was answered sold out of from memory.
 const FROM_MEMORY: &str = "|sold_out_from_memory:";
+
+/// A claim that says the request fingerprinted `fp` was answered sold out of
+/// `sku` without a hold: its retries get that answer again.
+pub(crate) fn claim_from_memory(fp: &str, sku: &str) -> String {
+    format!("{fp}{FROM_MEMORY}{sku}")
+}
 
 /// A reservation id's claim: the owning request's fingerprint, and the SKU when
 /// that request was answered sold out from memory.
@@ -191,6 +199,7 @@ impl Engine {
             config: Arc::new(config),
             acks: None,
             attempts: Arc::default(),
+            splits: Arc::default(),
         }
     }
 
@@ -343,22 +352,45 @@ impl Engine {
             Err(inv) => return Ok(ReserveOutcome::Invalid(inv)),
         };
         let fp = fingerprint(req);
-        let groups = self.group_by_shard(&req.lines);
+        if self.route(req).is_some() {
+            return self.reserve_routed(req, ttl, &fp).await;
+        }
+        let outcome = self.reserve_lines(req, &req.lines, ttl, &fp).await?;
+        match &outcome {
+            // The SKU was split since this process last looked (reserve.lua
+            // said so): route it.
+            ReserveOutcome::NotWarmed { sku } if self.splits.parts(sku) > 1 => {
+                self.reserve_routed(req, ttl, &fp).await
+            }
+            _ => Ok(outcome),
+        }
+    }
+
+    /// Holds `lines` (the request's, each naming its part for a split SKU)
+    /// for `req`: one script when they share a shard, a cart otherwise.
+    pub(crate) async fn reserve_lines(
+        &self,
+        req: &ReserveRequest,
+        lines: &[Line],
+        ttl: Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        let groups = self.group_by_shard(lines);
         // A shard whose master just changed sells nothing until it is
         // checked: "not warmed" (retry shortly), never sold out.
         if let Some((_, lines)) = groups.iter().find(|(s, _)| self.fence.is_fenced(*s)) {
             return Ok(ReserveOutcome::NotWarmed {
-                sku: lines[0].sku.clone(),
+                sku: crate::keys::base_sku(&lines[0].sku).to_owned(),
             });
         }
         if let [(shard, lines)] = groups.as_slice() {
-            return self.reserve_alone(*shard, req, lines, ttl, &fp).await;
+            return self.reserve_alone(*shard, req, lines, ttl, fp).await;
         }
         // A cart writes its parts one shard after another and undoes them if a
         // later one fails: it runs in a task of its own, so a caller that stops
         // waiting (an API deadline during a failover) never leaves it half
         // made. A retry under the same id then meets what it finished.
-        let (engine, req) = (self.clone(), req.clone());
+        let (engine, req, fp) = (self.clone(), req.clone(), fp.to_owned());
         tokio::spawn(async move { engine.reserve_cart(&req, &groups, ttl, &fp).await })
             .await
             .map_err(|e| EngineError::UnexpectedReply(format!("the cart stopped: {e}")))?
@@ -531,7 +563,7 @@ impl Engine {
         let fp = fingerprint(req);
         let before: Option<String> = redis::cmd("SET")
             .arg(self.keys.claim(rid))
-            .arg(format!("{fp}{FROM_MEMORY}{sku}"))
+            .arg(claim_from_memory(&fp, sku))
             .arg("NX")
             .arg("GET")
             .arg("PX")
@@ -666,6 +698,22 @@ impl Engine {
             "not_warmed" => ReserveOutcome::NotWarmed {
                 sku: reply.text(1)?,
             },
+            // The line named another split of the SKU than its counter's: the
+            // count is learnt and the caller routes again ([`crate::split`]).
+            "split" => {
+                let sku = reply.text(1)?;
+                self.splits.learn(
+                    crate::keys::base_sku(&sku),
+                    reply.int(2)?.clamp(1, 1 << 15) as u16,
+                );
+                ReserveOutcome::NotWarmed { sku }
+            }
+            // One part of a split SKU short: the caller gathers ([`crate::split`]).
+            "short" => ReserveOutcome::SoldOut {
+                sku: reply.text(1)?,
+                available: reply.int(2)?,
+                replayed: false,
+            },
             "sold_out" => ReserveOutcome::SoldOut {
                 sku: reply.text(1)?,
                 available: reply.int(2)?,
@@ -779,7 +827,8 @@ impl Engine {
 
     /// One reservation, with its lines from every shard; `None` when unknown.
     pub async fn hold(&self, rid: &str) -> Result<Option<Hold>, EngineError> {
-        Ok(whole(self.locate(rid).await?.into_iter().map(|(_, h)| h)))
+        Ok(whole(self.locate(rid).await?.into_iter().map(|(_, h)| h))
+            .map(crate::split::hold_of_skus))
     }
 
     /// Confirms reservation `rid` (payment captured): its units become sold. A
@@ -844,7 +893,9 @@ impl Engine {
         };
         Ok((
             outcome,
-            after.zip(shown).map(|(state, h)| Hold { state, ..h }),
+            after
+                .zip(shown)
+                .map(|(state, h)| crate::split::hold_of_skus(Hold { state, ..h })),
         ))
     }
 
@@ -916,7 +967,9 @@ impl Engine {
         };
         Ok((
             outcome,
-            after.zip(shown).map(|(state, h)| Hold { state, ..h }),
+            after
+                .zip(shown)
+                .map(|(state, h)| crate::split::hold_of_skus(Hold { state, ..h })),
         ))
     }
 
@@ -1200,12 +1253,14 @@ impl Engine {
                     "owed",
                     "opens",
                     "closes",
+                    "parts",
+                    "moving",
                 ])
                 .cmd("ZCARD")
                 .arg(self.keys.sku_holds(sku.as_ref()));
         }
         let replies: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
-        replies
+        let mut figures = replies
             .chunks(2)
             .map(|pair| {
                 let bad = |e: redis::ParsingError| EngineError::UnexpectedReply(e.to_string());
@@ -1227,13 +1282,40 @@ impl Engine {
                     owed: field(5).unwrap_or(0),
                     opens_at_ms: field(6).unwrap_or(0),
                     closes_at_ms: field(7).unwrap_or(0),
+                    parts: field(8).unwrap_or(1).clamp(1, 1 << 15) as u16,
+                    moving: field(9).unwrap_or(0),
                 }))
             })
-            .collect()
+            .collect::<Result<Vec<_>, EngineError>>()?;
+        // A split SKU's figures are its parts' together (part 0, read above,
+        // says how many there are).
+        for (sku, f) in skus.iter().zip(figures.iter_mut()) {
+            if let Some(f) = f {
+                self.splits.learn(sku.as_ref(), f.parts);
+                if f.parts > 1 {
+                    self.add_parts(sku.as_ref(), f.parts, f).await?;
+                }
+            }
+        }
+        Ok(figures)
     }
 
-    /// Up to `limit` open holds on `sku`, soonest deadline first.
+    /// Up to `limit` open holds on `sku`, soonest deadline first (of every
+    /// part of a split SKU).
     pub async fn holds_of(&self, sku: &str, limit: usize) -> Result<Vec<Hold>, EngineError> {
+        let parts = self.parts_of(sku).await?.unwrap_or(1);
+        let mut holds = Vec::new();
+        for part in 0..parts {
+            let name = crate::keys::part_name(sku, part, parts);
+            holds.extend(self.holds_of_part(&name, limit).await?);
+        }
+        holds.sort_by_key(|h| h.expires_at_ms);
+        holds.truncate(limit);
+        Ok(holds.into_iter().map(crate::split::hold_of_skus).collect())
+    }
+
+    /// Up to `limit` open holds on one part of a SKU (an unsplit SKU's only part).
+    async fn holds_of_part(&self, sku: &str, limit: usize) -> Result<Vec<Hold>, EngineError> {
         if limit == 0 {
             return Ok(Vec::new());
         }
@@ -1280,7 +1362,7 @@ pub fn fingerprint(req: &ReserveRequest) -> String {
 pub(crate) fn fingerprint_of(lines: &[Line], buyer: Option<&str>) -> String {
     let mut lines: Vec<String> = lines
         .iter()
-        .map(|l| format!("{}={}", l.sku, l.qty))
+        .map(|l| format!("{}={}", crate::keys::base_sku(&l.sku), l.qty))
         .collect();
     lines.sort();
     format!("{}|{}", buyer.unwrap_or(""), lines.join(","))

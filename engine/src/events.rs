@@ -6,8 +6,8 @@
 //!
 //! | field | meaning |
 //! |---|---|
-//! | `kind` | `reserved`, `confirmed`, `released`, `expired`, `warmed`, `delta`, `snapshot`, `settled`, `corrected` |
-//! | `sku` | the SKU changed |
+//! | `kind` | `reserved`, `confirmed`, `released`, `expired`, `warmed`, `delta`, `snapshot`, `settled`, `corrected`, `late_payment`, `moved` |
+//! | `sku` | the SKU changed, or the part of a split SKU (`SKU~j/k`, see [`crate::split`]) |
 //! | `qty` | units moved (signed for `delta` and `snapshot`) |
 //! | `rid` | the reservation id, empty when none |
 //! | `available`, `reserved`, `sold_pending` | the SKU's figures right after the change (empty if its counter was missing) |
@@ -50,6 +50,9 @@ pub enum EventKind {
     /// write-behind records a remediation (so it is kept even while PostgreSQL
     /// is down).
     LatePayment,
+    /// Units moved between two parts of a split SKU ([`crate::split`]): out
+    /// of one (`qty` negative) or into another (positive). On hand is the same.
+    Moved,
 }
 
 impl EventKind {
@@ -66,6 +69,7 @@ impl EventKind {
             "settled" => Self::Settled,
             "corrected" => Self::Corrected,
             "late_payment" => Self::LatePayment,
+            "moved" => Self::Moved,
             _ => return None,
         })
     }
@@ -121,6 +125,12 @@ pub struct Event {
 }
 
 impl Event {
+    /// The SKU the event is about: for a part of a split SKU (`sku` names
+    /// the part, `SKU~j/k`), the SKU itself.
+    pub fn whole_sku(&self) -> &str {
+        crate::keys::base_sku(&self.sku)
+    }
+
     pub(crate) fn from_fields(
         id: String,
         shard: u16,
@@ -298,15 +308,87 @@ pub async fn for_sku_since(
 
 /// Tails every shard's event stream. Give it a connection of its own: a blocking
 /// `XREAD` would hold up every other command on a shared multiplexed connection.
+///
+/// Events of a split SKU's parts come out as the SKU's own, with the figures
+/// of all its parts together ([`crate::split`]): a live view never shows one
+/// part's stock as the SKU's.
 pub struct EventReader {
     conn: RedisConn,
     keys: Keyspace,
+    /// The latest figures of each part of every split SKU seen, by SKU.
+    parts: HashMap<String, Vec<Option<PartLive>>>,
+}
+
+/// One part's figures, as its latest event (or a read) gave them.
+#[derive(Debug, Clone, Copy, Default)]
+struct PartLive {
+    available: i64,
+    reserved: i64,
+    sold_pending: i64,
+    owed: i64,
 }
 
 impl EventReader {
     /// A reader over `conn` (dedicated) for the streams of `keys`.
     pub fn new(conn: RedisConn, keys: Keyspace) -> Self {
-        Self { conn, keys }
+        Self {
+            conn,
+            keys,
+            parts: HashMap::new(),
+        }
+    }
+
+    /// `event` as the whole SKU's when it is about a part of a split SKU (or
+    /// about part 0 under the SKU's own name, e.g. a feed's movement): its
+    /// figures become every part's together. Parts not seen yet are read.
+    async fn whole(&mut self, mut event: Event) -> Result<Event, EngineError> {
+        let (base, part, parts) = match crate::keys::parse_part(&event.sku) {
+            Some((base, part, parts)) => (base.to_owned(), part, parts),
+            None => match self.parts.get(&event.sku) {
+                Some(known) => (event.sku.clone(), 0, known.len() as u16),
+                None => return Ok(event),
+            },
+        };
+        let slots = self.parts.entry(base.clone()).or_default();
+        if slots.len() != usize::from(parts) {
+            *slots = vec![None; usize::from(parts)];
+        }
+        if let Some(available) = event.available {
+            slots[usize::from(part)] = Some(PartLive {
+                available,
+                reserved: event.reserved.unwrap_or(0),
+                sold_pending: event.sold_pending.unwrap_or(0),
+                owed: event.owed.unwrap_or(0),
+            });
+        }
+        if slots.iter().any(Option::is_none) {
+            let mut pipe = redis::pipe();
+            for j in 0..parts {
+                pipe.cmd("HMGET")
+                    .arg(self.keys.sku(&crate::keys::part_name(&base, j, parts)))
+                    .arg(&["available", "reserved", "sold_pending", "owed"]);
+            }
+            let rows: Vec<[Option<i64>; 4]> = pipe.query_async(&mut self.conn).await?;
+            for (slot, [a, r, p, o]) in slots.iter_mut().zip(rows) {
+                if slot.is_none() {
+                    *slot = a.map(|available| PartLive {
+                        available,
+                        reserved: r.unwrap_or(0),
+                        sold_pending: p.unwrap_or(0),
+                        owed: o.unwrap_or(0),
+                    });
+                }
+            }
+        }
+        let known: Vec<PartLive> = slots.iter().flatten().copied().collect();
+        event.sku = base;
+        if event.available.is_some() {
+            event.available = Some(known.iter().map(|p| p.available).sum());
+            event.reserved = Some(known.iter().map(|p| p.reserved).sum());
+            event.sold_pending = Some(known.iter().map(|p| p.sold_pending).sum());
+            event.owed = Some(known.iter().map(|p| p.owed).sum());
+        }
+        Ok(event)
     }
 
     /// A cursor at the current end of every stream: reading from it returns only
@@ -362,6 +444,10 @@ impl EventReader {
                 }
             }
         }
-        Ok(events)
+        let mut whole = Vec::with_capacity(events.len());
+        for event in events {
+            whole.push(self.whole(event).await?);
+        }
+        Ok(whole)
     }
 }

@@ -21,6 +21,8 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `hf:{hfN.j}:sku:<sku>` | hash | `available`, `reserved`, `sold_pending`, `sold`, `limit`, `version` |
+//! | `hf:{hfN.j}:sku:<sku>~<j>/<k>` | hash | part `j` of a SKU split into `k` (part 0 is the SKU's own counter): the same fields, `parts` = k on every part, `moving` (units on their way to another part) and `gen` (counts rises of `available`), see [`crate::split`] |
+//! | `hf:{hfN.j}:moves:<sku>~<j>/<k>` / `hf:{hfN.j}:moved:<part>:<tid>` | hash / string | transfers out of a part not yet finished / a transfer a part received (24 h) |
 //! | `hf:{hfN.j}:holds:<sku>` | zset | open holds on the SKU, scored by deadline (ms) |
 //! | `hf:{hfN.j}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
 //! | `hf:{hfN.j}:hold:<rid>` | hash | one reservation: `state`, `lines`, `buyer`, `deadline`, `fp`, `after` (the first answer); or a refused request's record (`state` `refused`, kept 24 h) |
@@ -79,13 +81,26 @@ impl Keyspace {
     }
 
     /// The shard of `sku` (FNV-1a, stable across processes and releases).
+    ///
+    /// Part `j` of a SKU split into `k` ([`part_name`]) lies `j * shards / k`
+    /// shards after the SKU's own, so a split SKU's parts sit in `k` evenly
+    /// spaced shards and, on a cluster, on as many masters as it has.
     pub fn shard_of(&self, sku: &str) -> u16 {
-        let mut hash: u32 = 0x811c_9dc5;
-        for byte in sku.bytes() {
-            hash ^= u32::from(byte);
-            hash = hash.wrapping_mul(0x0100_0193);
+        let Some((base, part, parts)) = parse_part(sku) else {
+            return (fnv(sku) % u32::from(self.shards)) as u16;
+        };
+        let shards = u32::from(self.shards);
+        let stride = (shards / u32::from(parts.max(1))).max(1);
+        ((fnv(base) % shards + u32::from(part) * stride) % shards) as u16
+    }
+
+    /// The name a key of `sku` is made from: part 0 of a split SKU is the
+    /// SKU's own counter (its history, feed versions and settings stay there).
+    fn key_name<'a>(&self, sku: &'a str) -> &'a str {
+        match parse_part(sku) {
+            Some((base, 0, _)) => base,
+            _ => sku,
         }
-        (hash % u32::from(self.shards)) as u16
     }
 
     fn tag(&self, shard: u16) -> &str {
@@ -110,17 +125,48 @@ impl Keyspace {
 
     /// The counters hash of `sku`.
     pub fn sku(&self, sku: &str) -> String {
-        format!("{}:sku:{sku}", self.tag(self.shard_of(sku)))
+        format!(
+            "{}:sku:{}",
+            self.tag(self.shard_of(sku)),
+            self.key_name(sku)
+        )
     }
 
     /// The open-holds zset of `sku`.
     pub fn sku_holds(&self, sku: &str) -> String {
-        format!("{}:holds:{sku}", self.tag(self.shard_of(sku)))
+        format!(
+            "{}:holds:{}",
+            self.tag(self.shard_of(sku)),
+            self.key_name(sku)
+        )
     }
 
     /// The per-buyer counter of `buyer` on `sku`.
     pub fn buyer(&self, sku: &str, buyer: &str) -> String {
-        format!("{}:buyer:{sku}:{buyer}", self.tag(self.shard_of(sku)))
+        format!(
+            "{}:buyer:{}:{buyer}",
+            self.tag(self.shard_of(sku)),
+            self.key_name(sku)
+        )
+    }
+
+    /// Units on their way out of part `name` of a split SKU to another part
+    /// (hash: transfer id to `qty|to`), see [`crate::split`].
+    pub fn moves(&self, name: &str) -> String {
+        format!(
+            "{}:moves:{}",
+            self.tag(self.shard_of(name)),
+            self.key_name(name)
+        )
+    }
+
+    /// The guard marking transfer `tid` as received by part `name` (24 h).
+    pub fn moved_in(&self, name: &str, tid: &str) -> String {
+        format!(
+            "{}:moved:{}:{tid}",
+            self.tag(self.shard_of(name)),
+            self.key_name(name)
+        )
     }
 
     /// The hold hash of reservation `rid` in `shard`.
@@ -220,6 +266,44 @@ impl Default for Keyspace {
     fn default() -> Self {
         Self::new(DEFAULT_SHARDS)
     }
+}
+
+/// The most parts a SKU may be split into ([`part_name`]).
+pub const MAX_PARTS: u16 = 16;
+
+/// The name of part `part` of SKU `sku` split into `parts` (`SKU~j/k`): what a
+/// hold's line, an event and a script call name when they mean that part. No
+/// SKU code has a `~` ([`crate::valid_sku`]), so a part's name is never a
+/// SKU's. An unsplit SKU (`parts` below 2) is its own only part.
+pub fn part_name(sku: &str, part: u16, parts: u16) -> String {
+    if parts < 2 {
+        sku.to_owned()
+    } else {
+        format!("{sku}~{part}/{parts}")
+    }
+}
+
+/// The SKU a part's name (or a SKU code) belongs to.
+pub fn base_sku(name: &str) -> &str {
+    name.split_once('~').map_or(name, |(base, _)| base)
+}
+
+/// A part's name as (SKU, part, parts); `None` for a plain SKU code.
+pub fn parse_part(name: &str) -> Option<(&str, u16, u16)> {
+    let (base, rest) = name.split_once('~')?;
+    let (part, parts) = rest.split_once('/')?;
+    let (part, parts) = (part.parse().ok()?, parts.parse().ok()?);
+    (part < parts).then_some((base, part, parts))
+}
+
+/// FNV-1a of `text`: stable across processes and releases.
+pub(crate) fn fnv(text: &str) -> u32 {
+    let mut hash: u32 = 0x811c_9dc5;
+    for byte in text.bytes() {
+        hash ^= u32::from(byte);
+        hash = hash.wrapping_mul(0x0100_0193);
+    }
+    hash
 }
 
 /// The shard count a deployment gets unless configured otherwise.
@@ -376,6 +460,37 @@ mod tests {
             (0..200).map(|i| ks.shard_of(&format!("SKU-{i}"))).collect();
         assert_eq!(used.len(), 16, "200 SKUs reach every shard");
         assert_eq!(Keyspace::new(0).shards(), 1);
+    }
+
+    #[test]
+    fn parts_of_a_split_sku_spread_over_its_shards() {
+        use super::{base_sku, parse_part, part_name};
+        let ks = Keyspace::new(64);
+        let home = ks.shard_of("HOT-1");
+        let shards: Vec<u16> = (0..4)
+            .map(|j| ks.shard_of(&part_name("HOT-1", j, 4)))
+            .collect();
+        assert_eq!(
+            shards,
+            (0..4).map(|j| (home + 16 * j) % 64).collect::<Vec<_>>()
+        );
+        // Part 0 is the SKU's own counter; the others are keys of their own.
+        assert_eq!(ks.sku(&part_name("HOT-1", 0, 4)), ks.sku("HOT-1"));
+        assert_eq!(
+            ks.buyer(&part_name("HOT-1", 0, 4), "b"),
+            ks.buyer("HOT-1", "b")
+        );
+        assert_ne!(ks.sku(&part_name("HOT-1", 1, 4)), ks.sku("HOT-1"));
+        assert!(
+            ks.sku(&part_name("HOT-1", 1, 4))
+                .ends_with(":sku:HOT-1~1/4")
+        );
+        assert_eq!(part_name("HOT-1", 0, 1), "HOT-1");
+        assert_eq!(base_sku("HOT-1~3/4"), "HOT-1");
+        assert_eq!(base_sku("HOT-1"), "HOT-1");
+        assert_eq!(parse_part("HOT-1~3/4"), Some(("HOT-1", 3, 4)));
+        assert_eq!(parse_part("HOT-1~4/4"), None);
+        assert_eq!(parse_part("HOT-1"), None);
     }
 
     #[test]

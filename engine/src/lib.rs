@@ -82,6 +82,7 @@
 //! - [`failover`]: noticing a cluster failover and checking the shards it moved.
 //! - [`remediation`]: late payments, oversells and lost holds awaiting support.
 //! - [`cart`]: carts across shards, reserved, confirmed and expired as one unit.
+//! - [`split`]: one hot SKU's stock in parts on several shards, never sold out while a part has units.
 //! - [`verify`]: the truth check operators run any time on live data.
 //! - [`ingest`], [`payload`]: webhook lanes, their consumers and dead letters.
 //! - `testkit` (feature `testkit`): private `redis-server` processes for tests.
@@ -117,6 +118,7 @@ mod reply;
 pub mod report;
 pub mod schedule;
 pub mod scripts;
+pub mod split;
 pub mod stock;
 pub mod telemetry;
 #[cfg(feature = "testkit")]
@@ -131,6 +133,7 @@ pub use engine::{Engine, EngineConfig, fingerprint as request_fingerprint};
 pub use error::{EngineError, redact_url};
 pub use model::*;
 pub use redis_conn::RedisConn;
+pub use split::SplitOutcome;
 
 /// The connections every part of Holdfast works through: one PostgreSQL pool and
 /// one multiplexed, self-reconnecting Redis connection with the engine over it.

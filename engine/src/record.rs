@@ -542,7 +542,10 @@ struct OrderRows {
 /// adjustment, unique per `(source, event_id)`.
 #[derive(Default)]
 struct LedgerRows {
+    /// The SKU (PostgreSQL's; a split SKU's part is not a SKU there).
     sku: Vec<String>,
+    /// The counter the movement moved: the SKU, or its part's name.
+    counter: Vec<String>,
     kind: Vec<&'static str>,
     qty: Vec<i64>,
     source: Vec<String>,
@@ -567,7 +570,8 @@ impl LedgerRows {
     ) {
         self.epoch.push(e.epoch.clone().unwrap_or_default());
         self.version.push(e.version.unwrap_or(-1));
-        self.sku.push(e.sku.clone());
+        self.sku.push(e.whole_sku().to_owned());
+        self.counter.push(e.sku.clone());
         self.kind.push(kind);
         self.qty.push(qty);
         self.source.push(source);
@@ -592,14 +596,14 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
             side.oversold_reason.push(format!(
                 "{units} unit(s) of {} sold that a feed had removed while they were held: \
                  the shopper paid for stock that does not exist; refund or source it",
-                e.sku
+                e.whole_sku()
             ));
         }
         match e.kind {
             EventKind::Reserved => {
                 side.hold_rid
                     .push(e.reservation_id.clone().unwrap_or_default());
-                side.hold_sku.push(e.sku.clone());
+                side.hold_sku.push(e.whole_sku().to_owned());
                 side.hold_qty.push(e.qty);
                 side.hold_buyer.push(e.buyer.clone());
                 side.hold_at.push(at);
@@ -613,7 +617,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
             EventKind::Confirmed | EventKind::Released | EventKind::Expired => {
                 side.end_rid
                     .push(e.reservation_id.clone().unwrap_or_default());
-                side.end_sku.push(e.sku.clone());
+                side.end_sku.push(e.whole_sku().to_owned());
                 side.end_state.push(match e.kind {
                     EventKind::Confirmed => "confirmed",
                     EventKind::Released => "released",
@@ -625,7 +629,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                 side.end_buyer.push(e.buyer.clone());
             }
             EventKind::Snapshot if e.version.is_some() => {
-                side.version_sku.push(e.sku.clone());
+                side.version_sku.push(e.whole_sku().to_owned());
                 side.version.push(e.version.unwrap_or(-1));
             }
             _ => {}
@@ -638,9 +642,9 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
                     .at
                     .push(chrono::DateTime::from_timestamp_millis(e.at_ms).unwrap_or_default());
                 orders.line_rid.push(rid.clone());
-                orders.line_sku.push(e.sku.clone());
+                orders.line_sku.push(e.whole_sku().to_owned());
                 orders.line_qty.push(e.qty);
-                let event_id = format!("{rid}:{}", e.sku);
+                let event_id = format!("{rid}:{}", e.whole_sku());
                 ledger.push(
                     e,
                     "sale",
@@ -865,7 +869,10 @@ async fn apply_late(
     if inserted.is_empty() {
         return Ok(0);
     }
-    let mut skus: Vec<&str> = inserted.iter().map(|&i| ledger.sku[i].as_str()).collect();
+    let mut skus: Vec<&str> = inserted
+        .iter()
+        .map(|&i| ledger.counter[i].as_str())
+        .collect();
     skus.sort_unstable();
     skus.dedup();
     let mut pipe = redis::pipe();
@@ -888,7 +895,7 @@ async fn apply_late(
         .copied()
         .filter(|&i| {
             current
-                .get(ledger.sku[i].as_str())
+                .get(ledger.counter[i].as_str())
                 .is_some_and(|epoch| *epoch != ledger.epoch[i])
         })
         .collect();
@@ -900,7 +907,7 @@ async fn apply_late(
     let ttl_ms = engine.config.guard_ttl.as_millis() as u64;
     let mut pipe = redis::pipe();
     for &i in &late {
-        let sku = &ledger.sku[i];
+        let sku = &ledger.counter[i];
         pipe.invoke_script(
             script
                 .key(engine.keys.sku(sku))

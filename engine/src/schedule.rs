@@ -278,19 +278,29 @@ async fn write_settings(
         .await?;
     for chunk in settings.chunks(500) {
         let mut pipe = redis::pipe();
+        let mut first = Vec::new();
         for (sku, opens, closes, limit) in chunk {
-            pipe.invoke_script(
-                engine
-                    .scripts
-                    .schedule
-                    .key(engine.keys.sku(sku))
-                    .arg(opens)
-                    .arg(closes)
-                    .arg(limit.unwrap_or(0)),
-            );
+            // Every part of a split SKU decides by the same window and limit.
+            let parts = engine.splits.parts(sku);
+            first.push(true);
+            first.extend((1..parts).map(|_| false));
+            for part in 0..parts {
+                pipe.invoke_script(
+                    engine
+                        .scripts
+                        .schedule
+                        .key(engine.keys.sku(&crate::keys::part_name(sku, part, parts)))
+                        .arg(opens)
+                        .arg(closes)
+                        .arg(limit.unwrap_or(0)),
+                );
+            }
         }
         let set: Vec<i64> = pipe.query_async(&mut engine.conn.clone()).await?;
-        for one in set {
+        for (one, counted) in set.into_iter().zip(first) {
+            if !counted {
+                continue;
+            }
             if one == 1 {
                 counters += 1;
             } else {

@@ -39,6 +39,10 @@ pub struct Scripts {
     pub late: Script,
     /// `lua/forget_consumers.lua`.
     pub forget_consumers: Script,
+    /// `lua/move.lua`.
+    pub move_units: Script,
+    /// `lua/split.lua`.
+    pub split: Script,
 }
 
 impl Scripts {
@@ -60,12 +64,14 @@ impl Scripts {
             correct: Script::new(include_str!("../../lua/correct.lua")),
             late: Script::new(include_str!("../../lua/late.lua")),
             forget_consumers: Script::new(include_str!("../../lua/forget_consumers.lua")),
+            move_units: Script::new(include_str!("../../lua/move.lua")),
+            split: Script::new(include_str!("../../lua/split.lua")),
         }
     }
 
     /// Every script's name (its file without `.lua`) and SHA1, so a measured
     /// `EVALSHA` can be told by name.
-    pub fn names(&self) -> [(&'static str, &str); 15] {
+    pub fn names(&self) -> [(&'static str, &str); 17] {
         [
             ("reserve", self.reserve.get_hash()),
             ("confirm", self.confirm.get_hash()),
@@ -82,6 +88,8 @@ impl Scripts {
             ("correct", self.correct.get_hash()),
             ("late", self.late.get_hash()),
             ("forget_consumers", self.forget_consumers.get_hash()),
+            ("move", self.move_units.get_hash()),
+            ("split", self.split.get_hash()),
         ]
     }
 

@@ -1,0 +1,774 @@
+//! Split SKUs: one hot SKU's stock in `k` parts on `k` shards, so the SKU
+//! everyone wants is not one key on one Redis core.
+//!
+//! Part `j` of SKU `X` is named `X~j/k` ([`crate::keys::part_name`]) and lives
+//! in a shard of its own ([`crate::keys::Keyspace::shard_of`]); part 0 is the
+//! SKU's own counter, so its history (feed versions, `fed`, `settled`, epoch)
+//! stays where it was. Every part has the full set of counters and its own
+//! holds: a hold on a split SKU names its part in its line, and confirm,
+//! release and expiry run on that part exactly as on an unsplit SKU.
+//!
+//! **Routing.** A request goes to one part, chosen by its buyer (so one
+//! buyer's holds and purchases are all counted on one part and the per-buyer
+//! limit is exact) or else by its reservation id (so a retry meets its hold).
+//! `reserve.lua` refuses a line that names another split than the counter's
+//! (`{'split', …}`): a process that has not seen the SKU split yet learns the
+//! count and routes again, and never holds under an old count.
+//!
+//! **Stealing.** A part short of the request answers `short` (and remembers
+//! nothing); the engine then moves units to it from the other parts
+//! (`move.lua`: out of the source into `moving`, into the target once per
+//! transfer id, then the source forgets the transfer) and tries again.
+//!
+//! **Sold out only when it is true.** Every part counts rises of its
+//! `available` in `gen` (releases, expiries, feeds, corrections, warm-ups,
+//! transfers in). The engine reads every part's `available`, `moving` and
+//! `gen`, and if their sum is below the request reads every `gen` again. When
+//! none changed, no part's `available` rose between its two reads, and every
+//! first read comes before every second one: at the moment between the two
+//! passes, the SKU as a whole (units on their way included) had fewer units
+//! than asked for. Only then is the answer "sold out"; when a `gen` moved, it
+//! looks again (a few times, then answers busy, never a false sold out).
+
+use std::collections::HashMap;
+use std::sync::RwLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use redis::Value;
+
+use crate::engine::Engine;
+use crate::error::EngineError;
+use crate::keys::{self, MAX_PARTS, base_sku, part_name};
+use crate::model::{Figures, Hold, Line, ReserveOutcome, ReserveRequest};
+use crate::reply::Reply;
+
+/// How many times a reservation on a split SKU gathers and tries again before
+/// it answers busy (each round either holds, moves units, or looks again).
+const ROUNDS: usize = 8;
+
+/// The split counts this process has seen, by SKU (absent: not split).
+#[derive(Default)]
+pub(crate) struct Splits {
+    known: RwLock<HashMap<String, u16>>,
+    /// Whether any SKU is split: an unsplit deployment routes without a look-up.
+    any: AtomicBool,
+}
+
+impl Splits {
+    /// How many parts `sku` has, as far as this process knows (1: not split).
+    pub(crate) fn parts(&self, sku: &str) -> u16 {
+        if !self.any.load(Ordering::Relaxed) {
+            return 1;
+        }
+        self.known
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(sku)
+            .copied()
+            .unwrap_or(1)
+    }
+
+    /// Records that `sku` has `parts` parts (as a counter said).
+    pub(crate) fn learn(&self, sku: &str, parts: u16) {
+        if self.parts(sku) == parts.max(1) {
+            return;
+        }
+        let mut known = self
+            .known
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if parts > 1 {
+            known.insert(sku.to_owned(), parts);
+            self.any.store(true, Ordering::Relaxed);
+        } else {
+            known.remove(sku);
+        }
+    }
+}
+
+/// What [`Engine::set_parts`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SplitOutcome {
+    /// The SKU is now split into this many parts (1: not split), its stock
+    /// spread over them.
+    Changed {
+        /// Parts before.
+        from: u16,
+        /// Parts now.
+        to: u16,
+    },
+    /// It already had that many parts.
+    Unchanged,
+    /// Not changed: something is in flight on the SKU (open holds, sales not
+    /// yet written to PostgreSQL, units moving between parts).
+    Refused(String),
+    /// The SKU has no counter in Redis.
+    NotWarmed,
+    /// Not a count this engine splits into.
+    Invalid(String),
+}
+
+/// One part's counters, as the gathering and the figures read them.
+#[derive(Debug, Clone, Copy, Default)]
+struct PartRow {
+    available: i64,
+    moving: i64,
+    gen_: i64,
+}
+
+/// What gathering for a short part found.
+enum Gathered {
+    /// Units were moved to the part, or it has enough again: try once more.
+    Again,
+    /// Every part together had fewer units than asked for, at one moment.
+    SoldOut(i64),
+    /// A part's counter is missing.
+    NotWarmed,
+}
+
+impl Engine {
+    /// How many parts `sku` has in Redis (1: not split), read from its counter
+    /// and remembered; `None` when the counter is missing.
+    pub async fn parts_of(&self, sku: &str) -> Result<Option<u16>, EngineError> {
+        let (available, parts): (Option<i64>, Option<u16>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["available", "parts"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let parts = parts.unwrap_or(1).max(1);
+        self.splits.learn(sku, parts);
+        Ok(available.map(|_| parts))
+    }
+
+    /// `req` with each line of a split SKU naming its part (by buyer, else by
+    /// reservation id); `None` when no line is of a split SKU.
+    pub(crate) fn route(&self, req: &ReserveRequest) -> Option<Vec<Line>> {
+        // The hot path of an unsplit deployment: no allocation, no lock.
+        if req.lines.iter().all(|l| self.splits.parts(&l.sku) < 2) {
+            return None;
+        }
+        let by = req.buyer.as_deref().unwrap_or(&req.reservation_id);
+        Some(
+            req.lines
+                .iter()
+                .map(|l| {
+                    let parts = self.splits.parts(&l.sku);
+                    Line {
+                        sku: part_name(&l.sku, part_for(by, parts), parts),
+                        qty: l.qty,
+                    }
+                })
+                .collect(),
+        )
+    }
+
+    /// The reservation loop for a request with lines of split SKUs: hold on
+    /// the routed parts; a part that is short gathers units from the others
+    /// and tries again; a process that had not seen the split learns it and
+    /// routes again. Answers as for the whole SKU (its code, not a part's).
+    pub(crate) async fn reserve_routed(
+        &self,
+        req: &ReserveRequest,
+        ttl: std::time::Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        for _ in 0..ROUNDS {
+            let lines = self.route(req).unwrap_or_else(|| req.lines.clone());
+            let outcome = self.reserve_lines(req, &lines, ttl, fp).await?;
+            let (sku, part, parts) = match &outcome {
+                ReserveOutcome::NotWarmed { sku } => {
+                    let routed = keys::parse_part(sku).map_or(1, |(_, _, k)| k);
+                    if self.splits.parts(base_sku(sku)) != routed {
+                        // Told of another split (`reserve.lua`'s 'split'): route again.
+                        continue;
+                    }
+                    return Ok(to_whole_skus(outcome));
+                }
+                // A part short (`reserve.lua`'s 'short', which names the part).
+                ReserveOutcome::SoldOut {
+                    sku,
+                    replayed: false,
+                    ..
+                } => match keys::parse_part(sku) {
+                    Some((_, part, parts)) => (sku, part, parts),
+                    None => return Ok(to_whole_skus(outcome)),
+                },
+                _ => return Ok(to_whole_skus(outcome)),
+            };
+            let base = base_sku(sku).to_owned();
+            let qty = lines.iter().find(|l| l.sku == *sku).map_or(1, |l| l.qty);
+            match self.gather(&base, part, parts, qty).await? {
+                Gathered::Again => continue,
+                Gathered::NotWarmed => return Ok(ReserveOutcome::NotWarmed { sku: base }),
+                Gathered::SoldOut(total) => {
+                    self.remember_sold_out(&req.reservation_id, fp, &base)
+                        .await?;
+                    return Ok(ReserveOutcome::SoldOut {
+                        sku: base,
+                        available: total,
+                        replayed: false,
+                    });
+                }
+            }
+        }
+        Err(EngineError::Busy(format!(
+            "reservation {}: stock is moving between the parts of a split SKU; retry in a moment",
+            req.reservation_id
+        )))
+    }
+
+    /// Keeps "sold out" as the answer to reservation id `rid` (owned by the
+    /// request fingerprinted `fp`) in its claim, as an answer from memory is
+    /// kept: a retry gets it again even once units come back.
+    async fn remember_sold_out(&self, rid: &str, fp: &str, sku: &str) -> Result<(), EngineError> {
+        let claim = self.keys.claim(rid);
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(&claim)
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if owner.as_deref() == Some(fp) {
+            redis::cmd("SET")
+                .arg(&claim)
+                .arg(crate::engine::claim_from_memory(fp, sku))
+                .arg("XX")
+                .arg("KEEPTTL")
+                .query_async::<()>(&mut self.conn.clone())
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// Reads every part of `sku` (split into `parts`): one pipelined call.
+    /// `None` when a part's counter is missing.
+    async fn read_parts(&self, sku: &str, parts: u16) -> Result<Option<Vec<PartRow>>, EngineError> {
+        let mut pipe = redis::pipe();
+        for j in 0..parts {
+            pipe.cmd("HMGET")
+                .arg(self.keys.sku(&part_name(sku, j, parts)))
+                .arg(&["available", "moving", "gen"]);
+        }
+        let rows: Vec<(Option<i64>, Option<i64>, Option<i64>)> =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|(available, moving, gen_)| {
+                available.map(|available| PartRow {
+                    available,
+                    moving: moving.unwrap_or(0),
+                    gen_: gen_.unwrap_or(0),
+                })
+            })
+            .collect())
+    }
+
+    /// Gathers units for part `part` of `sku`, short of `qty`: moves units to
+    /// it from the others (the richest first, up to half of what each has or
+    /// what is needed, whichever is more), or finds that the SKU as a whole
+    /// has fewer than `qty` (see the module's notes).
+    async fn gather(
+        &self,
+        sku: &str,
+        part: u16,
+        parts: u16,
+        qty: i64,
+    ) -> Result<Gathered, EngineError> {
+        let Some(first) = self.read_parts(sku, parts).await? else {
+            return Ok(Gathered::NotWarmed);
+        };
+        let home = first[usize::from(part)];
+        if home.available >= qty {
+            return Ok(Gathered::Again);
+        }
+        let total: i64 = first.iter().map(|r| r.available + r.moving).sum();
+        if total < qty {
+            let Some(second) = self.read_parts(sku, parts).await? else {
+                return Ok(Gathered::NotWarmed);
+            };
+            let still = first.iter().zip(&second).all(|(a, b)| a.gen_ == b.gen_);
+            return Ok(if still {
+                Gathered::SoldOut(total)
+            } else {
+                Gathered::Again
+            });
+        }
+        if first.iter().any(|r| r.moving > 0) {
+            // A transfer under way (or one a crash left): finish what is old
+            // enough to be left, so its units count again.
+            self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await?;
+        }
+        let mut donors: Vec<(u16, i64)> = first
+            .iter()
+            .enumerate()
+            .filter(|(j, r)| *j != usize::from(part) && r.available > 0)
+            .map(|(j, r)| (j as u16, r.available))
+            .collect();
+        donors.sort_by_key(|(_, available)| std::cmp::Reverse(*available));
+        let mut need = qty - home.available;
+        let target = part_name(sku, part, parts);
+        let mut moved = 0;
+        for (donor, available) in donors {
+            if need <= 0 {
+                break;
+            }
+            let want = need.max(available / 2);
+            let got = self
+                .move_units(&part_name(sku, donor, parts), &target, want)
+                .await?;
+            need -= got;
+            moved += got;
+        }
+        if moved == 0 {
+            // The units are on their way between other parts: a moment for
+            // their transfers to land before looking again.
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+        }
+        Ok(Gathered::Again)
+    }
+
+    /// Moves up to `want` units from part `from` to part `to` (whole, or not
+    /// at all if `from` has none); how many moved.
+    pub(crate) async fn move_units(
+        &self,
+        from: &str,
+        to: &str,
+        want: i64,
+    ) -> Result<i64, EngineError> {
+        let tid = uuid::Uuid::new_v4().simple().to_string();
+        let out = self.run_move(from, "out", &tid, want, to).await?;
+        if out.tag()? != "out" {
+            return Ok(0);
+        }
+        let taken = out.int(1)?;
+        if taken < 1 {
+            return Ok(0);
+        }
+        self.deliver(from, to, &tid, taken).await?;
+        Ok(taken)
+    }
+
+    /// The second and third steps of transfer `tid` of `qty` units from part
+    /// `from` to part `to`: into `to` (once), then `from` forgets it; if `to`
+    /// has no counter, the units go back to `from`.
+    async fn deliver(&self, from: &str, to: &str, tid: &str, qty: i64) -> Result<(), EngineError> {
+        let guard_ms = self.config.guard_ttl.as_millis().to_string();
+        let got = self.run_move(to, "in", tid, qty, &guard_ms).await?;
+        let finish = if got.tag()? == "not_warmed" {
+            "back"
+        } else {
+            "done"
+        };
+        self.run_move(from, finish, tid, qty, "").await?;
+        Ok(())
+    }
+
+    /// Runs one step of `move.lua` on part `name`.
+    async fn run_move(
+        &self,
+        name: &str,
+        mode: &str,
+        tid: &str,
+        qty: i64,
+        extra: &str,
+    ) -> Result<Reply, EngineError> {
+        let second = if mode == "in" {
+            self.keys.moved_in(name, tid)
+        } else {
+            self.keys.moves(name)
+        };
+        let mut inv = self.scripts.move_units.prepare_invoke();
+        inv.key(self.keys.sku(name))
+            .key(second)
+            .key(self.keys.events(self.keys.shard_of(name)))
+            .arg(mode)
+            .arg(tid)
+            .arg(qty)
+            .arg(name)
+            .arg(extra);
+        Ok(Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        ))
+    }
+
+    /// Finishes every transfer out of a part of `sku` that began at least
+    /// `older_ms` ago (a crash between its steps left it): into its target
+    /// (guarded, so never twice), then forgotten. How many were finished.
+    pub async fn finish_moves(&self, sku: &str) -> Result<u64, EngineError> {
+        let Some(parts) = self.parts_of(sku).await? else {
+            return Ok(0);
+        };
+        self.finish_moves_older(sku, parts, 0).await
+    }
+
+    async fn finish_moves_older(
+        &self,
+        sku: &str,
+        parts: u16,
+        older_ms: i64,
+    ) -> Result<u64, EngineError> {
+        let now = self.redis_time_ms().await?;
+        let mut finished = 0;
+        for j in 0..parts {
+            let from = part_name(sku, j, parts);
+            let records: HashMap<String, String> = redis::cmd("HGETALL")
+                .arg(self.keys.moves(&from))
+                .query_async(&mut self.conn.clone())
+                .await?;
+            for (tid, record) in records {
+                let mut fields = record.split('|');
+                let (Some(qty), Some(to), Some(at)) = (
+                    fields.next().and_then(|q| q.parse::<i64>().ok()),
+                    fields.next(),
+                    fields.next().and_then(|t| t.parse::<i64>().ok()),
+                ) else {
+                    tracing::error!(%sku, part = %from, transfer = %tid, %record, "a malformed transfer record");
+                    continue;
+                };
+                if now - at < older_ms {
+                    continue;
+                }
+                self.deliver(&from, to, &tid, qty).await?;
+                finished += 1;
+            }
+        }
+        Ok(finished)
+    }
+
+    /// Splits `sku`'s stock into `parts` parts on as many shards (1 puts it
+    /// back in one counter), between drops: refused while any of its units
+    /// are held, sold but not yet written to PostgreSQL, or moving between
+    /// parts. The SKU's available units are spread evenly over the new parts.
+    /// Per-buyer counts move with their buyer to the buyer's new part.
+    pub async fn set_parts(&self, sku: &str, parts: u16) -> Result<SplitOutcome, EngineError> {
+        if !(1..=MAX_PARTS).contains(&parts) {
+            return Ok(SplitOutcome::Invalid(format!(
+                "a SKU is split into 1 to {MAX_PARTS} parts"
+            )));
+        }
+        let lock = format!("split:{sku}");
+        let Some(lease) = self
+            .acquire_lock(&lock, std::time::Duration::from_secs(60))
+            .await?
+        else {
+            return Ok(SplitOutcome::Refused(format!(
+                "{sku} is being split by someone else; try again when they are done"
+            )));
+        };
+        let outcome = self.set_parts_locked(sku, parts).await;
+        self.release_lock(&lease).await?;
+        outcome
+    }
+
+    async fn set_parts_locked(&self, sku: &str, parts: u16) -> Result<SplitOutcome, EngineError> {
+        let Some(from) = self.parts_of(sku).await? else {
+            return Ok(SplitOutcome::NotWarmed);
+        };
+        if from == parts {
+            return Ok(SplitOutcome::Unchanged);
+        }
+        self.finish_moves_older(sku, from, 0).await?;
+        // From here on no hold is made under the old count: every old part is
+        // marked with the new one first, then checked for anything in flight.
+        let old: Vec<String> = (0..from).map(|j| part_name(sku, j, from)).collect();
+        let mut busy = (0, 0, 0);
+        for name in &old {
+            let reply = self.run_split(name, &["mark", &parts.to_string()]).await?;
+            if reply.tag()? == "marked" {
+                busy.0 += reply.int(1)?;
+                busy.1 += reply.int(2)?;
+                busy.2 += reply.int(3)?;
+            }
+        }
+        if busy != (0, 0, 0) {
+            for name in &old {
+                self.run_split(name, &["mark", &from.to_string()]).await?;
+            }
+            return Ok(SplitOutcome::Refused(format!(
+                "{sku} has {} units in open holds, {} sold units not yet written to PostgreSQL \
+                 and {} units moving between parts: change its parts when none are left \
+                 (between drops)",
+                busy.0, busy.1, busy.2
+            )));
+        }
+        self.splits.learn(sku, parts);
+        let settings: (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["limit", "opens", "closes"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let new: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
+        for name in new.iter().skip(1) {
+            let (limit, opens, closes) = settings;
+            self.run_split(
+                name,
+                &[
+                    "make",
+                    &parts.to_string(),
+                    &limit.unwrap_or(0).to_string(),
+                    &opens.unwrap_or(0).to_string(),
+                    &closes.unwrap_or(0).to_string(),
+                ],
+            )
+            .await?;
+        }
+        // Everything back to part 0, the old parts dropped, then spread.
+        for name in old.iter().skip(1) {
+            self.move_units(name, sku, ALL).await?;
+            self.move_buyers(sku, name, &new).await?;
+            let reply = self.run_split(name, &["drop"]).await?;
+            if reply.tag()? == "dropped" {
+                let (sold, settled) = (reply.int(1)?, reply.int(2)?);
+                redis::pipe()
+                    .cmd("HINCRBY")
+                    .arg(self.keys.sku(sku))
+                    .arg("sold")
+                    .arg(sold)
+                    .ignore()
+                    .cmd("HINCRBY")
+                    .arg(self.keys.sku(sku))
+                    .arg("settled")
+                    .arg(settled)
+                    .ignore()
+                    .query_async::<()>(&mut self.conn.clone())
+                    .await?;
+            }
+        }
+        // Part 0's own buyers, whose part may now be another.
+        self.move_buyers(sku, sku, &new).await?;
+        if parts > 1 {
+            let available = self
+                .read_parts(sku, 1)
+                .await?
+                .map_or(0, |rows| rows[0].available);
+            let share = available / i64::from(parts);
+            for name in new.iter().skip(1) {
+                self.move_units(sku, name, share).await?;
+            }
+        }
+        Ok(SplitOutcome::Changed { from, to: parts })
+    }
+
+    /// Moves the per-buyer counts kept on part `from` of `sku` to each buyer's
+    /// part among `new` (found with `SCAN`: an operator's action between drops).
+    async fn move_buyers(&self, sku: &str, from: &str, new: &[String]) -> Result<(), EngineError> {
+        let prefix = self.keys.buyer(from, "");
+        let found = self
+            .connection()
+            .scan_match(&format!("{}*", glob_escape(&prefix)))
+            .await?;
+        for key in found {
+            let Some(buyer) = key.strip_prefix(&prefix) else {
+                continue;
+            };
+            let to = &new[usize::from(part_for(buyer, new.len() as u16))];
+            let target = self.keys.buyer(to, buyer);
+            if target == key {
+                continue;
+            }
+            let (count, ttl): (Option<i64>, i64) = redis::pipe()
+                .cmd("GET")
+                .arg(&key)
+                .cmd("PTTL")
+                .arg(&key)
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let Some(count) = count else { continue };
+            let mut pipe = redis::pipe();
+            pipe.cmd("INCRBY").arg(&target).arg(count).ignore();
+            if ttl > 0 {
+                pipe.cmd("PEXPIRE").arg(&target).arg(ttl).ignore();
+            }
+            pipe.query_async::<()>(&mut self.conn.clone()).await?;
+            redis::cmd("DEL")
+                .arg(&key)
+                .query_async::<()>(&mut self.conn.clone())
+                .await?;
+            tracing::debug!(%sku, %buyer, count, "moved a buyer's count to its new part");
+        }
+        Ok(())
+    }
+
+    /// Runs one step of `split.lua` on part `name`.
+    async fn run_split(&self, name: &str, args: &[&str]) -> Result<Reply, EngineError> {
+        let mut inv = self.scripts.split.prepare_invoke();
+        inv.key(self.keys.sku(name));
+        for arg in args {
+            inv.arg(*arg);
+        }
+        Ok(Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        ))
+    }
+
+    /// Adds to `figures` (read from part 0's counter, which says the SKU has
+    /// `parts` parts) the other parts' figures: one pipelined call.
+    pub(crate) async fn add_parts(
+        &self,
+        sku: &str,
+        parts: u16,
+        figures: &mut Figures,
+    ) -> Result<(), EngineError> {
+        let mut pipe = redis::pipe();
+        for j in 1..parts {
+            let name = part_name(sku, j, parts);
+            pipe.cmd("HMGET")
+                .arg(self.keys.sku(&name))
+                .arg(&[
+                    "available",
+                    "reserved",
+                    "sold_pending",
+                    "sold",
+                    "owed",
+                    "moving",
+                ])
+                .cmd("ZCARD")
+                .arg(self.keys.sku_holds(&name));
+        }
+        let replies: Vec<Value> = pipe.query_async(&mut self.conn.clone()).await?;
+        for pair in replies.chunks(2) {
+            let bad = |e: redis::ParsingError| EngineError::UnexpectedReply(e.to_string());
+            let [row, holds] = pair else { continue };
+            let row: Vec<Option<i64>> = redis::from_redis_value_ref(row).map_err(bad)?;
+            let holds: u64 = redis::from_redis_value_ref(holds).map_err(bad)?;
+            let field = |i: usize| row.get(i).copied().flatten().unwrap_or(0);
+            figures.available += field(0);
+            figures.reserved += field(1);
+            figures.sold_pending += field(2);
+            figures.sold += field(3);
+            figures.owed += field(4);
+            figures.moving += field(5);
+            figures.open_holds += holds;
+        }
+        figures.parts = parts;
+        Ok(())
+    }
+}
+
+/// More units than any part holds: "all of them" to `move.lua`.
+const ALL: i64 = 1_000_000_000_000_000;
+
+/// How long a transfer may be under way before a gathering finishes it
+/// itself (its own mover is normally done within a few milliseconds).
+const MOVE_GRACE_MS: i64 = 2_000;
+
+/// The part (of `parts`) that requests keyed by `by` (a buyer, or a
+/// reservation id) go to: stable across processes.
+pub(crate) fn part_for(by: &str, parts: u16) -> u16 {
+    (keys::fnv(by) % u32::from(parts.max(1))) as u16
+}
+
+/// `outcome` naming SKUs, not parts.
+fn to_whole_skus(outcome: ReserveOutcome) -> ReserveOutcome {
+    let whole = |s: String| base_sku(&s).to_owned();
+    match outcome {
+        ReserveOutcome::Reserved {
+            reservation_id,
+            expires_at_ms,
+            available_after,
+        } => ReserveOutcome::Reserved {
+            reservation_id,
+            expires_at_ms,
+            available_after: available_after
+                .into_iter()
+                .map(|(s, a)| (whole(s), a))
+                .collect(),
+        },
+        ReserveOutcome::AlreadyReserved {
+            reservation_id,
+            state,
+            expires_at_ms,
+            available_after,
+        } => ReserveOutcome::AlreadyReserved {
+            reservation_id,
+            state,
+            expires_at_ms,
+            available_after: available_after
+                .into_iter()
+                .map(|(s, a)| (whole(s), a))
+                .collect(),
+        },
+        ReserveOutcome::NotWarmed { sku } => ReserveOutcome::NotWarmed { sku: whole(sku) },
+        ReserveOutcome::SoldOut {
+            sku,
+            available,
+            replayed,
+        } => ReserveOutcome::SoldOut {
+            sku: whole(sku),
+            available,
+            replayed,
+        },
+        ReserveOutcome::LimitExceeded {
+            sku,
+            limit,
+            already,
+        } => ReserveOutcome::LimitExceeded {
+            sku: whole(sku),
+            limit,
+            already,
+        },
+        ReserveOutcome::BuyerRequired { sku, limit } => ReserveOutcome::BuyerRequired {
+            sku: whole(sku),
+            limit,
+        },
+        ReserveOutcome::NotStarted { sku, starts_at_ms } => ReserveOutcome::NotStarted {
+            sku: whole(sku),
+            starts_at_ms,
+        },
+        ReserveOutcome::Ended { sku, ended_at_ms } => ReserveOutcome::Ended {
+            sku: whole(sku),
+            ended_at_ms,
+        },
+        other => other,
+    }
+}
+
+/// `hold` naming SKUs, not parts.
+pub(crate) fn hold_of_skus(hold: Hold) -> Hold {
+    Hold {
+        lines: hold
+            .lines
+            .into_iter()
+            .map(|l| Line {
+                sku: base_sku(&l.sku).to_owned(),
+                qty: l.qty,
+            })
+            .collect(),
+        ..hold
+    }
+}
+
+/// `text` with `SCAN`'s glob characters escaped.
+fn glob_escape(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '*' | '?' | '[' | ']' | '\\') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{glob_escape, part_for};
+
+    #[test]
+    fn a_buyer_always_lands_on_one_part() {
+        assert_eq!(part_for("buyer-7", 4), part_for("buyer-7", 4));
+        let used: std::collections::BTreeSet<u16> =
+            (0..200).map(|i| part_for(&format!("b{i}"), 8)).collect();
+        assert_eq!(used.len(), 8, "200 buyers reach every part");
+        assert_eq!(part_for("anyone", 1), 0);
+    }
+
+    #[test]
+    fn scan_patterns_escape_globs() {
+        assert_eq!(
+            glob_escape("hf:{hf1}:buyer:A~1/4:"),
+            "hf:{hf1}:buyer:A~1/4:"
+        );
+        assert_eq!(glob_escape("a*b?[c]"), "a\\*b\\?\\[c\\]");
+    }
+}

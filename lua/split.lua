@@ -1,0 +1,43 @@
+-- split.lua: the steps of changing how many parts a SKU's stock is split into
+-- (Engine::set_parts, split.rs), each on one part's counter.
+--
+-- KEYS[1] the part's counters hash   hf:{hfN.j}:sku:<part>
+-- ARGV[1] mode
+--   'mark' ARGV[2] parts: the counter now belongs to a split into `parts` (1:
+--          not split); reserve.lua refuses any line naming another split, so
+--          from here on no hold is made under the old count.
+--          Returns {'marked', reserved, sold_pending, moving, available}, or
+--          {'not_warmed'} when the counter is missing.
+--   'make' ARGV[2] parts, ARGV[3] limit, ARGV[4] opens, ARGV[5] closes: a new
+--          part with nothing in it (stock arrives by move.lua), unless one is
+--          there. Returns {'made'} or {'exists'}.
+--   'drop' an old part, only if it is empty: no stock, no holds, nothing sold
+--          pending, nothing moving. Returns {'dropped', sold, settled} (what
+--          the part sold and settled, which the engine adds to part 0's
+--          counts), {'gone'} or {'busy', available, reserved, sold_pending, moving}.
+local mode = ARGV[1]
+local exists = redis.call('EXISTS', KEYS[1]) == 1
+if mode == 'mark' then
+  if not exists then return {'not_warmed'} end
+  redis.call('HSET', KEYS[1], 'parts', ARGV[2])
+  local c = redis.call('HMGET', KEYS[1], 'reserved', 'sold_pending', 'moving', 'available')
+  return {'marked', tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0'),
+    tonumber(c[4] or '0')}
+elseif mode == 'make' then
+  if exists then return {'exists'} end
+  local t = redis.call('TIME')
+  redis.call('HSET', KEYS[1], 'available', 0, 'reserved', 0, 'sold_pending', 0, 'sold', 0,
+    'settled', 0, 'owed', 0, 'moving', 0, 'gen', 0, 'parts', ARGV[2], 'limit', ARGV[3],
+    'opens', ARGV[4], 'closes', ARGV[5], 'epoch', t[1] .. '.' .. t[2])
+  return {'made'}
+elseif mode == 'drop' then
+  if not exists then return {'gone'} end
+  local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'moving',
+    'sold', 'settled')
+  local a, r, p, m = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0'),
+    tonumber(c[4] or '0')
+  if a ~= 0 or r ~= 0 or p ~= 0 or m ~= 0 then return {'busy', a, r, p, m} end
+  redis.call('DEL', KEYS[1])
+  return {'dropped', tonumber(c[5] or '0'), tonumber(c[6] or '0')}
+end
+return redis.error_reply('ERR split.lua: mode must be mark, make or drop')
