@@ -6,6 +6,8 @@
 --
 -- ARGV[1] sku   ARGV[2] delta (signed whole number)   ARGV[3] source   ARGV[4] event id
 -- ARGV[5] guard ttl ms (how long a delivered event id is remembered)
+-- ARGV[6] 'gathered' when the SKU is split and its other parts' available units
+--         were just moved here (split.rs); '' otherwise
 --
 -- The whole movement is applied and recorded: on hand follows the feed. Units in
 -- open holds cannot be taken back, so a decrease larger than `available` takes
@@ -14,7 +16,11 @@
 -- again; a receipt pays it first too. `available - owed` is what the equation
 -- counts (see docs/stock-rules.md).
 --
--- Returns {'applied', available, owed}, {'duplicate'} or {'not_warmed'}.
+-- A decrease of a split SKU is applied only once its other parts' units are
+-- here (else units the feed removed could still be sold there): without
+-- 'gathered' it answers {'split', parts} and changes nothing.
+--
+-- Returns {'applied', available, owed}, {'duplicate'}, {'split', parts} or {'not_warmed'}.
 local function whole(v)
   local n = tonumber(v)
   -- Exact in Lua's doubles: |n| < 2^53.
@@ -24,8 +30,10 @@ end
 local sku, delta = ARGV[1], whole(ARGV[2])
 if not delta then return redis.error_reply('ERR delta.lua: the delta must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch', 'parts')
 if not c[1] then return {'not_warmed'} end
+local parts = tonumber(c[6] or '1')
+if delta < 0 and parts > 1 and ARGV[6] ~= 'gathered' then return {'split', parts} end
 local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end

@@ -6,6 +6,9 @@
 --
 -- ARGV[1] sku   ARGV[2] on_hand per the feed (whole, >= 0)   ARGV[3] version
 -- (monotonic per SKU)   ARGV[4] source   ARGV[5] event id   ARGV[6] guard ttl ms
+-- ARGV[7] for a split SKU (split.rs), after its other parts' available units were
+--         moved here: what those parts keep (their reserved + sold_pending +
+--         available - owed, and every part's units moving); absent otherwise
 --
 -- The feed cannot know about open holds or sales not yet in its books, so what is
 -- sellable is on_hand - reserved - sold_pending. When that is negative (the feed
@@ -13,8 +16,10 @@
 -- units that no longer exist, paid back first by units that return. The event's
 -- qty is the whole change of `available - owed`, so PostgreSQL follows the feed.
 --
+-- A split SKU without ARGV[7] answers {'split', parts} and changes nothing.
+--
 -- Returns {'applied', available, previous_available, owed}, {'stale', current_version},
--- {'duplicate'} or {'not_warmed'}.
+-- {'duplicate'}, {'split', parts} or {'not_warmed'}.
 local function whole(v)
   local n = tonumber(v)
   -- Exact in Lua's doubles: |n| < 2^53.
@@ -27,13 +32,16 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts')
 if not c[1] then return {'not_warmed'} end
+local others = whole(ARGV[7] or '0')
+if not others then return redis.error_reply('ERR snapshot.lua: the other parts\' units must be a whole number') end
+if tonumber(c[7] or '1') > 1 and not ARGV[7] then return {'split', tonumber(c[7])} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
 local before = tonumber(c[1]) - tonumber(c[5] or '0')
-local effective = on_hand - reserved - pending
+local effective = on_hand - reserved - pending - others
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 -- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).

@@ -11,6 +11,8 @@
 --   'make' ARGV[2] parts, ARGV[3] limit, ARGV[4] opens, ARGV[5] closes: a new
 --          part with nothing in it (stock arrives by move.lua), unless one is
 --          there. Returns {'made'} or {'exists'}.
+--   'owe'  ARGV[2] a signed change of the part's `owed` (never below 0).
+--          Returns {'owed', owed} or {'not_warmed'}.
 --   'drop' an old part, only if it is empty: no stock, no holds, nothing sold
 --          pending, nothing moving. Returns {'dropped', sold, settled} (what
 --          the part sold and settled, which the engine adds to part 0's
@@ -30,6 +32,16 @@ elseif mode == 'make' then
     'settled', 0, 'owed', 0, 'moving', 0, 'gen', 0, 'parts', ARGV[2], 'limit', ARGV[3],
     'opens', ARGV[4], 'closes', ARGV[5], 'epoch', t[1] .. '.' .. t[2])
   return {'made'}
+elseif mode == 'owe' then
+  -- ARGV[2] units (signed) this part owes more: a feed's debt handed from part
+  -- 0 to the parts whose holds will pay it back when they end.
+  if not exists then return {'not_warmed'} end
+  local owed = redis.call('HINCRBY', KEYS[1], 'owed', tonumber(ARGV[2]))
+  if owed < 0 then
+    redis.call('HSET', KEYS[1], 'owed', 0)
+    owed = 0
+  end
+  return {'owed', owed}
 elseif mode == 'drop' then
   if not exists then return {'gone'} end
   local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'moving',
@@ -40,4 +52,4 @@ elseif mode == 'drop' then
   redis.call('DEL', KEYS[1])
   return {'dropped', tonumber(c[5] or '0'), tonumber(c[6] or '0')}
 end
-return redis.error_reply('ERR split.lua: mode must be mark, make or drop')
+return redis.error_reply('ERR split.lua: mode must be mark, make, owe or drop')

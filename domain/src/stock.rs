@@ -24,6 +24,14 @@ pub struct Counters {
     /// Feed movements Redis applied since warm-up (summed), to compare with
     /// [`Recorded::fed_recorded`]: the difference is in flight.
     pub fed: i64,
+    /// Units on their way between two parts of a split SKU: neither available
+    /// nor held for that moment.
+    #[serde(default)]
+    pub moving: i64,
+    /// How many parts the SKU is split into in Redis (1: not split); a split
+    /// SKU's counters are its parts' together.
+    #[serde(default)]
+    pub parts: u16,
 }
 
 /// What PostgreSQL has recorded for a SKU.
@@ -40,15 +48,16 @@ pub struct Recorded {
 impl Counters {
     /// What `available - owed` must be for a SKU whose system of record says `pg`.
     ///
-    /// The conservation equation, `available + reserved + sold_pending - owed =
-    /// on_hand`, holds once every event is written behind. With events in flight:
+    /// The conservation equation,
+    /// `available + moving + reserved + sold_pending - owed = on_hand`
+    /// (`moving`: units between two parts of a split SKU), holds once every event is written behind. With events in flight:
     /// sales PostgreSQL has recorded (lowering `on_hand`) that Redis has not yet
     /// settled out of `sold_pending` are counted twice, so they are added back
     /// (`sold_recorded - settled`); feed movements Redis applied that PostgreSQL
     /// has not recorded yet are added (`fed - fed_recorded`). A negative result is
     /// owed, never available.
     pub fn expected_available(&self, pg: &Recorded) -> i64 {
-        pg.on_hand - self.reserved - self.sold_pending
+        pg.on_hand - self.reserved - self.sold_pending - self.moving
             + (pg.sold_recorded - self.settled)
             + (self.fed - pg.fed_recorded)
     }
@@ -139,6 +148,14 @@ mod tests {
         };
         assert_eq!(fed.drift(&pg(10, 0, 0)), Some(0));
         assert_eq!(fed.drift(&pg(14, 0, 4)), Some(0));
+        // Two units on their way between parts of a split SKU: no drift.
+        let moving = Counters {
+            available: Some(8),
+            moving: 2,
+            parts: 4,
+            ..Counters::default()
+        };
+        assert_eq!(moving.drift(&pg(10, 0, 0)), Some(0));
     }
 
     #[test]

@@ -107,6 +107,8 @@ struct Finding {
     owed: i64,
     drift: i64,
     target: Option<i64>,
+    /// Parts of a split SKU (1: not split): its figures are theirs together.
+    parts: u16,
 }
 
 /// Reconciles every SKU under the `reconcile` lock; [`EngineError::Busy`] when
@@ -242,6 +244,7 @@ async fn run(
                 owed: c.owed,
                 drift,
                 target,
+                parts: c.parts,
             });
         }
         if !findings.is_empty() {
@@ -291,10 +294,11 @@ async fn record_page(
 
     let to_fix: Vec<&Finding> = findings.iter().filter(|f| f.target.is_some()).collect();
     let mut outcomes = Vec::new();
-    if !to_fix.is_empty() {
+    let whole: Vec<&&Finding> = to_fix.iter().filter(|f| f.parts < 2).collect();
+    if !whole.is_empty() {
         let script = &engine.scripts.correct;
         let mut pipe = redis::pipe();
-        for f in &to_fix {
+        for f in &whole {
             pipe.invoke_script(
                 script
                     .key(engine.keys.sku(&f.sku))
@@ -311,6 +315,17 @@ async fn record_page(
         for reply in replies {
             outcomes.push(Reply::new(reply).tag()? == "corrected");
         }
+    }
+    // A split SKU is corrected on part 0, once its other parts' units are
+    // there (one SKU at a time: there are few), in `to_fix`'s order.
+    let mut whole_outcomes = outcomes.into_iter();
+    let mut outcomes = Vec::with_capacity(to_fix.len());
+    for f in &to_fix {
+        outcomes.push(if f.parts < 2 {
+            whole_outcomes.next().unwrap_or(false)
+        } else {
+            engine.correct_split(&f.sku, f.parts, f.drift).await?
+        });
     }
 
     let (mut r_sku, mut r_on, mut r_av, mut r_res, mut r_sp, mut r_drift, mut r_action) =

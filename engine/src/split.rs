@@ -116,6 +116,17 @@ struct PartRow {
     gen_: i64,
 }
 
+/// One part's counters, whole.
+#[derive(Debug, Clone, Copy)]
+struct PartFull {
+    available: i64,
+    reserved: i64,
+    sold_pending: i64,
+    owed: i64,
+    moving: i64,
+    settled: i64,
+}
+
 /// What gathering for a short part found.
 enum Gathered {
     /// Units were moved to the part, or it has enough again: try once more.
@@ -438,11 +449,28 @@ impl Engine {
     /// back in one counter), between drops: refused while any of its units
     /// are held, sold but not yet written to PostgreSQL, or moving between
     /// parts. The SKU's available units are spread evenly over the new parts.
-    /// Per-buyer counts move with their buyer to the buyer's new part.
-    pub async fn set_parts(&self, sku: &str, parts: u16) -> Result<SplitOutcome, EngineError> {
+    /// Per-buyer counts move with their buyer to the buyer's new part. The
+    /// count is recorded in PostgreSQL first (so a counter rebuilt after
+    /// Redis lost data is rebuilt with its parts), and set back to what Redis
+    /// has when the change is refused or fails.
+    pub async fn set_parts(
+        &self,
+        pg: &sqlx::PgPool,
+        sku: &str,
+        parts: u16,
+    ) -> Result<SplitOutcome, EngineError> {
         if !(1..=MAX_PARTS).contains(&parts) {
             return Ok(SplitOutcome::Invalid(format!(
                 "a SKU is split into 1 to {MAX_PARTS} parts"
+            )));
+        }
+        let known: Option<i16> = sqlx::query_scalar("SELECT parts FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_optional(pg)
+            .await?;
+        if known.is_none() {
+            return Ok(SplitOutcome::Invalid(format!(
+                "{sku} is not in the catalogue"
             )));
         }
         let lock = format!("split:{sku}");
@@ -454,7 +482,23 @@ impl Engine {
                 "{sku} is being split by someone else; try again when they are done"
             )));
         };
-        let outcome = self.set_parts_locked(sku, parts).await;
+        let record = |n: u16| {
+            sqlx::query("UPDATE skus SET parts = $2 WHERE sku = $1")
+                .bind(sku)
+                .bind(n as i16)
+                .execute(pg)
+        };
+        let outcome = match record(parts).await {
+            Ok(_) => self.set_parts_locked(sku, parts).await,
+            Err(e) => Err(e.into()),
+        };
+        // PostgreSQL keeps what Redis has now, whatever happened.
+        let now = self.parts_of(sku).await;
+        if let Ok(Some(now)) = now
+            && now != parts
+        {
+            record(now).await?;
+        }
         self.release_lock(&lease).await?;
         outcome
     }
@@ -491,26 +535,8 @@ impl Engine {
             )));
         }
         self.splits.learn(sku, parts);
-        let settings: (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.keys.sku(sku))
-            .arg(&["limit", "opens", "closes"])
-            .query_async(&mut self.conn.clone())
-            .await?;
         let new: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
-        for name in new.iter().skip(1) {
-            let (limit, opens, closes) = settings;
-            self.run_split(
-                name,
-                &[
-                    "make",
-                    &parts.to_string(),
-                    &limit.unwrap_or(0).to_string(),
-                    &opens.unwrap_or(0).to_string(),
-                    &closes.unwrap_or(0).to_string(),
-                ],
-            )
-            .await?;
-        }
+        self.make_parts(sku, parts).await?;
         // Everything back to part 0, the old parts dropped, then spread.
         for name in old.iter().skip(1) {
             self.move_units(name, sku, ALL).await?;
@@ -599,6 +625,192 @@ impl Engine {
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
         ))
+    }
+
+    /// Moves every other part's available units to part 0 (a feed's decrease
+    /// or snapshot, a correction: applied where nothing else can be sold).
+    pub(crate) async fn gather_all(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await?;
+        for j in 1..parts {
+            self.move_units(&part_name(sku, j, parts), sku, ALL).await?;
+        }
+        Ok(())
+    }
+
+    /// Every part's counters (`None`: missing), in part order.
+    async fn read_full(&self, sku: &str, parts: u16) -> Result<Vec<Option<PartFull>>, EngineError> {
+        let mut pipe = redis::pipe();
+        for j in 0..parts {
+            pipe.cmd("HMGET")
+                .arg(self.keys.sku(&part_name(sku, j, parts)))
+                .arg(&[
+                    "available",
+                    "reserved",
+                    "sold_pending",
+                    "owed",
+                    "moving",
+                    "settled",
+                ]);
+        }
+        let rows: Vec<[Option<i64>; 6]> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(rows
+            .into_iter()
+            .map(|[a, r, p, o, m, s]| {
+                a.map(|available| PartFull {
+                    available,
+                    reserved: r.unwrap_or(0),
+                    sold_pending: p.unwrap_or(0),
+                    owed: o.unwrap_or(0),
+                    moving: m.unwrap_or(0),
+                    settled: s.unwrap_or(0),
+                })
+            })
+            .collect())
+    }
+
+    /// What the parts other than part 0 keep of `sku`'s on-hand units (their
+    /// holds, sales pending and `available - owed`), with every part's units
+    /// moving: what a count applied to part 0 must leave them.
+    pub(crate) async fn kept_by_other_parts(
+        &self,
+        sku: &str,
+        parts: u16,
+    ) -> Result<i64, EngineError> {
+        let rows = self.read_full(sku, parts).await?;
+        Ok(rows
+            .iter()
+            .enumerate()
+            .flat_map(|(j, r)| r.map(|r| (j, r)))
+            .map(|(j, r)| {
+                let own = if j == 0 {
+                    0
+                } else {
+                    r.reserved + r.sold_pending + r.available - r.owed
+                };
+                own + r.moving
+            })
+            .sum())
+    }
+
+    /// Hands part 0's debt (units in holds a feed removed) to the parts whose
+    /// holds will pay it back when they end, up to each one's held units not
+    /// already owed. The part takes it on before part 0 lets it go: a crash
+    /// between the two owes twice (sells less), never none.
+    pub(crate) async fn spread_owed(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        let rows = self.read_full(sku, parts).await?;
+        let Some(Some(home)) = rows.first() else {
+            return Ok(());
+        };
+        let mut debt = home.owed - home.reserved;
+        for (j, row) in rows.iter().enumerate().skip(1) {
+            let Some(row) = row else { continue };
+            let room = row.reserved - row.owed;
+            if debt <= 0 {
+                break;
+            }
+            if room <= 0 {
+                continue;
+            }
+            let n = debt.min(room);
+            self.run_split(&part_name(sku, j as u16, parts), &["owe", &n.to_string()])
+                .await?;
+            self.run_split(sku, &["owe", &(-n).to_string()]).await?;
+            debt -= n;
+        }
+        Ok(())
+    }
+
+    /// What warm-up must take off PostgreSQL's `on_hand` and `sold_recorded`
+    /// when it writes part 0 of `sku` (split into `parts`): what the other
+    /// parts hold (available, reserved, sold pending; every part's units
+    /// moving) and the sales they settled. Their counters stand as they are.
+    pub(crate) async fn warm_share(
+        &self,
+        sku: &str,
+        parts: u16,
+    ) -> Result<(i64, i64), EngineError> {
+        let rows = self.read_full(sku, parts).await?;
+        let (mut held, mut settled) = (0, 0);
+        for (j, row) in rows.iter().enumerate() {
+            let Some(r) = row else { continue };
+            held += r.moving;
+            if j > 0 {
+                held += r.available + r.reserved + r.sold_pending;
+                settled += r.settled;
+            }
+        }
+        Ok((held, settled))
+    }
+
+    /// After warm-up wrote part 0 of `sku`: it is marked as split into
+    /// `parts`, and every other part that is missing (lost with its shard's
+    /// data) is made again, empty, with part 0's settings.
+    pub(crate) async fn keep_parts(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        if self
+            .run_split(sku, &["mark", &parts.to_string()])
+            .await?
+            .tag()?
+            != "marked"
+        {
+            return Ok(());
+        }
+        self.splits.learn(sku, parts);
+        self.make_parts(sku, parts).await
+    }
+
+    /// Makes every part of `sku` but part 0 that is missing, empty, with part
+    /// 0's window and limit.
+    async fn make_parts(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["limit", "opens", "closes"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        for j in 1..parts {
+            self.run_split(
+                &part_name(sku, j, parts),
+                &[
+                    "make",
+                    &parts.to_string(),
+                    &limit.unwrap_or(0).to_string(),
+                    &opens.unwrap_or(0).to_string(),
+                    &closes.unwrap_or(0).to_string(),
+                ],
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Corrects a split SKU's drift (`available - owed` of all its parts
+    /// minus what the equation expects) on part 0, once every other part's
+    /// available units are there: as `correct.lua`'s compare-and-set, so a
+    /// SKU that moved meanwhile is left for the next run. Whether it wrote.
+    pub(crate) async fn correct_split(
+        &self,
+        sku: &str,
+        parts: u16,
+        drift: i64,
+    ) -> Result<bool, EngineError> {
+        self.gather_all(sku, parts).await?;
+        let rows = self.read_full(sku, 1).await?;
+        let Some(Some(home)) = rows.first().copied() else {
+            return Ok(false);
+        };
+        let mut inv = self.scripts.correct.prepare_invoke();
+        inv.key(self.keys.sku(sku))
+            .key(self.keys.events(self.keys.shard_of(sku)))
+            .arg(sku)
+            .arg(home.available)
+            .arg(home.reserved)
+            .arg(home.sold_pending)
+            .arg(home.owed)
+            .arg(home.available - home.owed - drift);
+        let reply = Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        );
+        Ok(reply.tag()? == "corrected")
     }
 
     /// Adds to `figures` (read from part 0's counter, which says the SKU has

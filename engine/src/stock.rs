@@ -141,6 +141,11 @@ impl Engine {
     }
 
     /// Applies a signed stock movement from `source`, once per `event_id`.
+    ///
+    /// A decrease of a split SKU first brings its other parts' available
+    /// units to part 0, where feeds apply, so no unit the feed removed stays
+    /// on sale in another part; a debt left on part 0 (units in holds that no
+    /// longer exist) goes to the parts whose holds will pay it back.
     pub async fn apply_delta(
         &self,
         sku: &str,
@@ -148,20 +153,17 @@ impl Engine {
         source: &str,
         event_id: &str,
     ) -> Result<DeltaOutcome, EngineError> {
-        let shard = self.keys.shard_of(sku);
-        let mut inv = self.scripts.delta.prepare_invoke();
-        inv.key(self.keys.sku(sku))
-            .key(self.keys.events(shard))
-            .key(self.keys.seen(sku, source, event_id))
-            .arg(sku)
-            .arg(delta)
-            .arg(source)
-            .arg(event_id)
-            .arg(self.config.guard_ttl.as_millis() as u64);
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
+        let mut reply = self.delta_call(sku, delta, source, event_id, "").await?;
+        if reply.tag()? == "split" {
+            let parts = reply.int(1)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+            self.gather_all(sku, parts).await?;
+            reply = self
+                .delta_call(sku, delta, source, event_id, "gathered")
+                .await?;
+            if reply.tag()? == "applied" && reply.int(2)? > 0 {
+                self.spread_owed(sku, parts).await?;
+            }
+        }
         Ok(match reply.tag()?.as_str() {
             "applied" => DeltaOutcome::Applied {
                 available: reply.int(1)?,
@@ -173,8 +175,39 @@ impl Engine {
         })
     }
 
+    /// Runs `delta.lua` (`gathered`: its ARGV[6]).
+    async fn delta_call(
+        &self,
+        sku: &str,
+        delta: i64,
+        source: &str,
+        event_id: &str,
+        gathered: &str,
+    ) -> Result<Reply, EngineError> {
+        let shard = self.keys.shard_of(sku);
+        let mut inv = self.scripts.delta.prepare_invoke();
+        inv.key(self.keys.sku(sku))
+            .key(self.keys.events(shard))
+            .key(self.keys.seen(sku, source, event_id))
+            .arg(sku)
+            .arg(delta)
+            .arg(source)
+            .arg(event_id)
+            .arg(self.config.guard_ttl.as_millis() as u64)
+            .arg(gathered);
+        Ok(Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        ))
+    }
+
     /// Applies an absolute on-hand count from `source` if `version` is newer than
     /// the last one applied to `sku`.
+    ///
+    /// For a split SKU, the other parts' available units come to part 0
+    /// first, and what those parts keep (holds, sales pending, units moving)
+    /// counts against the count as part 0's own do; a debt goes to the parts
+    /// whose holds will pay it back.
     pub async fn apply_snapshot(
         &self,
         sku: &str,
@@ -183,21 +216,23 @@ impl Engine {
         source: &str,
         event_id: &str,
     ) -> Result<SnapshotOutcome, EngineError> {
-        let shard = self.keys.shard_of(sku);
-        let mut inv = self.scripts.snapshot.prepare_invoke();
-        inv.key(self.keys.sku(sku))
-            .key(self.keys.events(shard))
-            .key(self.keys.seen(sku, source, event_id))
-            .arg(sku)
-            .arg(on_hand)
-            .arg(version)
-            .arg(source)
-            .arg(event_id)
-            .arg(self.config.guard_ttl.as_millis() as u64);
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
+        let call = SnapshotCall {
+            sku,
+            on_hand,
+            version,
+            source,
+            event_id,
+        };
+        let mut reply = self.snapshot_call(&call, None).await?;
+        if reply.tag()? == "split" {
+            let parts = reply.int(1)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+            self.gather_all(sku, parts).await?;
+            let kept = self.kept_by_other_parts(sku, parts).await?;
+            reply = self.snapshot_call(&call, Some(kept)).await?;
+            if reply.tag()? == "applied" && reply.int(3)? > 0 {
+                self.spread_owed(sku, parts).await?;
+            }
+        }
         Ok(match reply.tag()?.as_str() {
             "applied" => SnapshotOutcome::Applied {
                 available: reply.int(1)?,
@@ -212,4 +247,40 @@ impl Engine {
             other => return Err(EngineError::UnexpectedReply(format!("snapshot: {other}"))),
         })
     }
+
+    /// Runs `snapshot.lua` (`others`: its ARGV[7], for a split SKU).
+    async fn snapshot_call(
+        &self,
+        call: &SnapshotCall<'_>,
+        others: Option<i64>,
+    ) -> Result<Reply, EngineError> {
+        let sku = call.sku;
+        let shard = self.keys.shard_of(sku);
+        let mut inv = self.scripts.snapshot.prepare_invoke();
+        inv.key(self.keys.sku(sku))
+            .key(self.keys.events(shard))
+            .key(self.keys.seen(sku, call.source, call.event_id))
+            .arg(sku)
+            .arg(call.on_hand)
+            .arg(call.version)
+            .arg(call.source)
+            .arg(call.event_id)
+            .arg(self.config.guard_ttl.as_millis() as u64);
+        if let Some(others) = others {
+            inv.arg(others);
+        }
+        Ok(Reply::new(
+            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                .await?,
+        ))
+    }
+}
+
+/// One snapshot as `snapshot.lua` is called for it.
+struct SnapshotCall<'a> {
+    sku: &'a str,
+    on_hand: i64,
+    version: i64,
+    source: &'a str,
+    event_id: &'a str,
 }

@@ -78,6 +78,8 @@ pub(crate) struct StockRow {
     /// The drop schedule's start and end, Unix ms (0: none).
     pub(crate) opens_ms: i64,
     pub(crate) closes_ms: i64,
+    /// How many parts its stock is split into in Redis ([`crate::split`]).
+    pub(crate) parts: i16,
 }
 
 impl StockRow {
@@ -105,7 +107,7 @@ impl StockRow {
 fn stock_query(filter: &str) -> String {
     format!(
         "SELECT s.sku, s.on_hand, s.sold_recorded, s.per_buyer_limit, s.snapshot_version,
-                s.fed_recorded, {}
+                s.fed_recorded, s.parts, {}
            FROM skus s {filter}",
         crate::schedule::WINDOW_COLUMNS
     )
@@ -164,23 +166,65 @@ pub(crate) async fn read_counters(
             "settled",
             "owed",
             "fed",
+            "moving",
+            "parts",
         ]);
     }
     let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
-    Ok(rows
-        .into_iter()
-        .map(|c| {
-            let field = |i: usize| c.get(i).copied().flatten();
-            Counters {
-                available: field(0),
-                reserved: field(1).unwrap_or(0),
-                sold_pending: field(2).unwrap_or(0),
-                settled: field(3).unwrap_or(0),
-                owed: field(4).unwrap_or(0),
-                fed: field(5).unwrap_or(0),
+    let mut counters: Vec<Counters> = rows.iter().map(|c| counters_of(c)).collect();
+    // A split SKU's counters are its parts' together (part 0, read above,
+    // says how many; feeds apply to part 0 alone, so `fed` is its own).
+    let mut pipe = redis::pipe();
+    let mut split = Vec::new();
+    for (i, (sku, c)) in skus.iter().zip(&counters).enumerate() {
+        if c.available.is_some() && c.parts > 1 {
+            for part in 1..c.parts {
+                pipe.cmd("HMGET")
+                    .arg(engine.keys.sku(&crate::keys::part_name(sku, part, c.parts)))
+                    .arg(&[
+                        "available",
+                        "reserved",
+                        "sold_pending",
+                        "settled",
+                        "owed",
+                        "fed",
+                        "moving",
+                    ]);
+                split.push(i);
             }
-        })
-        .collect())
+        }
+    }
+    if !split.is_empty() {
+        let parts: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
+        for (i, row) in split.into_iter().zip(&parts) {
+            let part = counters_of(row);
+            let c = &mut counters[i];
+            c.available = c.available.map(|a| a + part.available.unwrap_or(0));
+            c.reserved += part.reserved;
+            c.sold_pending += part.sold_pending;
+            c.settled += part.settled;
+            c.owed += part.owed;
+            c.moving += part.moving;
+        }
+    }
+    Ok(counters)
+}
+
+/// One counter's fields, in [`read_counters`]' order.
+fn counters_of(c: &[Option<i64>]) -> Counters {
+    let field = |i: usize| c.get(i).copied().flatten();
+    Counters {
+        available: field(0),
+        reserved: field(1).unwrap_or(0),
+        sold_pending: field(2).unwrap_or(0),
+        settled: field(3).unwrap_or(0),
+        owed: field(4).unwrap_or(0),
+        fed: field(5).unwrap_or(0),
+        moving: field(6).unwrap_or(0),
+        parts: field(7)
+            .unwrap_or(1)
+            .clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16,
+    }
 }
 
 /// Pages whose counters are being written while the next page is read,
@@ -403,7 +447,18 @@ impl Page {
         // calls for Redis to enter (measured no faster on two cores, where
         // PostgreSQL's share was what mattered; see BENCHMARKS.md).
         let mut calls: BTreeMap<u16, redis::ScriptInvocation<'_>> = BTreeMap::new();
+        let mut split = Vec::new();
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
+            // A split SKU (as its live counter says, else as PostgreSQL
+            // recorded): part 0 is written here, the others stand.
+            let parts = if cur.available.is_some() {
+                cur.parts
+            } else {
+                row.parts.clamp(1, crate::keys::MAX_PARTS as i16) as u16
+            };
+            if parts > 1 {
+                split.push((row.sku.as_str(), parts));
+            }
             // A forced warm-up computes `available` inside warm.lua from the live
             // figures it reads there, so a reservation in between cannot be lost.
             let orphaned = match cur.available {
@@ -415,6 +470,13 @@ impl Page {
                 None if *open > 0 => orphaned_units(engine, &row.sku).await?,
                 None => 0,
             };
+            // Part 0 gets what the other parts do not hold, and the sales
+            // they did not settle.
+            let (held, settled) = if parts > 1 {
+                engine.warm_share(&row.sku, parts).await?
+            } else {
+                (0, 0)
+            };
             let shard = engine.keys.shard_of(&row.sku);
             calls
                 .entry(shard)
@@ -425,9 +487,9 @@ impl Page {
                 })
                 .key(engine.keys.sku(&row.sku))
                 .arg(&row.sku)
-                .arg(row.on_hand)
+                .arg(row.on_hand - held)
                 .arg(orphaned)
-                .arg(row.sold_recorded)
+                .arg(row.sold_recorded - settled)
                 .arg(row.per_buyer_limit.unwrap_or(0))
                 .arg(if options.force { "1" } else { "0" })
                 .arg(row.snapshot_version)
@@ -447,6 +509,9 @@ impl Page {
                     _ => report.existing += 1,
                 }
             }
+        }
+        for (sku, parts) in split {
+            engine.keep_parts(sku, parts).await?;
         }
         tx.commit().await?;
         report.skus += rows.len() as u64;

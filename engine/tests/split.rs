@@ -7,11 +7,34 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use holdfast_engine::keys::{base_sku, parse_part, part_name};
-use holdfast_engine::testkit::{TestRedis, stock, stock_with_limit};
+use holdfast_engine::testkit::{TestRedis, add_sku};
+use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{
-    ConfirmOutcome, Engine, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest, SplitOutcome,
+    Backends, ConfirmOutcome, Engine, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+    SplitOutcome, postgres,
 };
 use redis::Value;
+use sqlx::PgPool;
+
+/// A test Redis, the engine over it and `pg`, with `sku` in the catalogue
+/// (`on_hand` units, per-buyer `limit`, 0 for none) and warmed.
+async fn setup(pg: &PgPool, sku: &str, on_hand: i64, limit: i32) -> (TestRedis, Backends) {
+    let redis = TestRedis::start();
+    add_sku(pg, sku, on_hand).await;
+    if limit > 0 {
+        sqlx::query("UPDATE skus SET per_buyer_limit = $2 WHERE sku = $1")
+            .bind(sku)
+            .bind(limit)
+            .execute(pg)
+            .await
+            .unwrap();
+    }
+    let b = holdfast_engine::testkit::backends(pg.clone(), &redis.url()).await;
+    warm_all(&b.engine, pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    (redis, b)
+}
 
 /// Every entry of every shard stream for `sku`'s parts (and its own name):
 /// (Redis ms, the part's name, its available and moving after the change).
@@ -58,13 +81,12 @@ async fn part_timeline(
     out
 }
 
-async fn race(parts: u16) {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
+async fn race(pg: PgPool, parts: u16) {
     let sku = format!("SPLIT-RACE-{parts}");
-    stock(&engine, &sku, 2_000).await;
+    let (redis, b) = setup(&pg, &sku, 2_000, 0).await;
+    let engine = b.engine.clone();
     assert_eq!(
-        engine.set_parts(&sku, parts).await.unwrap(),
+        engine.set_parts(&pg, &sku, parts).await.unwrap(),
         SplitOutcome::Changed { from: 1, to: parts }
     );
     let f = engine.figures(&sku).await.unwrap().unwrap();
@@ -169,22 +191,21 @@ async fn race(parts: u16) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn twenty_thousand_shoppers_on_four_parts_take_exactly_the_stock() {
-    race(4).await;
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn twenty_thousand_shoppers_on_four_parts_take_exactly_the_stock(pg: PgPool) {
+    race(pg, 4).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn twenty_thousand_shoppers_on_eight_parts_take_exactly_the_stock() {
-    race(8).await;
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn twenty_thousand_shoppers_on_eight_parts_take_exactly_the_stock(pg: PgPool) {
+    race(pg, 8).await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn one_buyer_cannot_pass_the_limit_by_landing_on_other_parts() {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
-    stock_with_limit(&engine, "SPLIT-LIMIT", 500, 2).await;
-    engine.set_parts("SPLIT-LIMIT", 4).await.unwrap();
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn one_buyer_cannot_pass_the_limit_by_landing_on_other_parts(pg: PgPool) {
+    let (_redis, b) = setup(&pg, "SPLIT-LIMIT", 500, 2).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-LIMIT", 4).await.unwrap();
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..40 {
         let engine = engine.clone();
@@ -242,12 +263,11 @@ async fn one_buyer_cannot_pass_the_limit_by_landing_on_other_parts() {
     );
 }
 
-#[tokio::test]
-async fn holds_on_parts_are_confirmed_released_and_expired_like_any_other() {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
-    stock(&engine, "SPLIT-LIFE", 40).await;
-    engine.set_parts("SPLIT-LIFE", 4).await.unwrap();
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn holds_on_parts_are_confirmed_released_and_expired_like_any_other(pg: PgPool) {
+    let (redis, b) = setup(&pg, "SPLIT-LIFE", 40, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-LIFE", 4).await.unwrap();
 
     let req = |id: &str, qty| ReserveRequest::single(id, "SPLIT-LIFE", qty);
     for id in ["pay", "drop", "lapse"] {
@@ -332,12 +352,11 @@ async fn holds_on_parts_are_confirmed_released_and_expired_like_any_other() {
     );
 }
 
-#[tokio::test]
-async fn sold_out_only_when_every_part_is_empty_and_a_refusal_stays_refused() {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
-    stock(&engine, "SPLIT-LAST", 4).await;
-    engine.set_parts("SPLIT-LAST", 4).await.unwrap();
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn sold_out_only_when_every_part_is_empty_and_a_refusal_stays_refused(pg: PgPool) {
+    let (_redis, b) = setup(&pg, "SPLIT-LAST", 4, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-LAST", 4).await.unwrap();
     // Ids that all land on one part: the others' units must come to it.
     for i in 0..4 {
         let r = ReserveRequest::single(format!("last-{i}"), "SPLIT-LAST", 1).for_buyer("same-part");
@@ -371,30 +390,34 @@ async fn sold_out_only_when_every_part_is_empty_and_a_refusal_stays_refused() {
     assert_eq!((f.available, f.reserved, f.moving), (0, 4, 0));
 }
 
-#[tokio::test]
-async fn parts_change_only_between_drops_and_keep_every_unit() {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
-    stock_with_limit(&engine, "SPLIT-CHANGE", 1_001, 3).await;
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn parts_change_only_between_drops_and_keep_every_unit(pg: PgPool) {
+    let (redis, b) = setup(&pg, "SPLIT-CHANGE", 1_001, 3).await;
+    let engine = b.engine.clone();
+    add_sku(&pg, "COLD-SKU", 4).await;
     assert_eq!(
-        engine.set_parts("SPLIT-CHANGE", 1).await.unwrap(),
+        engine.set_parts(&pg, "SPLIT-CHANGE", 1).await.unwrap(),
         SplitOutcome::Unchanged
     );
     assert!(matches!(
-        engine.set_parts("SPLIT-CHANGE", 0).await.unwrap(),
+        engine.set_parts(&pg, "SPLIT-CHANGE", 0).await.unwrap(),
         SplitOutcome::Invalid(_)
     ));
     assert_eq!(
-        engine.set_parts("NO-SUCH-SKU", 4).await.unwrap(),
+        engine.set_parts(&pg, "COLD-SKU", 4).await.unwrap(),
         SplitOutcome::NotWarmed
     );
+    assert!(matches!(
+        engine.set_parts(&pg, "NO-SUCH-SKU", 4).await.unwrap(),
+        SplitOutcome::Invalid(_)
+    ));
 
     let buyer = |id: &str| ReserveRequest::single(id, "SPLIT-CHANGE", 2).for_buyer("loyal");
     assert!(matches!(
         engine.reserve(&buyer("b1")).await.unwrap(),
         ReserveOutcome::Reserved { .. }
     ));
-    let SplitOutcome::Refused(why) = engine.set_parts("SPLIT-CHANGE", 4).await.unwrap() else {
+    let SplitOutcome::Refused(why) = engine.set_parts(&pg, "SPLIT-CHANGE", 4).await.unwrap() else {
         panic!("a split with a hold open");
     };
     assert!(why.contains("2 units in open holds"), "{why}");
@@ -422,7 +445,7 @@ async fn parts_change_only_between_drops_and_keep_every_unit() {
         .unwrap();
     for (from, to) in [(1, 4), (4, 8), (8, 3), (3, 1)] {
         assert_eq!(
-            engine.set_parts("SPLIT-CHANGE", to).await.unwrap(),
+            engine.set_parts(&pg, "SPLIT-CHANGE", to).await.unwrap(),
             SplitOutcome::Changed { from, to }
         );
         let f = engine.figures("SPLIT-CHANGE").await.unwrap().unwrap();
@@ -449,12 +472,11 @@ async fn parts_change_only_between_drops_and_keep_every_unit() {
     }
 }
 
-#[tokio::test]
-async fn a_transfer_cut_short_is_finished_once() {
-    let redis = TestRedis::start();
-    let engine = redis.engine().await;
-    stock(&engine, "SPLIT-MOVE", 100).await;
-    engine.set_parts("SPLIT-MOVE", 2).await.unwrap();
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_transfer_cut_short_is_finished_once(pg: PgPool) {
+    let (redis, b) = setup(&pg, "SPLIT-MOVE", 100, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-MOVE", 2).await.unwrap();
     let ks = engine.keyspace();
     let (from, to) = (part_name("SPLIT-MOVE", 1, 2), part_name("SPLIT-MOVE", 0, 2));
     // The first step of a move, and then its mover dies.
@@ -513,4 +535,199 @@ async fn a_transfer_cut_short_is_finished_once() {
             .available,
         100
     );
+}
+
+/// `sku`'s figures: available, moving, reserved, sold pending, owed.
+async fn totals(engine: &Engine, sku: &str) -> (i64, i64, i64, i64, i64) {
+    let f = engine.figures(sku).await.unwrap().unwrap();
+    (f.available, f.moving, f.reserved, f.sold_pending, f.owed)
+}
+
+async fn hold(engine: &Engine, rid: &str, sku: &str, qty: i64) {
+    let req = ReserveRequest::single(rid, sku, qty).for_buyer(rid);
+    let outcome = engine.reserve(&req).await.unwrap();
+    assert!(
+        matches!(outcome, ReserveOutcome::Reserved { .. }),
+        "{rid}: {outcome:?}"
+    );
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_split_sku_is_rebuilt_with_its_parts_after_redis_loses_data(pg: PgPool) {
+    let (redis, b) = setup(&pg, "SPLIT-LOSS", 100, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-LOSS", 4).await.unwrap();
+    for i in 0..6 {
+        hold(&engine, &format!("loss-{i}"), "SPLIT-LOSS", 2).await;
+    }
+    // Part 0 alone is lost (its master restarted empty): rebuilt from
+    // PostgreSQL with what the other parts do not hold, never on top of it.
+    let mut conn = redis.connection().await;
+    redis::cmd("DEL")
+        .arg(engine.keyspace().sku("SPLIT-LOSS"))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let report = warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(report.warmed, 1);
+    let f = engine.figures("SPLIT-LOSS").await.unwrap().unwrap();
+    assert_eq!(f.parts, 4, "still split");
+    assert!(f.available + f.reserved <= 100, "no unit made twice: {f:?}");
+    // Everything lost: rebuilt split as PostgreSQL recorded it, every part
+    // there (empty ones included), the units on part 0.
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let fresh = redis.engine().await;
+    warm_all(&fresh, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let f = fresh.figures("SPLIT-LOSS").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.parts), (100, 0, 4));
+    for i in 0..30 {
+        hold(&fresh, &format!("after-{i}"), "SPLIT-LOSS", 1).await;
+    }
+    assert_eq!(totals(&fresh, "SPLIT-LOSS").await, (70, 0, 30, 0, 0));
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn drift_on_one_part_is_measured_on_the_whole_and_corrected(pg: PgPool) {
+    use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
+    let (_redis, b) = setup(&pg, "SPLIT-DRIFT", 80, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-DRIFT", 4).await.unwrap();
+    hold(&engine, "d-1", "SPLIT-DRIFT", 3).await;
+    let clean = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(
+        clean.drifted, 0,
+        "parts together agree with PostgreSQL: {clean:?}"
+    );
+    // Five units appear on part 2 that do not exist.
+    holdfast_engine::testkit::nudge_counter(
+        &engine,
+        &part_name("SPLIT-DRIFT", 2, 4),
+        "available",
+        5,
+    )
+    .await;
+    let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((run.drifted, run.corrected_down), (1, 1), "{run:?}");
+    assert_eq!(totals(&engine, "SPLIT-DRIFT").await, (77, 0, 3, 0, 0));
+    let again = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(again.drifted, 0);
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_feed_lowering_a_split_sku_under_open_holds_sells_nothing_it_removed(pg: PgPool) {
+    use holdfast_engine::stock::{DeltaOutcome, SnapshotOutcome};
+    let (_redis, b) = setup(&pg, "SPLIT-FEED", 100, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-FEED", 4).await.unwrap();
+    // 20 units held, spread over the parts by buyer.
+    for i in 0..10 {
+        hold(&engine, &format!("f-{i}"), "SPLIT-FEED", 2).await;
+    }
+    assert_eq!(totals(&engine, "SPLIT-FEED").await, (80, 0, 20, 0, 0));
+    // A receipt lands on part 0.
+    assert!(matches!(
+        engine
+            .apply_delta("SPLIT-FEED", 10, "erp", "e-1")
+            .await
+            .unwrap(),
+        DeltaOutcome::Applied { .. }
+    ));
+    assert_eq!(totals(&engine, "SPLIT-FEED").await, (90, 0, 20, 0, 0));
+    // 105 damaged: the 90 available go, and 15 of the held units are owed.
+    assert!(matches!(
+        engine
+            .apply_delta("SPLIT-FEED", -105, "erp", "e-2")
+            .await
+            .unwrap(),
+        DeltaOutcome::Applied { .. }
+    ));
+    assert_eq!(totals(&engine, "SPLIT-FEED").await, (0, 0, 20, 0, 15));
+    let nobody = ReserveRequest::single("too-late", "SPLIT-FEED", 1);
+    assert!(matches!(
+        engine.reserve(&nobody).await.unwrap(),
+        ReserveOutcome::SoldOut { .. }
+    ));
+    // Every hold comes back: 15 pay the debt, 5 are on sale again.
+    for i in 0..10 {
+        engine.release(&format!("f-{i}")).await.unwrap();
+    }
+    assert_eq!(totals(&engine, "SPLIT-FEED").await, (5, 0, 0, 0, 0));
+    // A count of 40 with 4 units held: 36 on sale.
+    for i in 0..2 {
+        hold(&engine, &format!("g-{i}"), "SPLIT-FEED", 2).await;
+    }
+    assert!(matches!(
+        engine
+            .apply_snapshot("SPLIT-FEED", 40, 1, "erp", "s-1")
+            .await
+            .unwrap(),
+        SnapshotOutcome::Applied { .. }
+    ));
+    assert_eq!(totals(&engine, "SPLIT-FEED").await, (36, 0, 4, 0, 0));
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn sales_on_parts_are_recorded_under_their_sku(pg: PgPool) {
+    use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+    let (redis, b) = setup(&pg, "SPLIT-SOLD", 50, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-SOLD", 4).await.unwrap();
+    for i in 0..8 {
+        hold(&engine, &format!("s-{i}"), "SPLIT-SOLD", 1).await;
+        assert_eq!(
+            engine.confirm(&format!("s-{i}")).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+    }
+    let mut writer = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            consumer: "split".into(),
+            block: std::time::Duration::from_millis(20),
+            ..WriteBehindConfig::default()
+        },
+        Arc::new(WriteBehindStats::default()),
+    );
+    for _ in 0..50 {
+        writer.run_once().await.unwrap();
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            break;
+        }
+    }
+    let (on_hand, sold): (i64, i64) =
+        sqlx::query_as("SELECT on_hand, sold_recorded FROM skus WHERE sku = 'SPLIT-SOLD'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!((on_hand, sold), (42, 8));
+    let lines: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM order_lines WHERE sku = 'SPLIT-SOLD'")
+            .fetch_one(&pg)
+            .await
+            .unwrap();
+    assert_eq!(lines, 8);
+    assert_eq!(
+        totals(&engine, "SPLIT-SOLD").await,
+        (42, 0, 0, 0, 0),
+        "settled on every part"
+    );
+    let report = holdfast_engine::verify::verify(&engine, &pg, &Default::default())
+        .await
+        .unwrap();
+    assert!(report.passed(), "{:?} {:?}", report.checks, report.skus);
 }

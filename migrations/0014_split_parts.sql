@@ -1,0 +1,3 @@
+-- How many parts a SKU's stock is split into in Redis (1: one counter), so a
+-- counter rebuilt after Redis lost data is rebuilt with its parts.
+ALTER TABLE skus ADD COLUMN parts smallint NOT NULL DEFAULT 1 CHECK (parts BETWEEN 1 AND 16);
