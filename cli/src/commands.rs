@@ -18,7 +18,7 @@ use holdfast_server::startup::{Application, connect_with};
 
 use crate::config::{
     Cli, Command, DeadLetterCommand, DoctorArgs, GlobalArgs, LaneCommand, LockCommand,
-    ReconcileArgs, ServeArgs, TokenCommand, VerifyArgs, WarmArgs,
+    ReconcileArgs, ServeArgs, SplitArgs, TokenCommand, VerifyArgs, WarmArgs,
 };
 use crate::progress::{Progress, table};
 
@@ -35,6 +35,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<()> {
         Some(Command::DeadLetters(cmd)) => dead_letters(&cli.global, cmd).await,
         Some(Command::User(cmd)) => crate::user_commands::command(&cli.global, cmd).await,
         Some(Command::Lock(cmd)) => lock(&cli.global, cmd).await,
+        Some(Command::Split(args)) => split(&cli.global, args).await,
         Some(Command::Drop(cmd)) => crate::drop_commands::command(&cli.global, cmd).await,
         Some(Command::Simulate(args)) => crate::simulate::run(&cli.global, args).await,
         Some(Command::Doctor(args)) => match doctor(&cli.global, &args).await? {
@@ -145,6 +146,54 @@ fn wrap(text: &str, width: usize) -> Vec<String> {
         lines.push(current);
     }
     lines
+}
+
+/// `holdfast split SKU [--parts K]`: shows the SKU's parts, after changing
+/// their count when asked (audited).
+async fn split(global: &GlobalArgs, args: SplitArgs) -> anyhow::Result<()> {
+    use holdfast_engine::SplitOutcome;
+    let backends = connect(global, 2).await?;
+    let engine = &backends.engine;
+    if let Some(parts) = args.parts {
+        match engine.set_parts(&backends.pg, &args.sku, parts).await? {
+            SplitOutcome::Changed { from, to } => {
+                note(
+                    &backends.pg,
+                    &cli_actor(),
+                    "split_sku",
+                    &args.sku,
+                    serde_json::json!({ "from": from, "to": to }),
+                )
+                .await;
+                println!("{} is now in {to} part(s) (was {from})", args.sku);
+            }
+            SplitOutcome::Unchanged => println!("{} already has {parts} part(s)", args.sku),
+            SplitOutcome::Refused(why) => anyhow::bail!("not changed: {why}"),
+            SplitOutcome::NotWarmed => anyhow::bail!(
+                "{} has no counter in Redis: warm it first (holdfast warm)",
+                args.sku
+            ),
+            SplitOutcome::Invalid(why) => anyhow::bail!("{why}"),
+        }
+    }
+    let parts = engine.part_figures(&args.sku).await?;
+    if parts.is_empty() {
+        anyhow::bail!("{} has no counter in Redis", args.sku);
+    }
+    println!(
+        "{:<6} {:>10} {:>10} {:>12} {:>8}",
+        "part", "available", "reserved", "sold pending", "moving"
+    );
+    for (j, f) in parts.iter().enumerate() {
+        println!(
+            "{j:<6} {:>10} {:>10} {:>12} {:>8}",
+            thousands(f.available),
+            thousands(f.reserved),
+            thousands(f.sold_pending),
+            thousands(f.moving)
+        );
+    }
+    Ok(())
 }
 
 async fn lock(global: &GlobalArgs, cmd: LockCommand) -> anyhow::Result<()> {

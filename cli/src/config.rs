@@ -46,6 +46,10 @@ pub enum Command {
     /// List, take and force-release locks.
     #[command(subcommand)]
     Lock(LockCommand),
+    /// Show how a SKU's stock is split over Redis shards, or split it into
+    /// parts (one hot SKU beyond one Redis core), between drops: refused while
+    /// it has open holds or sales not yet written to PostgreSQL.
+    Split(SplitArgs),
     /// Drops: import and export them as files (CSV, JSON), schedule their start
     /// and end (to the second, by Redis' clock on every server), arm them and
     /// check their readiness.
@@ -360,6 +364,17 @@ pub enum TokenCommand {
         /// The token's id, as `list` shows it.
         id: i64,
     },
+}
+
+/// Settings for `holdfast split`.
+#[derive(Debug, Clone, Args)]
+pub struct SplitArgs {
+    /// The SKU.
+    pub sku: String,
+    /// Split it into this many parts on as many shards (1 to 16; 1 puts it
+    /// back in one counter). Without it, the parts are shown.
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub parts: Option<u16>,
 }
 
 /// Settings for `holdfast warm`.

@@ -380,3 +380,69 @@ async fn a_drop_goes_out_and_back_in_as_a_file(pool: PgPoolOptions, opts: PgConn
         20
     );
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_sku_is_split_and_shown_from_the_command_line(
+    pool: PgPoolOptions,
+    opts: PgConnectOptions,
+) {
+    let pg_url = common::pg_url(&opts);
+    let pg = pool.connect_with(opts).await.unwrap();
+    catalog::load_demo_drop(&pg).await.unwrap();
+    let redis = TestRedis::start();
+    let (ok, _, err) = common::holdfast(&["warm"], &redis.url(), &pg_url);
+    assert!(ok, "warm failed: {err}");
+
+    let (ok, out, err) = common::holdfast(&["split", "DROP-001"], &redis.url(), &pg_url);
+    assert!(ok, "{err}");
+    assert_eq!(out.lines().count(), 2, "one part shown:\n{out}");
+    let (ok, out, err) = common::holdfast(
+        &["split", "DROP-001", "--parts", "4"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(ok, "{err}");
+    assert!(out.contains("now in 4 part(s) (was 1)"), "{out}");
+    assert_eq!(out.lines().count(), 6, "four parts shown:\n{out}");
+    let parts: i16 = sqlx::query_scalar("SELECT parts FROM skus WHERE sku = 'DROP-001'")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert_eq!(parts, 4, "the system of record knows the split");
+    let entries = holdfast_engine::audit::recent(&pg, Some("split_sku"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1);
+    assert!(entries[0].actor.starts_with("cli:"), "{}", entries[0].actor);
+    // A count out of range is refused by the parser, with the range.
+    let (ok, _, err) = common::holdfast(
+        &["split", "DROP-001", "--parts", "17"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(!ok);
+    assert!(err.contains("1..=16"), "{err}");
+    // A hold open: refused, saying why, and nothing changes.
+    let engine = Engine::new(
+        redis_conn::connect(&redis.url()).await.unwrap(),
+        EngineConfig::default(),
+    );
+    let held = engine
+        .reserve(
+            &holdfast_engine::ReserveRequest::single("cli-hold", "DROP-001", 1).for_buyer("b-1"),
+        )
+        .await
+        .unwrap();
+    assert!(
+        matches!(held, holdfast_engine::ReserveOutcome::Reserved { .. }),
+        "{held:?}"
+    );
+    let (ok, _, err) = common::holdfast(
+        &["split", "DROP-001", "--parts", "1"],
+        &redis.url(),
+        &pg_url,
+    );
+    assert!(!ok);
+    assert!(err.contains("open holds"), "{err}");
+    assert_eq!(engine.figures("DROP-001").await.unwrap().unwrap().parts, 4);
+}

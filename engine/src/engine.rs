@@ -1290,7 +1290,10 @@ impl Engine {
         // A split SKU's figures are its parts' together (part 0, read above,
         // says how many there are).
         for (sku, f) in skus.iter().zip(figures.iter_mut()) {
-            if let Some(f) = f {
+            // A part's own figures ([`Engine::part_figures`]) are its alone.
+            if let Some(f) = f
+                && crate::keys::parse_part(sku.as_ref()).is_none()
+            {
                 self.splits.learn(sku.as_ref(), f.parts);
                 if f.parts > 1 {
                     self.add_parts(sku.as_ref(), f.parts, f).await?;

@@ -226,8 +226,21 @@ impl StreamCursor {
     }
 }
 
-/// The newest events (up to `limit`) about `sku`, newest first, looking back at
-/// most `scan` entries of its shard's stream.
+/// The shards holding `sku`'s events: its own, and each part's when it is
+/// split ([`crate::split`]).
+async fn shards_of(engine: &crate::Engine, sku: &str) -> Result<Vec<u16>, EngineError> {
+    let keys = engine.keyspace();
+    let parts = engine.parts_of(sku).await?.unwrap_or(1);
+    let mut shards: Vec<u16> = (0..parts)
+        .map(|j| keys.shard_of(&crate::keys::part_name(sku, j, parts)))
+        .collect();
+    shards.sort_unstable();
+    shards.dedup();
+    Ok(shards)
+}
+
+/// The newest events (up to `limit`) about `sku` (any of its parts), newest
+/// first, looking back at most `scan` entries of each of its shards' streams.
 pub async fn recent_for_sku(
     engine: &crate::Engine,
     sku: &str,
@@ -235,74 +248,93 @@ pub async fn recent_for_sku(
     scan: usize,
 ) -> Result<Vec<Event>, EngineError> {
     let keys = engine.keyspace();
-    let shard = keys.shard_of(sku);
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-        .arg(keys.events(shard))
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(scan.max(1))
-        .query_async(&mut engine.connection())
-        .await?;
-    Ok(reply
-        .ids
-        .into_iter()
-        .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
-        .filter(|e| e.sku == sku)
-        .take(limit)
-        .collect())
+    let mut out = Vec::new();
+    for shard in shards_of(engine, sku).await? {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(keys.events(shard))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(scan.max(1))
+            .query_async(&mut engine.connection())
+            .await?;
+        out.extend(
+            reply
+                .ids
+                .into_iter()
+                .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+                .filter(|e| e.whole_sku() == sku)
+                .take(limit),
+        );
+    }
+    out.sort_by_key(|e| std::cmp::Reverse(entry_order(&e.id)));
+    out.truncate(limit);
+    Ok(out)
 }
 
-/// The id of the newest entry in `sku`'s shard stream (`0-0` when empty): a
+/// A stream entry id (`<ms>-<seq>`) as numbers, for ordering entries of
+/// several streams (Redis' clock gives every stream's ids).
+fn entry_order(id: &str) -> (u64, u64) {
+    let (ms, seq) = id.split_once('-').unwrap_or((id, "0"));
+    (ms.parse().unwrap_or(0), seq.parse().unwrap_or(0))
+}
+
+/// The id of the newest entry in `sku`'s shard streams (`0-0` when empty): a
 /// position to read [`for_sku_since`] from later.
 pub async fn latest_id(engine: &crate::Engine, sku: &str) -> Result<String, EngineError> {
     let keys = engine.keyspace();
-    let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-        .arg(keys.events(keys.shard_of(sku)))
-        .arg("+")
-        .arg("-")
-        .arg("COUNT")
-        .arg(1)
-        .query_async(&mut engine.connection())
-        .await?;
-    Ok(reply
-        .ids
-        .into_iter()
-        .next()
-        .map_or_else(|| "0-0".to_owned(), |e| e.id))
+    let mut newest = "0-0".to_owned();
+    for shard in shards_of(engine, sku).await? {
+        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
+            .arg(keys.events(shard))
+            .arg("+")
+            .arg("-")
+            .arg("COUNT")
+            .arg(1)
+            .query_async(&mut engine.connection())
+            .await?;
+        if let Some(e) = reply.ids.into_iter().next()
+            && entry_order(&e.id) > entry_order(&newest)
+        {
+            newest = e.id;
+        }
+    }
+    Ok(newest)
 }
 
-/// Every event about `sku` after stream entry `after`, oldest first, read in
-/// pages of 10,000.
+/// Every event about `sku` (any of its parts) after stream entry `after`,
+/// oldest first, read in pages of 10,000 from each of its shards' streams.
 pub async fn for_sku_since(
     engine: &crate::Engine,
     sku: &str,
     after: &str,
 ) -> Result<Vec<Event>, EngineError> {
     let keys = engine.keyspace();
-    let shard = keys.shard_of(sku);
-    let stream = keys.events(shard);
-    let mut from = format!("({after}");
     let mut out = Vec::new();
-    loop {
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
-            .arg(&stream)
-            .arg(&from)
-            .arg("+")
-            .arg("COUNT")
-            .arg(10_000)
-            .query_async(&mut engine.connection())
-            .await?;
-        let Some(last) = reply.ids.last() else { break };
-        from = format!("({}", last.id);
-        out.extend(
-            reply
-                .ids
-                .into_iter()
-                .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
-                .filter(|e| e.sku == sku),
-        );
+    for shard in shards_of(engine, sku).await? {
+        let stream = keys.events(shard);
+        let mut from = format!("({after}");
+        loop {
+            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+                .arg(&stream)
+                .arg(&from)
+                .arg("+")
+                .arg("COUNT")
+                .arg(10_000)
+                .query_async(&mut engine.connection())
+                .await?;
+            let Some(last) = reply.ids.last() else { break };
+            from = format!("({}", last.id);
+            out.extend(
+                reply
+                    .ids
+                    .into_iter()
+                    .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+                    .filter(|e| e.whole_sku() == sku),
+            );
+        }
     }
+    out.sort_by_key(|e| entry_order(&e.id));
     Ok(out)
 }
 

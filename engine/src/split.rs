@@ -151,6 +151,21 @@ impl Engine {
         Ok(available.map(|_| parts))
     }
 
+    /// Each part's own figures, in part order (one, the SKU's, when it is
+    /// not split); empty when the SKU has no counter.
+    pub async fn part_figures(&self, sku: &str) -> Result<Vec<Figures>, EngineError> {
+        let Some(parts) = self.parts_of(sku).await? else {
+            return Ok(Vec::new());
+        };
+        let names: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
+        Ok(self
+            .figures_many(&names)
+            .await?
+            .into_iter()
+            .map(Option::unwrap_or_default)
+            .collect())
+    }
+
     /// `req` with each line of a split SKU naming its part (by buyer, else by
     /// reservation id); `None` when no line is of a split SKU.
     pub(crate) fn route(&self, req: &ReserveRequest) -> Option<Vec<Line>> {

@@ -27,6 +27,7 @@ fn body(path: &str) -> &'static str {
         "/api/sku_detail" => "sku=DROP-001",
         "/api/search_holds" => "query=nobody",
         "/api/release_hold" => "reservation_id=r-none&reason=test",
+        "/api/split_sku" => "sku=DROP-001&parts=1",
         "/api/force_release_lock" => "name=none&confirm=none",
         "/api/set_lane_paused" => "lane=feeds&paused=false",
         "/api/replay_dead_letter" => "id=0-1",
@@ -690,4 +691,49 @@ async fn an_admin_runs_the_deployment_checks_from_the_operations_page(pool: PgPo
         report.checks.iter().any(|c| c.level == CheckLevel::Pass),
         "the other checks ran: {report:?}"
     );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn an_admin_splits_a_sku_from_the_dashboard_and_it_is_audited(pool: PgPool) {
+    let (dash, _redis, b) = setup(pool).await;
+    let admin = dash.login("admin", PASSWORD).await;
+    let support = dash.login("support", PASSWORD).await;
+    let (status, _) = dash
+        .own("/api/split_sku", "sku=DROP-001&parts=4", Some(&support))
+        .await;
+    assert_eq!(status, 403, "support may not split");
+    let (status, text) = dash
+        .own("/api/split_sku", "sku=DROP-001&parts=4", Some(&admin))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.contains("4 part(s)"), "{text}");
+    let f = b.engine.figures("DROP-001").await.unwrap().unwrap();
+    assert_eq!((f.available, f.parts), (50, 4));
+    let (status, text) = dash
+        .own("/api/sku_detail", "sku=DROP-001", Some(&admin))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    let detail: Value = serde_json::from_str(&text).unwrap();
+    let parts: Vec<i64> = serde_json::from_value(detail["part_available"].clone()).unwrap();
+    assert_eq!((parts.len(), parts.iter().sum::<i64>()), (4, 50));
+    assert_eq!(detail["figures"]["available"], 50, "{detail}");
+    // With a hold open, a change is refused and says why.
+    b.engine
+        .reserve(&ReserveRequest::single("r-split", "DROP-001", 2))
+        .await
+        .unwrap();
+    let (status, text) = dash
+        .own("/api/split_sku", "sku=DROP-001&parts=1", Some(&admin))
+        .await;
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("open holds"), "{text}");
+    let (status, text) = dash
+        .own("/api/split_sku", "sku=DROP-001&parts=17", Some(&admin))
+        .await;
+    assert_eq!(status, 400, "{text}");
+    let entries = holdfast_engine::audit::recent(&b.pg, Some("split_sku"), None, 10)
+        .await
+        .unwrap();
+    assert_eq!(entries.len(), 1, "only the change is audited");
+    assert_eq!(entries[0].detail["to"], 4);
 }

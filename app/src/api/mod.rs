@@ -37,6 +37,7 @@ pub const GUARDED: &[(&str, holdfast_domain::Permission)] = {
         ("/api/sku_detail", View),
         ("/api/search_holds", View),
         ("/api/release_hold", ReleaseHolds),
+        ("/api/split_sku", Operate),
         ("/api/list_locks", View),
         ("/api/force_release_lock", Operate),
         ("/api/ingestion_status", View),

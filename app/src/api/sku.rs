@@ -29,6 +29,7 @@ pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
     let recent = events::recent_for_sku(&b.engine, &sku, 50, 5_000)
         .await
         .map_err(&internal)?;
+    let parts = b.engine.part_figures(&sku).await.map_err(&internal)?;
     Ok(SkuDetail {
         title: record.title,
         product: record.product,
@@ -38,7 +39,46 @@ pub async fn load_sku_detail(sku: String) -> Result<SkuDetail, ServerFnError> {
         holds: holds.into_iter().map(convert::hold_view).collect(),
         events: recent.iter().map(convert::event_view).collect(),
         server_now_ms: chrono::Utc::now().timestamp_millis(),
+        part_available: parts.iter().map(|f| f.available).collect(),
     })
+}
+
+/// Splits a SKU's stock into `parts` parts on as many Redis shards (admin),
+/// between drops; recorded in the audit log.
+#[server(endpoint = "split_sku")]
+pub async fn split_sku(sku: String, parts: u16) -> Result<String, ServerFnError> {
+    use holdfast_domain::Permission;
+    use holdfast_engine::SplitOutcome;
+    use http::StatusCode;
+
+    use crate::server::guard;
+
+    let caller = guard::authorize(Permission::Operate).await?;
+    let b = &caller.backends;
+    let outcome = b
+        .engine
+        .set_parts(&b.pg, &sku, parts)
+        .await
+        .map_err(guard::internal("Splitting the SKU"))?;
+    match outcome {
+        SplitOutcome::Changed { from, to } => {
+            guard::audit(
+                &caller,
+                "split_sku",
+                &sku,
+                serde_json::json!({ "from": from, "to": to }),
+            )
+            .await;
+            Ok(format!("{sku} is now in {to} part(s) (was {from})."))
+        }
+        SplitOutcome::Unchanged => Ok(format!("{sku} already has {parts} part(s).")),
+        SplitOutcome::Refused(why) => Err(guard::refuse(StatusCode::CONFLICT, why)),
+        SplitOutcome::NotWarmed => Err(guard::refuse(
+            StatusCode::CONFLICT,
+            format!("{sku} has no counter in Redis: warm it first."),
+        )),
+        SplitOutcome::Invalid(why) => Err(guard::refuse(StatusCode::BAD_REQUEST, why)),
+    }
 }
 
 /// Releases a hold (support role), returning its units to `available`; recorded

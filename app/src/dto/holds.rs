@@ -49,6 +49,10 @@ pub struct SkuDetail {
     pub events: Vec<EventView>,
     /// Unix milliseconds on the server, to correct countdowns for clock skew.
     pub server_now_ms: i64,
+    /// Available units of each part of the SKU's stock in Redis (one entry
+    /// when it is not split).
+    #[serde(default)]
+    pub part_available: Vec<i64>,
 }
 
 /// A late payment awaiting a refund or re-reservation.

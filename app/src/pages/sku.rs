@@ -4,7 +4,7 @@
 use leptos::prelude::*;
 use leptos_router::hooks::use_params_map;
 
-use crate::api::sku::{ReleaseHold, load_sku_detail};
+use crate::api::sku::{ReleaseHold, SplitSku, load_sku_detail};
 use crate::components::{IfAllowed, Outcome, Sparkline, duration, error_text, me, thousands};
 use crate::dto::holds::{HoldView, SkuDetail};
 use crate::dto::live::EventView;
@@ -50,8 +50,11 @@ pub fn SkuPage() -> impl IntoView {
         n
     });
     let release = ServerAction::<ReleaseHold>::new();
+    let split = ServerAction::<SplitSku>::new();
     Effect::new(move |_| {
-        if matches!(release.value().get(), Some(Ok(_))) {
+        if matches!(release.value().get(), Some(Ok(_)))
+            || matches!(split.value().get(), Some(Ok(_)))
+        {
             version.update(|v| *v += 1);
         }
     });
@@ -61,7 +64,7 @@ pub fn SkuPage() -> impl IntoView {
             <Transition fallback=|| view! { <p class="muted">"Loading the SKU…"</p> }>
                 {move || Suspend::new(async move {
                     match detail.await {
-                        Ok(d) => view! { <SkuView sku=sku() detail=d release/> }.into_any(),
+                        Ok(d) => view! { <SkuView sku=sku() detail=d release split/> }.into_any(),
                         Err(e) => view! { <p class="notice error" role="alert">{error_text(&e)}</p> }.into_any(),
                     }
                 })}
@@ -71,7 +74,12 @@ pub fn SkuPage() -> impl IntoView {
 }
 
 #[component]
-fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -> impl IntoView {
+fn SkuView(
+    sku: String,
+    detail: SkuDetail,
+    release: ServerAction<ReleaseHold>,
+    split: ServerAction<SplitSku>,
+) -> impl IntoView {
     let live = expect_context::<Live>();
     live.seed(std::slice::from_ref(&detail.figures));
     let initial = detail.figures.clone();
@@ -141,6 +149,7 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
                 }.into_any()
             }}
         </div>
+        <PartsPanel sku=sku.clone() parts=detail.part_available.clone() split/>
         <div class="panel">
             <h2>"Recent events"</h2>
             <ol class="events" aria-live="polite">
@@ -153,6 +162,34 @@ fn SkuView(sku: String, detail: SkuDetail, release: ServerAction<ReleaseHold>) -
                     </li>
                 }).collect_view()}
             </ol>
+        </div>
+    }
+}
+
+/// How the SKU's stock is split over Redis shards, and (admin) splitting it.
+#[component]
+fn PartsPanel(sku: String, parts: Vec<i64>, split: ServerAction<SplitSku>) -> impl IntoView {
+    let count = parts.len().max(1);
+    let sku = StoredValue::new(sku);
+    view! {
+        <div class="panel" data-panel="parts">
+            <h2>{if count > 1 { format!("Split into {count} parts") } else { "One counter (not split)".to_owned() }}</h2>
+            {(count > 1).then(|| view! {
+                <p class="muted">"Available per part: "
+                    <span data-field="parts">{parts.iter().map(|a| thousands(*a)).collect::<Vec<_>>().join(" · ")}</span>
+                </p>
+            })}
+            <IfAllowed need=Permission::Operate>
+                <ActionForm action=split attr:class="inline">
+                    <input type="hidden" name="sku" value=move || sku.get_value()/>
+                    <label>"Parts "
+                        <input type="number" name="parts" min="1" max="16" required value=count.to_string()/>
+                    </label>
+                    <button type="submit" disabled=move || split.pending().get()>"Split"</button>
+                </ActionForm>
+                <p class="muted">"A hot SKU split into parts on several Redis shards takes more reservations a second; it is never sold out while a part has units. Changed between drops only."</p>
+                <Outcome value=split.value().into()/>
+            </IfAllowed>
         </div>
     }
 }
