@@ -4,6 +4,7 @@
 --   'out'   on the source: take up to `qty` of its available units (never more
 --           than it has) into `moving`, and record the transfer
 --   'in'    on the target: add the units to `available`, once per transfer id
+--           (paying the part's `owed` first)
 --   'done'  on the source: forget the transfer; `moving` falls
 --   'back'  on the source, when the target could not take them (its counter is
 --           missing): the units return to the source's `available`
@@ -49,7 +50,11 @@ if mode == 'out' then
   return {'out', taken}
 elseif mode == 'in' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return {'already'} end
-  local available = redis.call('HINCRBY', KEYS[1], 'available', qty)
+  -- Units arriving pay the part's debt first, as units coming back do.
+  local owed = tonumber(redis.call('HGET', KEYS[1], 'owed') or '0')
+  local paid = math.min(owed, qty)
+  if paid > 0 then redis.call('HINCRBY', KEYS[1], 'owed', -paid) end
+  local available = redis.call('HINCRBY', KEYS[1], 'available', qty - paid)
   redis.call('HINCRBY', KEYS[1], 'gen', 1)
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
   event(qty)

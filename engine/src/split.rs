@@ -828,6 +828,100 @@ impl Engine {
         Ok(reply.tag()? == "corrected")
     }
 
+    /// Evens out `sku`'s parts while stock is plentiful, so that a part runs
+    /// short (and a reservation gathers) only near the end: every part below
+    /// half the parts' mean gets units up to the mean from the parts above
+    /// it. Nothing moves once fewer units than parts are left (reservations
+    /// gather those themselves). How many units moved.
+    pub async fn rebalance(&self, sku: &str) -> Result<i64, EngineError> {
+        let Some(parts) = self.parts_of(sku).await? else {
+            return Ok(0);
+        };
+        if parts < 2 {
+            return Ok(0);
+        }
+        self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await?;
+        let Some(full) = self
+            .read_full(sku, parts)
+            .await?
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(0);
+        };
+        let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
+        let mut moved = 0;
+        // A debt first: units on sale in one part while another owes units
+        // (held units a feed removed) are the ones that do not exist. They go
+        // to pay it (arriving units pay a part's debt first).
+        for (owing, row) in full.iter().enumerate() {
+            let mut debt = row.owed;
+            while debt > 0 {
+                let Some(rich) = (0..available.len())
+                    .filter(|&j| j != owing && available[j] > 0)
+                    .max_by_key(|&j| available[j])
+                else {
+                    break;
+                };
+                let got = self
+                    .move_units(
+                        &part_name(sku, rich as u16, parts),
+                        &part_name(sku, owing as u16, parts),
+                        debt.min(available[rich]),
+                    )
+                    .await?;
+                if got < 1 {
+                    break;
+                }
+                available[rich] -= got;
+                debt -= got;
+                moved += got;
+            }
+        }
+        let total: i64 = available.iter().sum();
+        let mean = total / i64::from(parts);
+        if mean < 1 {
+            return Ok(moved);
+        }
+        for short in 0..available.len() {
+            if available[short] * 2 >= mean {
+                continue;
+            }
+            while available[short] < mean {
+                let Some(rich) = (0..available.len())
+                    .filter(|&j| available[j] > mean)
+                    .max_by_key(|&j| available[j])
+                else {
+                    break;
+                };
+                let want = (available[rich] - mean).min(mean - available[short]);
+                let got = self
+                    .move_units(
+                        &part_name(sku, rich as u16, parts),
+                        &part_name(sku, short as u16, parts),
+                        want,
+                    )
+                    .await?;
+                if got < 1 {
+                    break;
+                }
+                available[rich] -= got;
+                available[short] += got;
+                moved += got;
+            }
+        }
+        Ok(moved)
+    }
+
+    /// The split SKUs, as PostgreSQL records them (a few: an index finds them).
+    pub async fn split_skus(pg: &sqlx::PgPool) -> Result<Vec<String>, EngineError> {
+        Ok(
+            sqlx::query_scalar("SELECT sku FROM skus WHERE parts > 1 ORDER BY sku")
+                .fetch_all(pg)
+                .await?,
+        )
+    }
+
     /// Adds to `figures` (read from part 0's counter, which says the SKU has
     /// `parts` parts) the other parts' figures: one pipelined call.
     pub(crate) async fn add_parts(

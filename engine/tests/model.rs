@@ -1,12 +1,14 @@
-//! Property test: random sequences of reserve, confirm, release, expiry and restock
-//! against a plain in-memory model. Outcomes must equal the model's, counters never
-//! go negative, and available + reserved + sold_pending always equals what was supplied.
+//! Property test: random sequences of reserve, confirm, release, expiry, restock
+//! and rebalancing against a plain in-memory model of one counter, on an
+//! unsplit SKU and on one split into parts. Outcomes must equal the model's,
+//! counters never go negative, and available + reserved + sold_pending always
+//! equals what was supplied.
 
 use std::collections::HashMap;
 
 use holdfast_engine::testkit::{TestRedis, stock};
 use holdfast_engine::{
-    ConfirmOutcome, Engine, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest,
+    ConfirmOutcome, Engine, HoldState, ReleaseOutcome, ReserveOutcome, ReserveRequest, SplitOutcome,
 };
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestRunner};
@@ -20,6 +22,7 @@ enum Op {
     Release { id: u8 },
     Expire { id: u8 },
     Restock { qty: i64 },
+    Rebalance,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -29,6 +32,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..8).prop_map(|id| Op::Release { id }),
         1 => (0u8..8).prop_map(|id| Op::Expire { id }),
         1 => (1i64..5).prop_map(|qty| Op::Restock { qty }),
+        1 => Just(Op::Rebalance),
     ]
 }
 
@@ -64,13 +68,20 @@ fn rid(id: u8) -> String {
 /// Makes hold `id` overdue (as if its time had passed) and runs the reaper.
 async fn expire(engine: &Engine, redis: &mut holdfast_engine::RedisConn, id: u8) -> u64 {
     let ks = engine.keyspace();
-    let shard = ks.shard_of(SKU);
-    let exists: bool = redis::cmd("EXISTS")
-        .arg(ks.hold(shard, &rid(id)))
-        .query_async(redis)
-        .await
-        .unwrap();
-    if exists {
+    // The shard of the hold's part (the SKU's own when it is not split).
+    let mut found = None;
+    for shard in 0..ks.shards() {
+        let lines: Option<String> = redis::cmd("HGET")
+            .arg(ks.hold(shard, &rid(id)))
+            .arg("lines")
+            .query_async(redis)
+            .await
+            .unwrap();
+        if let Some(lines) = lines {
+            found = Some((shard, lines.split('=').next().unwrap_or(SKU).to_owned()));
+        }
+    }
+    if let Some((shard, part)) = found {
         let state: String = redis::cmd("HGET")
             .arg(ks.hold(shard, &rid(id)))
             .arg("state")
@@ -89,7 +100,7 @@ async fn expire(engine: &Engine, redis: &mut holdfast_engine::RedisConn, id: u8)
                 .arg(0)
                 .arg(rid(id))
                 .cmd("ZADD")
-                .arg(ks.sku_holds(SKU))
+                .arg(ks.sku_holds(&part))
                 .arg("XX")
                 .arg(0)
                 .arg(rid(id))
@@ -101,10 +112,13 @@ async fn expire(engine: &Engine, redis: &mut holdfast_engine::RedisConn, id: u8)
     engine.reap_once(100).await.unwrap().released
 }
 
+/// Runs `ops` from 5 units; with `split`, the SKU is split into that many
+/// parts first (in the catalogue of its PostgreSQL).
 async fn run_case(
     engine: &Engine,
     admin: &mut holdfast_engine::RedisConn,
     ops: &[Op],
+    split: Option<(&sqlx::PgPool, u16)>,
 ) -> Result<(), TestCaseError> {
     redis::cmd("FLUSHALL")
         .query_async::<()>(admin)
@@ -116,6 +130,15 @@ async fn run_case(
         ..Model::default()
     };
     stock(engine, SKU, 5).await;
+    if let Some((pg, parts)) = split {
+        prop_assert_eq!(
+            engine.set_parts(pg, SKU, parts).await.unwrap(),
+            SplitOutcome::Changed { from: 1, to: parts }
+        );
+    }
+    // A split SKU's refusal is kept in the reservation id's claim, without
+    // the count it answered with.
+    let replayed = |answered: i64| if split.is_some() { 0 } else { answered };
     for (step, op) in ops.iter().enumerate() {
         match *op {
             Op::Reserve { id, qty } => {
@@ -139,7 +162,7 @@ async fn run_case(
                                 got,
                                 ReserveOutcome::SoldOut {
                                     sku: SKU.into(),
-                                    available: answered,
+                                    available: replayed(answered),
                                     replayed: true,
                                 }
                             );
@@ -165,8 +188,10 @@ async fn run_case(
                         m.available -= qty;
                         m.reserved += qty;
                         m.holds.insert(id, (qty, HoldState::Held));
+                        // A split SKU answers with its part's count.
                         prop_assert!(
-                            matches!(&got, ReserveOutcome::Reserved { available_after, .. } if available_after[0].1 == m.available),
+                            matches!(&got, ReserveOutcome::Reserved { available_after, .. }
+                                if split.is_some() || available_after[0].1 == m.available),
                             "step {step}: {got:?}"
                         );
                     }
@@ -215,6 +240,9 @@ async fn run_case(
                 m.supplied += qty;
                 m.available += qty;
             }
+            Op::Rebalance => {
+                engine.rebalance(SKU).await.unwrap();
+            }
         }
         let f = engine.figures(SKU).await.unwrap().unwrap();
         prop_assert!(
@@ -228,8 +256,8 @@ async fn run_case(
             step
         );
         prop_assert_eq!(
-            (f.available, f.reserved, f.sold_pending),
-            (m.available, m.reserved, m.sold)
+            (f.available, f.reserved, f.sold_pending, f.moving),
+            (m.available, m.reserved, m.sold, 0)
         );
     }
     Ok(())
@@ -249,8 +277,40 @@ fn random_lifecycles_match_the_model_and_conserve_stock() {
     });
     let result = runner.run(&prop::collection::vec(op(), 1..40), |ops| {
         // RedisConn clones share one connection; a clone per case is free.
-        rt.block_on(run_case(&engine, &mut admin.clone(), &ops))
+        rt.block_on(run_case(&engine, &mut admin.clone(), &ops, None))
     });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+}
+
+#[test]
+fn random_lifecycles_on_a_split_sku_match_the_one_counter_model() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let redis = TestRedis::start();
+    let (engine, admin, pg) = rt.block_on(async {
+        let (pg, _) = holdfast_engine::testkit::fresh_database("holdfast_model_split").await;
+        holdfast_engine::testkit::add_sku(&pg, SKU, 5).await;
+        (redis.engine().await, redis.connection().await, pg)
+    });
+    let mut runner = TestRunner::new(Config {
+        cases: 48,
+        ..Config::default()
+    });
+    let result = runner.run(
+        &(prop::collection::vec(op(), 1..40), 2u16..6),
+        |(ops, parts)| {
+            rt.block_on(run_case(
+                &engine,
+                &mut admin.clone(),
+                &ops,
+                Some((&pg, parts)),
+            ))
+        },
+    );
     if let Err(e) = result {
         panic!("{e}");
     }

@@ -731,3 +731,45 @@ async fn sales_on_parts_are_recorded_under_their_sku(pg: PgPool) {
         .unwrap();
     assert!(report.passed(), "{:?} {:?}", report.checks, report.skus);
 }
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn rebalancing_evens_out_parts_while_stock_is_plentiful(pg: PgPool) {
+    let (_redis, b) = setup(&pg, "SPLIT-EVEN", 400, 0).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, "SPLIT-EVEN", 4).await.unwrap();
+    let spread =
+        |parts: &[holdfast_engine::Figures]| parts.iter().map(|f| f.available).collect::<Vec<_>>();
+    assert_eq!(
+        spread(&engine.part_figures("SPLIT-EVEN").await.unwrap()),
+        [100; 4]
+    );
+    // One buyer's part sells 150 (gathering from the others on the way).
+    for i in 0..150 {
+        let r = ReserveRequest::single(format!("even-{i}"), "SPLIT-EVEN", 1).for_buyer("one-part");
+        assert!(matches!(
+            engine.reserve(&r).await.unwrap(),
+            ReserveOutcome::Reserved { .. }
+        ));
+    }
+    assert_eq!(totals(&engine, "SPLIT-EVEN").await, (250, 0, 150, 0, 0));
+    let moved = engine.rebalance("SPLIT-EVEN").await.unwrap();
+    let after = spread(&engine.part_figures("SPLIT-EVEN").await.unwrap());
+    assert_eq!(
+        after.iter().sum::<i64>(),
+        250,
+        "nothing made or lost: {after:?}"
+    );
+    assert!(
+        after.iter().all(|a| *a * 2 >= 250 / 4),
+        "{after:?} after moving {moved}"
+    );
+    assert_eq!(
+        engine.rebalance("SPLIT-EVEN").await.unwrap(),
+        0,
+        "even: nothing to move"
+    );
+    assert_eq!(
+        Engine::split_skus(&pg).await.unwrap(),
+        vec!["SPLIT-EVEN".to_owned()]
+    );
+}

@@ -280,8 +280,23 @@ impl Workers {
         }
         {
             let backends = backends.clone();
-            tasks.push(supervise("housekeeping", rx, restarts, move |rx| {
-                let fut = housekeeping_loop(backends.clone(), stopped(rx));
+            tasks.push(supervise(
+                "housekeeping",
+                rx.clone(),
+                restarts.clone(),
+                move |rx| {
+                    let fut = housekeeping_loop(backends.clone(), stopped(rx));
+                    async move {
+                        fut.await;
+                        Ok(())
+                    }
+                },
+            ));
+        }
+        {
+            let backends = backends.clone();
+            tasks.push(supervise("rebalance", rx, restarts, move |rx| {
+                let fut = rebalance_loop(backends.clone(), stopped(rx));
                 async move {
                     fut.await;
                     Ok(())
@@ -494,6 +509,44 @@ async fn counters_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
                     tracing::warn!(error = %e, "applying waiting stock changes failed; retrying")
                 }
             }
+        }
+    })
+    .await;
+}
+
+/// How often split SKUs' parts are evened out.
+const REBALANCE_EVERY: Duration = Duration::from_secs(1);
+
+/// Every [`REBALANCE_EVERY`]: evens out the parts of every split SKU (one
+/// server at a time, under a short lease; each move is safe anyway), so a
+/// part runs short only near the end of its stock.
+async fn rebalance_loop(backends: Backends, shutdown: impl Future<Output = ()>) {
+    periodically(REBALANCE_EVERY, shutdown, || {
+        let b = backends.clone();
+        async move {
+            let lease = match b.engine.acquire_lock("rebalance", REBALANCE_EVERY).await {
+                Ok(Some(lease)) => lease,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "taking the rebalance lease failed");
+                    return;
+                }
+            };
+            let skus = match holdfast_engine::Engine::split_skus(&b.pg).await {
+                Ok(skus) => skus,
+                Err(e) => {
+                    tracing::debug!(error = %e, "listing split SKUs failed");
+                    Vec::new()
+                }
+            };
+            for sku in skus {
+                match b.engine.rebalance(&sku).await {
+                    Ok(0) => {}
+                    Ok(units) => tracing::debug!(%sku, units, "evened out a split SKU's parts"),
+                    Err(e) => tracing::warn!(%sku, error = %e, "evening out a split SKU failed"),
+                }
+            }
+            let _ = b.engine.release_lock(&lease).await;
         }
     })
     .await;
