@@ -133,7 +133,7 @@ pub use engine::{Engine, EngineConfig, fingerprint as request_fingerprint};
 pub use error::{EngineError, redact_url};
 pub use model::*;
 pub use redis_conn::RedisConn;
-pub use split::SplitOutcome;
+pub use split::{SplitOutcome, SplitStats};
 
 /// The connections every part of Holdfast works through: one PostgreSQL pool and
 /// one multiplexed, self-reconnecting Redis connection with the engine over it.

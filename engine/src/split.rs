@@ -32,7 +32,7 @@
 
 use std::collections::HashMap;
 use std::sync::RwLock;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use redis::Value;
 
@@ -52,6 +52,24 @@ pub(crate) struct Splits {
     known: RwLock<HashMap<String, u16>>,
     /// Whether any SKU is split: an unsplit deployment routes without a look-up.
     any: AtomicBool,
+    /// Reservations whose part was short and gathered from the others.
+    gathers: AtomicU64,
+    /// Transfers between parts, and the units they moved.
+    moves: AtomicU64,
+    units_moved: AtomicU64,
+}
+
+/// What this process's split SKUs did since it started.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SplitStats {
+    /// Reservations whose part was short, so units were gathered from the
+    /// other parts (or the SKU was found sold out) before answering.
+    pub gathers: u64,
+    /// Transfers of units from one part to another (gathering, rebalancing,
+    /// feeds).
+    pub moves: u64,
+    /// Units those transfers moved.
+    pub units_moved: u64,
 }
 
 impl Splits {
@@ -138,6 +156,15 @@ enum Gathered {
 }
 
 impl Engine {
+    /// What this process's split SKUs did since it started.
+    pub fn split_stats(&self) -> SplitStats {
+        SplitStats {
+            gathers: self.splits.gathers.load(Ordering::Relaxed),
+            moves: self.splits.moves.load(Ordering::Relaxed),
+            units_moved: self.splits.units_moved.load(Ordering::Relaxed),
+        }
+    }
+
     /// How many parts `sku` has in Redis (1: not split), read from its counter
     /// and remembered; `None` when the counter is missing.
     pub async fn parts_of(&self, sku: &str) -> Result<Option<u16>, EngineError> {
@@ -298,6 +325,7 @@ impl Engine {
         parts: u16,
         qty: i64,
     ) -> Result<Gathered, EngineError> {
+        self.splits.gathers.fetch_add(1, Ordering::Relaxed);
         let Some(first) = self.read_parts(sku, parts).await? else {
             return Ok(Gathered::NotWarmed);
         };
@@ -369,6 +397,10 @@ impl Engine {
             return Ok(0);
         }
         self.deliver(from, to, &tid, taken).await?;
+        self.splits.moves.fetch_add(1, Ordering::Relaxed);
+        self.splits
+            .units_moved
+            .fetch_add(taken as u64, Ordering::Relaxed);
         Ok(taken)
     }
 

@@ -912,7 +912,7 @@ pub async fn reserve_load(
     engine: &crate::Engine,
     clients: u64,
     seconds: u64,
-    sku_of: fn(u64) -> String,
+    sku_of: impl Fn(u64) -> String + Clone + Send + 'static,
 ) -> (f64, f64, f64) {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -920,7 +920,8 @@ pub async fn reserve_load(
     let next = Arc::new(AtomicU64::new(0));
     let mut tasks = tokio::task::JoinSet::new();
     for _ in 0..clients {
-        let (engine, stop, next) = (engine.clone(), stop.clone(), next.clone());
+        let (engine, stop, next, sku_of) =
+            (engine.clone(), stop.clone(), next.clone(), sku_of.clone());
         tasks.spawn(async move {
             let mut lat = Vec::with_capacity(200_000);
             while !stop.load(Ordering::Relaxed) {

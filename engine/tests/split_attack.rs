@@ -82,9 +82,7 @@ async fn move_out(redis: &TestRedis, engine: &Engine, from: &str, to: &str, tid:
 /// transfer lands, its units are on sale in the other part. Invariant: after
 /// a feed that takes every unit, nothing can be reserved.
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
-async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on_sale(
-    pg: PgPool,
-) {
+async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on_sale(pg: PgPool) {
     use holdfast_engine::stock::DeltaOutcome;
     let sku = "ATK-FEED-MOVE";
     let (redis, b) = setup(&pg, sku, 100, 0).await;
@@ -106,7 +104,10 @@ async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on
     assert_eq!(totals(&engine, sku).await, (70, 30, 0, 0, 0));
     // The supplier: all 100 units are gone (damaged).
     assert!(matches!(
-        engine.apply_delta(sku, -100, "erp", "gone-1").await.unwrap(),
+        engine
+            .apply_delta(sku, -100, "erp", "gone-1")
+            .await
+            .unwrap(),
         DeltaOutcome::Applied { .. }
     ));
     // The mover carries on (as its own request would, milliseconds later).

@@ -219,6 +219,22 @@ async fn metrics(
         src.http.duration.clone(),
     );
     backends.engine.telemetry().register(&mut out.0);
+    let split = backends.engine.split_stats();
+    out.counter(
+        "holdfast_split_gathers",
+        "Reservations on a split SKU whose part was short, so units were gathered from its other parts first",
+        split.gathers,
+    );
+    out.counter(
+        "holdfast_split_moves",
+        "Transfers of units between the parts of split SKUs (gathering, rebalancing, feeds)",
+        split.moves,
+    );
+    out.counter(
+        "holdfast_split_moved_units",
+        "Units those transfers moved",
+        split.units_moved,
+    );
     out.0.register(
         "holdfast_sold_out_cache_hits",
         "Reservation attempts answered sold out from memory, without the reserve script",
