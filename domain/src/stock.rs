@@ -6,9 +6,10 @@ use serde::{Deserialize, Serialize};
 /// A SKU's counters as Redis holds them, read together. `available` is `None`
 /// when the SKU was never warmed (or Redis lost it); the others read 0 when absent.
 ///
-/// The conservation equation: `available + reserved + sold_pending - owed =
-/// on_hand` once every event is written behind. `owed` counts held units a feed
-/// removed (they exist in holds but not on the shelf).
+/// The conservation equation: `available + moving + reserved + sold_pending -
+/// owed = on_hand` once every event is written behind. `owed` counts held units
+/// a feed removed (they exist in holds but not on the shelf); `moving`, units
+/// between two parts of a split SKU (0 for any other).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Counters {
     /// Units a shopper can reserve now; `None`: not warmed.

@@ -164,7 +164,7 @@ async fn check(
         "counters agree with PostgreSQL",
         off.is_empty(),
         if off.is_empty() {
-            "every warmed counter conserves stock (available + reserved + sold_pending - owed = on_hand)".to_owned()
+            "every warmed counter conserves stock (available + moving + reserved + sold_pending - owed = on_hand)".to_owned()
         } else {
             format!(
                 "{} SKU(s) drift or are negative ({}): run `holdfast reconcile` (or Reconcile on the dashboard) before the start",

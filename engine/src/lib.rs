@@ -38,7 +38,8 @@
 //!
 //! Per SKU, Redis keeps `available` (never negative), `reserved` (units in open
 //! holds) and `sold_pending` (sold in Redis, not yet written to PostgreSQL). With
-//! no event in flight, `available + reserved + sold_pending = on_hand`.
+//! no event in flight, `available + reserved + sold_pending = on_hand` (a split
+//! SKU's parts together, with units `moving` between them: see [`split`]).
 //!
 //! # The life of a hold
 //!

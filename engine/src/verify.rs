@@ -5,7 +5,8 @@
 //! Checks, each reporting what it found:
 //!
 //! 1. no counter is negative;
-//! 2. per SKU, `available + reserved + sold_pending - owed = on_hand`, allowing for
+//! 2. per SKU, `available + moving + reserved + sold_pending - owed = on_hand`
+//!    (`moving`: a split SKU's units between parts), allowing for
 //!    events in flight (`holdfast_domain::Counters::drift`); a SKU that moves while
 //!    it is read is read again, so only lasting drift is reported;
 //! 3. every open hold is in its shard's due set, and every due entry has a hold;
@@ -176,7 +177,7 @@ async fn counters_and_equation(
         ),
     );
     report.check(
-        "stock conserved (available + reserved + sold_pending - owed = on_hand)",
+        "stock conserved (available + moving + reserved + sold_pending - owed = on_hand)",
         drifted == 0,
         format!("{drifted} SKU(s) drifting, {} checked", report.checked),
     );
