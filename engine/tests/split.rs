@@ -773,3 +773,68 @@ async fn rebalancing_evens_out_parts_while_stock_is_plentiful(pg: PgPool) {
         vec!["SPLIT-EVEN".to_owned()]
     );
 }
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_cart_with_a_split_sku_gathers_and_is_one_unit(pg: PgPool) {
+    let (_redis, b) = setup(&pg, "SPLIT-CART", 8, 0).await;
+    let engine = b.engine.clone();
+    // Another SKU in a shard none of the parts is in: the cart spans shards.
+    let ks = engine.keyspace();
+    let taken: Vec<u16> = (0..4)
+        .map(|j| ks.shard_of(&part_name("SPLIT-CART", j, 4)))
+        .collect();
+    let other = (0..)
+        .map(|i| format!("CART-OTHER-{i}"))
+        .find(|s| !taken.contains(&ks.shard_of(s)))
+        .unwrap();
+    add_sku(&pg, &other, 5).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    engine.set_parts(&pg, "SPLIT-CART", 4).await.unwrap();
+    let cart = |id: &str, qty: i64| ReserveRequest {
+        reservation_id: id.to_owned(),
+        lines: vec![
+            holdfast_engine::Line {
+                sku: "SPLIT-CART".into(),
+                qty,
+            },
+            holdfast_engine::Line {
+                sku: other.clone(),
+                qty: 1,
+            },
+        ],
+        buyer: Some("cart-buyer".into()),
+        ttl_ms: None,
+    };
+    // 5 of 8 units: more than the buyer's part has (2), gathered from the others.
+    let got = engine.reserve(&cart("cart-1", 5)).await.unwrap();
+    assert!(matches!(got, ReserveOutcome::Reserved { .. }), "{got:?}");
+    assert!(matches!(
+        engine.reserve(&cart("cart-1", 5)).await.unwrap(),
+        ReserveOutcome::AlreadyReserved { .. }
+    ));
+    let shown = engine.hold("cart-1").await.unwrap().unwrap();
+    let mut skus: Vec<&str> = shown.lines.iter().map(|l| l.sku.as_str()).collect();
+    skus.sort_unstable();
+    let mut want = vec![other.as_str(), "SPLIT-CART"];
+    want.sort_unstable();
+    assert_eq!(skus, want, "the cart shows SKUs, not parts");
+    // 4 more: only 3 left in all the parts together; nothing of the cart is held.
+    let got = engine.reserve(&cart("cart-2", 4)).await.unwrap();
+    assert!(
+        matches!(&got, ReserveOutcome::SoldOut { sku, .. } if sku == "SPLIT-CART"),
+        "{got:?}"
+    );
+    assert_eq!(totals(&engine, "SPLIT-CART").await, (3, 0, 5, 0, 0));
+    assert_eq!(engine.figures(&other).await.unwrap().unwrap().available, 4);
+    let report = holdfast_engine::verify::verify(&engine, &pg, &Default::default())
+        .await
+        .unwrap();
+    assert!(report.passed(), "{:?} {:?}", report.checks, report.skus);
+    assert_eq!(
+        engine.confirm("cart-1").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    assert_eq!(totals(&engine, "SPLIT-CART").await, (3, 0, 0, 5, 0));
+}
