@@ -70,6 +70,9 @@ else
       redis.call('HINCRBY', KEYS[1], 'available', m)
       redis.call('HINCRBY', KEYS[1], 'gen', 1)
       event(m)
+    else
+      -- Nothing on sale changed, but `moving` fell: the figures say so.
+      event(0)
     end
   end
   return {'done', m}

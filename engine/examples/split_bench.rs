@@ -31,6 +31,7 @@ struct Row {
     sellout_ms: f64,
     held: u64,
     gathers: u64,
+    multi: u64,
     moves: u64,
 }
 
@@ -110,6 +111,7 @@ async fn measure(
         sellout_ms,
         held,
         gathers: after.gathers - before.gathers,
+        multi: after.multi_part - before.multi_part,
         moves: after.moves - before.moves,
     }
 }
@@ -149,13 +151,22 @@ async fn main() {
         units * 2
     );
     println!(
-        "| Redis | parts | reserves/s | p50 ms | p99 ms | sell-out: all decided in | held | reservations that gathered | transfers |"
+        "| Redis | parts | reserves/s | p50 ms | p99 ms | sell-out: all decided in | held | short parts (refusals included) | held after gathering | transfers |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for r in &rows {
         println!(
-            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.0} ms | {} | {} | {} |",
-            r.redis, r.parts, r.rps, r.p50, r.p99, r.sellout_ms, r.held, r.gathers, r.moves
+            "| {} | {} | {:.0} | {:.2} | {:.2} | {:.0} ms | {} | {} | {} | {} |",
+            r.redis,
+            r.parts,
+            r.rps,
+            r.p50,
+            r.p99,
+            r.sellout_ms,
+            r.held,
+            r.gathers,
+            r.multi,
+            r.moves
         );
     }
 }

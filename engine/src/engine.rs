@@ -588,10 +588,14 @@ impl Engine {
         })
     }
 
-    /// Whether `lines` fall in more than one shard: such a cart takes a script
+    /// Whether `req`'s lines fall in more than one shard: such a cart takes a script
     /// per shard (and its caller an idempotency claim), one shard takes one script.
-    pub fn spans_shards(&self, lines: &[Line]) -> bool {
-        self.group_by_shard(lines).len() > 1
+    /// A split SKU's line counts in the shard of the part it is routed to.
+    pub fn spans_shards(&self, req: &ReserveRequest) -> bool {
+        match self.route(req) {
+            Some(lines) => self.group_by_shard(&lines).len() > 1,
+            None => self.group_by_shard(&req.lines).len() > 1,
+        }
     }
 
     pub(crate) fn group_by_shard(&self, lines: &[Line]) -> Vec<(u16, Vec<Line>)> {

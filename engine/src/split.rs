@@ -54,6 +54,8 @@ pub(crate) struct Splits {
     any: AtomicBool,
     /// Reservations whose part was short and gathered from the others.
     gathers: AtomicU64,
+    /// Reservations held only after units were gathered for them.
+    multi_part: AtomicU64,
     /// Transfers between parts, and the units they moved.
     moves: AtomicU64,
     units_moved: AtomicU64,
@@ -65,6 +67,9 @@ pub struct SplitStats {
     /// Reservations whose part was short, so units were gathered from the
     /// other parts (or the SKU was found sold out) before answering.
     pub gathers: u64,
+    /// Reservations held only after units were gathered from other parts:
+    /// the ones that needed more than their own part.
+    pub multi_part: u64,
     /// Transfers of units from one part to another (gathering, rebalancing,
     /// feeds).
     pub moves: u64,
@@ -160,6 +165,7 @@ impl Engine {
     pub fn split_stats(&self) -> SplitStats {
         SplitStats {
             gathers: self.splits.gathers.load(Ordering::Relaxed),
+            multi_part: self.splits.multi_part.load(Ordering::Relaxed),
             moves: self.splits.moves.load(Ordering::Relaxed),
             units_moved: self.splits.units_moved.load(Ordering::Relaxed),
         }
@@ -225,6 +231,7 @@ impl Engine {
         ttl: std::time::Duration,
         fp: &str,
     ) -> Result<ReserveOutcome, EngineError> {
+        let mut gathered = false;
         for _ in 0..ROUNDS {
             let lines = self.route(req).unwrap_or_else(|| req.lines.clone());
             let outcome = self.reserve_lines(req, &lines, ttl, fp).await?;
@@ -246,8 +253,13 @@ impl Engine {
                     Some((_, part, parts)) => (sku, part, parts),
                     None => return Ok(to_whole_skus(outcome)),
                 },
+                ReserveOutcome::Reserved { .. } if gathered => {
+                    self.splits.multi_part.fetch_add(1, Ordering::Relaxed);
+                    return Ok(to_whole_skus(outcome));
+                }
                 _ => return Ok(to_whole_skus(outcome)),
             };
+            gathered = true;
             let base = base_sku(sku).to_owned();
             let qty = lines.iter().find(|l| l.sku == *sku).map_or(1, |l| l.qty);
             match self.gather(&base, part, parts, qty).await? {
@@ -872,7 +884,6 @@ impl Engine {
         if parts < 2 {
             return Ok(0);
         }
-        self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await?;
         let Some(full) = self
             .read_full(sku, parts)
             .await?
@@ -881,6 +892,10 @@ impl Engine {
         else {
             return Ok(0);
         };
+        if full.iter().any(|r| r.moving > 0) {
+            // A transfer a crash left half done: finished, then evened next time.
+            return Ok(self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await? as i64);
+        }
         let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
         let mut moved = 0;
         // A debt first: units on sale in one part while another owes units
@@ -1008,7 +1023,16 @@ const MOVE_GRACE_MS: i64 = 2_000;
 /// The part (of `parts`) that requests keyed by `by` (a buyer, or a
 /// reservation id) go to: stable across processes.
 pub(crate) fn part_for(by: &str, parts: u16) -> u16 {
-    (keys::fnv(by) % u32::from(parts.max(1))) as u16
+    // FNV-1a's low bits depend only on the low bits of each byte, so ids that
+    // differ in a counter (`order-1`, `order-2`, …) would go round the parts in
+    // turn; a finaliser (MurmurHash3's) mixes every bit into the low ones.
+    let mut h = keys::fnv(by);
+    h ^= h >> 16;
+    h = h.wrapping_mul(0x85eb_ca6b);
+    h ^= h >> 13;
+    h = h.wrapping_mul(0xc2b2_ae35);
+    h ^= h >> 16;
+    (h % u32::from(parts.max(1))) as u16
 }
 
 /// `outcome` naming SKUs, not parts.

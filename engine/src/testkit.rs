@@ -926,7 +926,9 @@ pub async fn reserve_load(
             let mut lat = Vec::with_capacity(200_000);
             while !stop.load(Ordering::Relaxed) {
                 let n = next.fetch_add(1, Ordering::Relaxed);
-                let request = crate::ReserveRequest::single(format!("b-{n}"), sku_of(n), 1);
+                // The SKU in the id: runs on several SKUs of one Redis never meet.
+                let sku = sku_of(n);
+                let request = crate::ReserveRequest::single(format!("b-{sku}-{n}"), sku, 1);
                 let t = Instant::now();
                 let out = engine.reserve(&request).await.expect("reserve");
                 lat.push(t.elapsed().as_nanos() as u64);

@@ -100,17 +100,17 @@ async fn race(pg: PgPool, parts: u16) {
         tasks.spawn(async move {
             let _permit = gate.acquire().await.unwrap();
             let started = chrono::Utc::now().timestamp_millis();
-            let outcome = engine
-                .reserve(&ReserveRequest::single(
-                    format!("race-{parts}-{i}"),
-                    &sku,
-                    1,
-                ))
-                .await;
+            // A third of the shoppers are seven buyers (their parts run short
+            // first and take units from the others); the rest go by id.
+            let mut req = ReserveRequest::single(format!("race-{parts}-{i}"), &sku, 1);
+            if i % 3 == 0 {
+                req = req.for_buyer(format!("regular-{}", i % 7));
+            }
+            let outcome = engine.reserve(&req).await;
             (started, chrono::Utc::now().timestamp_millis(), outcome)
         });
     }
-    let (mut held, mut refusals, mut busy) = (0, Vec::new(), 0);
+    let (mut held, mut refusals, mut busy) = (0, Vec::new(), 0usize);
     while let Some(done) = tasks.join_next().await {
         let (started, ended, outcome) = done.unwrap();
         match outcome {
@@ -185,9 +185,15 @@ async fn race(pg: PgPool, parts: u16) {
         refusals.len()
     );
     eprintln!(
-        "split {parts}: {held} held, {} sold out, {busy} busy, {} events",
+        "split {parts}: {held} held, {} sold out, {busy} busy, {} events, {:?}",
         refusals.len(),
-        timeline.len()
+        timeline.len(),
+        engine.split_stats()
+    );
+    assert!(
+        engine.split_stats().moves >= u64::from(parts),
+        "the race took units from part to part (set_parts made k - 1 moves): {:?}",
+        engine.split_stats()
     );
 }
 

@@ -29,22 +29,32 @@ async fn setup(pg: &PgPool, sku: &str, on_hand: i64, limit: i32) -> (TestRedis, 
     (redis, b)
 }
 
-/// FNV-1a, as `keys::fnv` (routing is `fnv(buyer) % parts`).
-fn fnv(text: &str) -> u32 {
-    let mut hash: u32 = 0x811c_9dc5;
-    for byte in text.bytes() {
-        hash ^= u32::from(byte);
-        hash = hash.wrapping_mul(0x0100_0193);
+/// A buyer whose requests on `sku` (split into `parts`) land on part `part`,
+/// found by trying (a probe hold of 1, released at once), whatever hash the
+/// routing uses.
+async fn buyer_on(engine: &Engine, sku: &str, part: u16, parts: u16, tag: &str) -> String {
+    let ks = engine.keyspace();
+    let mut conn = engine.connection();
+    for i in 0..500 {
+        let buyer = format!("{tag}-{i}");
+        let rid = format!("probe-{tag}-{i}");
+        let r = engine
+            .reserve(&ReserveRequest::single(&rid, sku, 1).for_buyer(&buyer))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "probe: {r:?}");
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(ks.sku_holds(&part_name(sku, part, parts)))
+            .arg(&rid)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        engine.release(&rid).await.unwrap();
+        if score.is_some() {
+            return buyer;
+        }
     }
-    hash
-}
-
-/// A buyer name that routes to part `part` of `parts`.
-fn buyer_on(part: u16, parts: u16, tag: &str) -> String {
-    (0..)
-        .map(|i| format!("{tag}-{i}"))
-        .find(|b| (fnv(b) % u32::from(parts)) as u16 == part)
-        .unwrap()
+    panic!("no buyer lands on part {part}/{parts}");
 }
 
 /// (available, moving, reserved, sold_pending, owed) of the whole SKU.
@@ -115,10 +125,23 @@ async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on
     let after = totals(&engine, sku).await;
     eprintln!("after the feed and the transfer: {after:?}");
     let buyer = buyer_on(1, 2, "feedmove");
+    for (j, f) in engine.part_figures(sku).await.unwrap().iter().enumerate() {
+        eprintln!(
+            "part {j}: available {} owed {} moving {}",
+            f.available, f.owed, f.moving
+        );
+    }
     let r = engine
-        .reserve(&ReserveRequest::single("after-the-feed", sku, 30).for_buyer(buyer))
+        .reserve(&ReserveRequest::single("after-the-feed", sku, 30).for_buyer(&buyer))
         .await
         .unwrap();
+    eprintln!("buyer {buyer}: {r:?}");
+    for (j, f) in engine.part_figures(sku).await.unwrap().iter().enumerate() {
+        eprintln!(
+            "part {j}: available {} reserved {} owed {} moving {}",
+            f.available, f.reserved, f.owed, f.moving
+        );
+    }
     assert!(
         !matches!(r, ReserveOutcome::Reserved { .. }),
         "reserved 30 units of a SKU whose every unit a feed removed: {r:?}, figures {after:?}"
@@ -214,11 +237,23 @@ async fn a_receipt_does_not_pay_a_debt_handed_to_another_part(pg: PgPool) {
                 .unwrap(),
             ReserveOutcome::Reserved { .. }
         ));
+        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
+            eprintln!(
+                "  before the feed, part {j}: available {} reserved {} owed {}",
+                f.available, f.reserved, f.owed
+            );
+        }
         // Everything is gone, the held 10 too: owed.
         assert!(matches!(
             engine.apply_delta(&sku, -100, "erp", "d-1").await.unwrap(),
             DeltaOutcome::Applied { .. }
         ));
+        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
+            eprintln!(
+                "  after the decrease, part {j}: available {} reserved {} owed {}",
+                f.available, f.reserved, f.owed
+            );
+        }
         // 5 arrive: they pay 5 of the 10 owed.
         assert!(matches!(
             engine.apply_delta(&sku, 5, "erp", "d-2").await.unwrap(),
@@ -226,6 +261,12 @@ async fn a_receipt_does_not_pay_a_debt_handed_to_another_part(pg: PgPool) {
         ));
         let t = totals(&engine, &sku).await;
         eprintln!("{parts} part(s): {t:?}");
+        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
+            eprintln!(
+                "  part {j}: available {} reserved {} owed {}",
+                f.available, f.reserved, f.owed
+            );
+        }
         assert_eq!(
             (t.0, t.4),
             (0, 5),

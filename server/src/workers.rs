@@ -524,19 +524,21 @@ async fn rebalance_loop(backends: Backends, shutdown: impl Future<Output = ()>) 
     periodically(REBALANCE_EVERY, shutdown, || {
         let b = backends.clone();
         async move {
+            // Nothing split (the usual case): no Redis call at all.
+            let skus = match holdfast_engine::Engine::split_skus(&b.pg).await {
+                Ok(skus) if !skus.is_empty() => skus,
+                Ok(_) => return,
+                Err(e) => {
+                    tracing::debug!(error = %e, "listing split SKUs failed");
+                    return;
+                }
+            };
             let lease = match b.engine.acquire_lock("rebalance", REBALANCE_EVERY).await {
                 Ok(Some(lease)) => lease,
                 Ok(None) => return,
                 Err(e) => {
                     tracing::debug!(error = %e, "taking the rebalance lease failed");
                     return;
-                }
-            };
-            let skus = match holdfast_engine::Engine::split_skus(&b.pg).await {
-                Ok(skus) => skus,
-                Err(e) => {
-                    tracing::debug!(error = %e, "listing split SKUs failed");
-                    Vec::new()
                 }
             };
             for sku in skus {

@@ -995,3 +995,99 @@ async fn a_payment_no_replica_acknowledged_is_503_and_its_retry_is_answered_once
     assert_eq!((figures.sold, figures.available), (1, 2), "sold once");
     drop(replica);
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_split_sku_checks_out_over_http_like_any_other(pool: PgPool) {
+    let (api, _redis, engine) =
+        setup_with(pool.clone(), &[Scope::Checkout, Scope::Read], false).await;
+    holdfast_engine::testkit::add_sku(&pool, "S-1", 40).await;
+    stock(&engine, "S-1", 40).await;
+    assert_eq!(
+        engine.set_parts(&pool, "S-1", 4).await.unwrap(),
+        holdfast_engine::SplitOutcome::Changed { from: 1, to: 4 }
+    );
+    // Redis learns the scripts first (a NOSCRIPT costs a load and a resend).
+    stock(&engine, "W-1", 1).await;
+    let (s, warm, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("w1"),
+            json!({"sku": "W-1", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    for action in ["confirm", "release"] {
+        assert_eq!(
+            on(&api, warm["id"].as_str().unwrap(), action).await.0,
+            StatusCode::OK
+        );
+    }
+    // Each part has 10: a hold of 2 is one call on its part.
+    let hold = json!({"sku": "S-1", "qty": 2});
+    let ((s, first, _), trips) = round_trips(
+        &api,
+        api.post("/api/v1/reservations", Some("s1"), hold.clone()),
+    )
+    .await;
+    assert_eq!((s, trips), (StatusCode::CREATED, 1.0), "{first}");
+    assert_eq!(first["lines"][0]["sku"], "S-1", "{first}");
+    let (s, again, _) = api.post("/api/v1/reservations", Some("s1"), hold).await;
+    assert_eq!(
+        (s, &again["id"]),
+        (StatusCode::CREATED, &first["id"]),
+        "{again}"
+    );
+    let (s, stock_now) = api.get("/api/v1/stock/S-1").await;
+    assert_eq!(
+        (s, &stock_now["available"]),
+        (StatusCode::OK, &json!(38)),
+        "{stock_now}"
+    );
+    let id = first["id"].as_str().unwrap().to_owned();
+    let ((s, confirmed, _), trips) = round_trips(&api, on(&api, &id, "confirm")).await;
+    assert_eq!(
+        (s, confirmed["state"].as_str(), trips),
+        (StatusCode::OK, Some("confirmed"), 1.0),
+        "{confirmed}"
+    );
+    // The rest, whichever parts the requests land on.
+    let mut held = 2;
+    for i in 0..5 {
+        let (s, body, _) = api
+            .post(
+                "/api/v1/reservations",
+                Some(&format!("rest-{i}")),
+                json!({"sku": "S-1", "qty": 10}),
+            )
+            .await;
+        match s {
+            StatusCode::CREATED => held += 10,
+            StatusCode::CONFLICT => {
+                assert_eq!(body["code"], "sold_out", "{body}");
+                assert_eq!(body["sku"], "S-1", "{body}");
+            }
+            other => panic!("{other}: {body}"),
+        }
+    }
+    assert_eq!(
+        held, 32,
+        "three holds of 10 and 8 left, too few for a fourth"
+    );
+    let (s, body, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("last"),
+            json!({"sku": "S-1", "qty": 8}),
+        )
+        .await;
+    assert_eq!(
+        s,
+        StatusCode::CREATED,
+        "the last 8, spread over the parts: {body}"
+    );
+    let f = engine.figures("S-1").await.unwrap().unwrap();
+    assert_eq!(
+        (f.available, f.reserved, f.sold_pending, f.moving),
+        (0, 38, 2, 0)
+    );
+}

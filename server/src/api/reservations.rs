@@ -93,7 +93,7 @@ pub async fn create(
         Ok(request) => request,
         Err(e) => return e.into_response(),
     };
-    if !state.backends.engine.spans_shards(&request.lines) {
+    if !state.backends.engine.spans_shards(&request) {
         // One shard: the script's hold record is the key's record (one round trip).
         return idempotent::run_atomic(&state, reserve(&state, request, false)).await;
     }
