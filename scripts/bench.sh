@@ -86,6 +86,10 @@ run_split() {
         run reserve_bench --clients "$clients" --seconds 5
         echo
     done
+    echo "### One hot SKU split into parts"
+    echo
+    run split_bench --clients 50 --seconds 5 --units 20000
+    echo
     echo "### System of record"
     echo
     for skus in 100000 1000000; do

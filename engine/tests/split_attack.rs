@@ -92,7 +92,9 @@ async fn move_out(redis: &TestRedis, engine: &Engine, from: &str, to: &str, tid:
 /// transfer lands, its units are on sale in the other part. Invariant: after
 /// a feed that takes every unit, nothing can be reserved.
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
-async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on_sale(pg: PgPool) {
+async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on_sale(
+    pg: PgPool,
+) {
     use holdfast_engine::stock::DeltaOutcome;
     let sku = "ATK-FEED-MOVE";
     let (redis, b) = setup(&pg, sku, 100, 0).await;
@@ -101,50 +103,50 @@ async fn a_feed_taking_everything_while_a_transfer_is_on_its_way_leaves_units_on
         engine.set_parts(&pg, sku, 2).await.unwrap(),
         SplitOutcome::Changed { from: 1, to: 2 }
     );
-    // Another request's gather for part 1: 30 units out of part 0, on their way.
+    let buyers = [
+        buyer_on(&engine, sku, 1, 2, "fm-a").await,
+        buyer_on(&engine, sku, 1, 2, "fm-b").await,
+    ];
+    assert_eq!(totals(&engine, sku).await, (100, 0, 0, 0, 0));
+    // Another request's gather for part 1: 20 units out of part 0, on their way.
     move_out(
         &redis,
         &engine,
         &part_name(sku, 0, 2),
         &part_name(sku, 1, 2),
         "inflight-1",
-        30,
+        20,
     )
     .await;
-    assert_eq!(totals(&engine, sku).await, (70, 30, 0, 0, 0));
     // The supplier: all 100 units are gone (damaged).
     assert!(matches!(
-        engine
-            .apply_delta(sku, -100, "erp", "gone-1")
-            .await
-            .unwrap(),
+        engine.apply_delta(sku, -100, "erp", "gone-1").await.unwrap(),
         DeltaOutcome::Applied { .. }
     ));
     // The mover carries on (as its own request would, milliseconds later).
     engine.finish_moves(sku).await.unwrap();
     let after = totals(&engine, sku).await;
-    eprintln!("after the feed and the transfer: {after:?}");
-    let buyer = buyer_on(1, 2, "feedmove");
-    for (j, f) in engine.part_figures(sku).await.unwrap().iter().enumerate() {
-        eprintln!(
-            "part {j}: available {} owed {} moving {}",
-            f.available, f.owed, f.moving
-        );
-    }
-    let r = engine
-        .reserve(&ReserveRequest::single("after-the-feed", sku, 30).for_buyer(&buyer))
+    let parts: Vec<(i64, i64)> = engine
+        .part_figures(sku)
         .await
-        .unwrap();
-    eprintln!("buyer {buyer}: {r:?}");
-    for (j, f) in engine.part_figures(sku).await.unwrap().iter().enumerate() {
-        eprintln!(
-            "part {j}: available {} reserved {} owed {} moving {}",
-            f.available, f.reserved, f.owed, f.moving
-        );
+        .unwrap()
+        .iter()
+        .map(|f| (f.available, f.owed))
+        .collect();
+    eprintln!("after the feed and the transfer: {after:?}, parts (available, owed) {parts:?}");
+    let mut held = 0;
+    for (i, buyer) in buyers.iter().enumerate() {
+        let r = engine
+            .reserve(&ReserveRequest::single(format!("after-{i}"), sku, 10).for_buyer(buyer))
+            .await
+            .unwrap();
+        if matches!(r, ReserveOutcome::Reserved { .. }) {
+            held += 10;
+        }
     }
-    assert!(
-        !matches!(r, ReserveOutcome::Reserved { .. }),
-        "reserved 30 units of a SKU whose every unit a feed removed: {r:?}, figures {after:?}"
+    assert_eq!(
+        held, 0,
+        "held {held} units of a SKU whose every unit a feed removed (figures {after:?}, parts {parts:?})"
     );
 }
 
@@ -159,26 +161,41 @@ async fn a_feed_taking_everything_while_shoppers_gather_leaves_units_on_sale(pg:
     let b = holdfast_engine::testkit::backends(pg.clone(), &redis.url()).await;
     let engine = b.engine.clone();
     let mut hits = Vec::new();
-    for round in 0..12 {
+    for round in 0..15 {
         let sku = format!("ATK-FEED-RACE-{round}");
         add_sku(&pg, &sku, 400).await;
         warm_all(&engine, &pg, WarmOptions::default(), |_| {})
             .await
             .unwrap();
         engine.set_parts(&pg, &sku, 4).await.unwrap();
+        let mut buyers = Vec::new();
+        for part in 0..4u16 {
+            buyers.push(buyer_on(&engine, &sku, part, 4, &format!("r{round}p{part}")).await);
+        }
+        // Hold most of each part so that a part is short and gathers.
+        for (part, buyer) in buyers.iter().enumerate() {
+            for i in 0..9 {
+                let r = engine
+                    .reserve(
+                        &ReserveRequest::single(format!("{sku}-base-{part}-{i}"), &sku, 10)
+                            .for_buyer(buyer),
+                    )
+                    .await
+                    .unwrap();
+                assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+            }
+        }
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
-        for part in 0..4u16 {
-            let (engine, stop, sku) = (engine.clone(), stop.clone(), sku.clone());
+        for (part, buyer) in buyers.iter().enumerate() {
+            let (engine, stop, sku, buyer) = (engine.clone(), stop.clone(), sku.clone(), buyer.clone());
             tasks.spawn(async move {
-                let buyer = buyer_on(part, 4, &format!("g{part}"));
                 let mut i = 0;
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let rid = format!("{sku}-{part}-{i}");
-                    // More than a part's share: it gathers from the others.
                     let r = engine
-                        .reserve(&ReserveRequest::single(&rid, &sku, 150).for_buyer(&buyer))
+                        .reserve(&ReserveRequest::single(&rid, &sku, 10).for_buyer(&buyer))
                         .await;
                     if let Ok(ReserveOutcome::Reserved { .. }) = r {
                         engine.release(&rid).await.unwrap();
@@ -186,18 +203,19 @@ async fn a_feed_taking_everything_while_shoppers_gather_leaves_units_on_sale(pg:
                 }
             });
         }
-        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(40)).await;
+        // Every unit is gone, the held ones too.
         let applied = engine
             .apply_delta(&sku, -400, "erp", &format!("gone-{round}"))
             .await
             .unwrap();
         assert!(matches!(applied, DeltaOutcome::Applied { .. }));
-        tokio::time::sleep(std::time::Duration::from_millis(30)).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
         stop.store(true, Ordering::Relaxed);
         while tasks.join_next().await.is_some() {}
         engine.finish_moves(&sku).await.unwrap();
         let t = totals(&engine, &sku).await;
-        eprintln!("round {round}: {t:?}");
+        eprintln!("round {round}: (available, moving, reserved, pending, owed) {t:?}");
         if t.0 > 0 {
             hits.push((round, t));
         }
@@ -229,7 +247,7 @@ async fn a_receipt_does_not_pay_a_debt_handed_to_another_part(pg: PgPool) {
         if parts > 1 {
             engine.set_parts(&pg, &sku, parts).await.unwrap();
         }
-        let buyer = buyer_on(parts - 1, parts, "debt");
+        let buyer = buyer_on(&engine, &sku, parts - 1, parts, "debt").await;
         assert!(matches!(
             engine
                 .reserve(&ReserveRequest::single(format!("h-{parts}"), &sku, 10).for_buyer(&buyer))
@@ -237,40 +255,34 @@ async fn a_receipt_does_not_pay_a_debt_handed_to_another_part(pg: PgPool) {
                 .unwrap(),
             ReserveOutcome::Reserved { .. }
         ));
-        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
-            eprintln!(
-                "  before the feed, part {j}: available {} reserved {} owed {}",
-                f.available, f.reserved, f.owed
-            );
-        }
         // Everything is gone, the held 10 too: owed.
         assert!(matches!(
             engine.apply_delta(&sku, -100, "erp", "d-1").await.unwrap(),
             DeltaOutcome::Applied { .. }
         ));
-        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
-            eprintln!(
-                "  after the decrease, part {j}: available {} reserved {} owed {}",
-                f.available, f.reserved, f.owed
-            );
-        }
         // 5 arrive: they pay 5 of the 10 owed.
         assert!(matches!(
             engine.apply_delta(&sku, 5, "erp", "d-2").await.unwrap(),
             DeltaOutcome::Applied { .. }
         ));
         let t = totals(&engine, &sku).await;
-        eprintln!("{parts} part(s): {t:?}");
-        for (j, f) in engine.part_figures(&sku).await.unwrap().iter().enumerate() {
-            eprintln!(
-                "  part {j}: available {} reserved {} owed {}",
-                f.available, f.reserved, f.owed
-            );
-        }
-        assert_eq!(
-            (t.0, t.4),
-            (0, 5),
-            "{parts} part(s): after -100 and +5 under a 10-unit hold, nothing is on sale and 5 are owed"
+        let by_part: Vec<(i64, i64, i64)> = engine
+            .part_figures(&sku)
+            .await
+            .unwrap()
+            .iter()
+            .map(|f| (f.available, f.reserved, f.owed))
+            .collect();
+        eprintln!("{parts} part(s): {t:?}, parts (available, reserved, owed) {by_part:?}");
+        // A newcomer on part 0.
+        let other = buyer_on(&engine, &sku, 0, parts, "newcomer").await;
+        let r = engine
+            .reserve(&ReserveRequest::single(format!("new-{parts}"), &sku, 5).for_buyer(&other))
+            .await
+            .unwrap();
+        assert!(
+            !matches!(r, ReserveOutcome::Reserved { .. }),
+            "{parts} part(s): after -100 and +5 under a 10-unit hold, 5 more units were sold: {r:?} (figures {t:?}, parts {by_part:?})"
         );
         drop(redis);
     }
@@ -287,6 +299,7 @@ async fn a_limit_set_by_a_process_that_never_saw_the_split_misses_the_other_part
     let (redis, b) = setup(&pg, sku, 100, 0).await;
     let engine = b.engine.clone();
     engine.set_parts(&pg, sku, 4).await.unwrap();
+    let buyer = buyer_on(&engine, sku, 3, 4, "lim").await;
     // Merchandising sets a limit of 1 per buyer; a fresh process applies it.
     sqlx::query("UPDATE skus SET per_buyer_limit = 1 WHERE sku = $1")
         .bind(sku)
@@ -310,7 +323,6 @@ async fn a_limit_set_by_a_process_that_never_saw_the_split_misses_the_other_part
         .map(|f| f.per_buyer_limit)
         .collect();
     eprintln!("limits by part: {limits:?}");
-    let buyer = buyer_on(3, 4, "lim");
     let mut held = 0;
     for i in 0..5 {
         if let ReserveOutcome::Reserved { .. } = engine
@@ -341,14 +353,17 @@ async fn merging_parts_answers_sold_out_while_the_units_are_in_other_parts(pg: P
     let mut merges = 0;
     for round in 0..10 {
         let sku = format!("ATK-MERGE-{round}");
-        add_sku(&pg, &sku, 100).await;
+        // 8 units a part: a request for 10 needs more than one part.
+        add_sku(&pg, &sku, 32).await;
         warm_all(&engine, &pg, WarmOptions::default(), |_| {})
             .await
             .unwrap();
         engine.set_parts(&pg, &sku, 4).await.unwrap();
         let stop = Arc::new(AtomicBool::new(false));
         let mut tasks = tokio::task::JoinSet::new();
-        for w in 0..3 {
+        // Two workers, each with at most one hold of 10 open: at least 22 of
+        // the 32 units are there whenever one of them asks.
+        for w in 0..2 {
             let (engine, stop, sku, bad) = (
                 engine.clone(),
                 stop.clone(),
@@ -360,11 +375,8 @@ async fn merging_parts_answers_sold_out_while_the_units_are_in_other_parts(pg: P
                 while !stop.load(Ordering::Relaxed) {
                     i += 1;
                     let rid = format!("{sku}-m{w}-{i}");
-                    // 30 of 100, one hold at a time per worker, each released:
-                    // at least 100 - 3 * 30 = 10... so ask 30 only when
-                    // at most two others hold: 100 - 60 = 40 >= 30 always.
                     match engine
-                        .reserve(&ReserveRequest::single(&rid, &sku, 30))
+                        .reserve(&ReserveRequest::single(&rid, &sku, 10))
                         .await
                     {
                         Ok(ReserveOutcome::Reserved { .. }) => {
@@ -380,7 +392,7 @@ async fn merging_parts_answers_sold_out_while_the_units_are_in_other_parts(pg: P
             });
         }
         // Merge as soon as no hold is open at the moment of the check.
-        for _ in 0..200 {
+        for _ in 0..500 {
             match engine.set_parts(&pg, &sku, 1).await.unwrap() {
                 SplitOutcome::Changed { .. } => {
                     merges += 1;
@@ -393,12 +405,12 @@ async fn merging_parts_answers_sold_out_while_the_units_are_in_other_parts(pg: P
         stop.store(true, Ordering::Relaxed);
         while tasks.join_next().await.is_some() {}
         let t = totals(&engine, &sku).await;
-        assert_eq!(t, (100, 0, 0, 0, 0), "round {round}: every unit kept");
+        assert_eq!(t, (32, 0, 0, 0, 0), "round {round}: every unit kept");
     }
     eprintln!("{merges} merges");
     assert_eq!(
         false_sold_out.load(Ordering::Relaxed),
         0,
-        "requests for 30 of a 100-unit SKU (at most 60 held at once) were answered sold out"
+        "requests for 10 of a 32-unit SKU (at most 10 held by the other worker) were answered sold out ({merges} merges)"
     );
 }
