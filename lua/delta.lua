@@ -20,7 +20,8 @@
 -- here (else units the feed removed could still be sold there): without
 -- 'gathered' it answers {'split', parts} and changes nothing.
 --
--- Returns {'applied', available, owed}, {'duplicate'}, {'split', parts} or {'not_warmed'}.
+-- Returns {'applied', available, owed, parts}, {'duplicate'}, {'split', parts}
+-- (parts 0: being changed) or {'not_warmed'}.
 local function whole(v)
   local n = tonumber(v)
   -- Exact in Lua's doubles: |n| < 2^53.
@@ -33,7 +34,8 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
 local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch', 'parts')
 if not c[1] then return {'not_warmed'} end
 local parts = tonumber(c[6] or '1')
-if delta < 0 and parts > 1 and ARGV[6] ~= 'gathered' then return {'split', parts} end
+-- 0: its parts are being changed: wait (the engine tries again shortly).
+if parts == 0 or (delta < 0 and parts > 1 and ARGV[6] ~= 'gathered') then return {'split', parts} end
 local effective = tonumber(c[1]) - tonumber(c[4] or '0') + delta
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
@@ -49,4 +51,4 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 redis.call('XADD', KEYS[2], '*', 'kind', 'delta', 'sku', sku,
   'qty', delta, 'rid', '', 'available', available, 'reserved', c[2] or '0',
   'sold_pending', c[3] or '0', 'owed', owed, 'source', ARGV[3], 'event_id', ARGV[4], 'epoch', c[5] or '', 'ts', now)
-return {'applied', available, owed}
+return {'applied', available, owed, parts}

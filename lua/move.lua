@@ -21,6 +21,8 @@
 -- ARGV[1] mode   ARGV[2] transfer id   ARGV[3] qty (out: most to take; in: units)
 -- ARGV[4] this part's name (the event's sku)
 -- ARGV[5] out: the target part's name; in: the guard's lifetime, ms
+-- ARGV[6] out: 'force' lets the change of a SKU's parts move units out of a
+--         part marked as changing (`parts` 0); nothing else may
 --
 -- Returns: out {'out', taken} (0 when it has none; {'not_warmed'} without a counter);
 -- in {'in', available} | {'already'} | {'not_warmed'};
@@ -40,7 +42,9 @@ end
 
 if mode == 'out' then
   if not qty or qty < 1 then return {'out', 0} end
-  local available = tonumber(redis.call('HGET', KEYS[1], 'available') or '0')
+  local c = redis.call('HMGET', KEYS[1], 'available', 'parts')
+  if c[2] == '0' and ARGV[6] ~= 'force' then return {'out', 0} end
+  local available = tonumber(c[1] or '0')
   local taken = math.min(available, qty)
   if taken < 1 then return {'out', 0} end
   redis.call('HINCRBY', KEYS[1], 'available', -taken)

@@ -51,6 +51,7 @@
 --   {'invalid', field, message}       a number is not a whole number in range
 --   {'split', sku, parts}             the line names another split of the SKU than
 --                                     its counter's (`parts`, 1: not split): nothing moves
+--   {'changing', sku}                 the SKU's parts are being changed: nothing moves
 --   {'short', sku, available}         a part of a split SKU has too few units: nothing
 --                                     moves or is remembered (the engine gathers, see split.rs)
 local function whole(v)
@@ -116,6 +117,8 @@ for i = 1, n do
   -- not seen the SKU split, or merged) is told the count and tries again.
   if not c[1] then return {'not_warmed', sku} end
   local parts = tonumber(c[5] or '1')
+  -- 0: its parts are being changed (Engine::set_parts): busy, retry shortly.
+  if parts == 0 then return {'changing', sku} end
   if parts ~= tonumber(string.match(sku, '~%d+/(%d+)$') or '1') then
     return {'split', sku, parts}
   end

@@ -8,7 +8,8 @@
 -- (monotonic per SKU)   ARGV[4] source   ARGV[5] event id   ARGV[6] guard ttl ms
 -- ARGV[7] for a split SKU (split.rs), after its other parts' available units were
 --         moved here: what those parts keep (their reserved + sold_pending +
---         available - owed, and every part's units moving); absent otherwise
+--         available - owed + moving); absent otherwise. This part's own units
+--         moving out are counted here, when it runs
 --
 -- The feed cannot know about open holds or sales not yet in its books, so what is
 -- sellable is on_hand - reserved - sold_pending. When that is negative (the feed
@@ -32,16 +33,18 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving')
 if not c[1] then return {'not_warmed'} end
 local others = whole(ARGV[7] or '0')
 if not others then return redis.error_reply('ERR snapshot.lua: the other parts\' units must be a whole number') end
-if tonumber(c[7] or '1') > 1 and not ARGV[7] then return {'split', tonumber(c[7])} end
+local parts = tonumber(c[7] or '1')
+if parts == 0 or (parts > 1 and not ARGV[7]) then return {'split', parts} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
 local before = tonumber(c[1]) - tonumber(c[5] or '0')
-local effective = on_hand - reserved - pending - others
+-- Units on their way out of this part land in another part: not on sale here.
+local effective = on_hand - reserved - pending - others - tonumber(c[8] or '0')
 local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 -- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).

@@ -712,6 +712,13 @@ impl Engine {
                 );
                 ReserveOutcome::NotWarmed { sku }
             }
+            // The SKU's parts are being changed ([`crate::split`]): retry shortly.
+            "changing" => {
+                return Err(EngineError::Busy(format!(
+                    "the parts of {} are being changed; retry in a moment",
+                    crate::keys::base_sku(&reply.text(1)?)
+                )));
+            }
             // One part of a split SKU short: the caller gathers ([`crate::split`]).
             "short" => ReserveOutcome::SoldOut {
                 sku: reply.text(1)?,

@@ -278,10 +278,17 @@ async fn write_settings(
         .await?;
     for chunk in settings.chunks(500) {
         let mut pipe = redis::pipe();
+        // Every part of a split SKU decides by the same window and limit: how
+        // many each has is read first (one round trip; any process may write
+        // settings, whether or not it has seen the split).
+        let mut ask = redis::pipe();
+        for (sku, ..) in chunk {
+            ask.cmd("HGET").arg(engine.keys.sku(sku)).arg("parts");
+        }
+        let counts: Vec<Option<u16>> = ask.query_async(&mut engine.conn.clone()).await?;
         let mut first = Vec::new();
-        for (sku, opens, closes, limit) in chunk {
-            // Every part of a split SKU decides by the same window and limit.
-            let parts = engine.splits.parts(sku);
+        for ((sku, opens, closes, limit), parts) in chunk.iter().zip(counts) {
+            let parts = parts.unwrap_or(1).clamp(1, crate::keys::MAX_PARTS);
             first.push(true);
             first.extend((1..parts).map(|_| false));
             for part in 0..parts {

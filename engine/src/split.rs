@@ -242,6 +242,14 @@ impl Engine {
                         // Told of another split (`reserve.lua`'s 'split'): route again.
                         continue;
                     }
+                    // A part that is gone (the SKU's parts changed since this
+                    // process looked): ask part 0 for the count.
+                    if routed > 1
+                        && self.parts_of(base_sku(sku)).await? != Some(routed)
+                        && self.splits.parts(base_sku(sku)) != routed
+                    {
+                        continue;
+                    }
                     return Ok(to_whole_skus(outcome));
                 }
                 // A part short (`reserve.lua`'s 'short', which names the part).
@@ -399,8 +407,20 @@ impl Engine {
         to: &str,
         want: i64,
     ) -> Result<i64, EngineError> {
+        self.move_units_as(from, to, want, "").await
+    }
+
+    /// [`Engine::move_units`]; `force` (`"force"`) also moves out of a part
+    /// marked as changing, which only a change of the SKU's parts may do.
+    async fn move_units_as(
+        &self,
+        from: &str,
+        to: &str,
+        want: i64,
+        force: &str,
+    ) -> Result<i64, EngineError> {
         let tid = uuid::Uuid::new_v4().simple().to_string();
-        let out = self.run_move(from, "out", &tid, want, to).await?;
+        let out = self.run_move_as(from, "out", &tid, want, to, force).await?;
         if out.tag()? != "out" {
             return Ok(0);
         }
@@ -440,6 +460,18 @@ impl Engine {
         qty: i64,
         extra: &str,
     ) -> Result<Reply, EngineError> {
+        self.run_move_as(name, mode, tid, qty, extra, "").await
+    }
+
+    async fn run_move_as(
+        &self,
+        name: &str,
+        mode: &str,
+        tid: &str,
+        qty: i64,
+        extra: &str,
+        force: &str,
+    ) -> Result<Reply, EngineError> {
         let second = if mode == "in" {
             self.keys.moved_in(name, tid)
         } else {
@@ -453,7 +485,8 @@ impl Engine {
             .arg(tid)
             .arg(qty)
             .arg(name)
-            .arg(extra);
+            .arg(extra)
+            .arg(force);
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
@@ -476,12 +509,24 @@ impl Engine {
         parts: u16,
         older_ms: i64,
     ) -> Result<u64, EngineError> {
+        let names: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
+        self.finish_moves_of(sku, &names, older_ms).await
+    }
+
+    /// Finishes the transfers out of parts `names` of `sku` that began at
+    /// least `older_ms` ago.
+    async fn finish_moves_of(
+        &self,
+        sku: &str,
+        names: &[String],
+        older_ms: i64,
+    ) -> Result<u64, EngineError> {
         let now = self.redis_time_ms().await?;
         let mut finished = 0;
-        for j in 0..parts {
-            let from = part_name(sku, j, parts);
+        for from in names {
+            let from = from.as_str();
             let records: HashMap<String, String> = redis::cmd("HGETALL")
-                .arg(self.keys.moves(&from))
+                .arg(self.keys.moves(from))
                 .query_async(&mut self.conn.clone())
                 .await?;
             for (tid, record) in records {
@@ -497,7 +542,7 @@ impl Engine {
                 if now - at < older_ms {
                     continue;
                 }
-                self.deliver(&from, to, &tid, qty).await?;
+                self.deliver(from, to, &tid, qty).await?;
                 finished += 1;
             }
         }
@@ -533,10 +578,7 @@ impl Engine {
             )));
         }
         let lock = format!("split:{sku}");
-        let Some(lease) = self
-            .acquire_lock(&lock, std::time::Duration::from_secs(60))
-            .await?
-        else {
+        let Some(lease) = self.acquire_lock(&lock, SPLIT_LEASE).await? else {
             return Ok(SplitOutcome::Refused(format!(
                 "{sku} is being split by someone else; try again when they are done"
             )));
@@ -548,7 +590,7 @@ impl Engine {
                 .execute(pg)
         };
         let outcome = match record(parts).await {
-            Ok(_) => self.set_parts_locked(sku, parts).await,
+            Ok(_) => self.set_parts_locked(sku, parts, &lease).await,
             Err(e) => Err(e.into()),
         };
         // PostgreSQL keeps what Redis has now, whatever happened.
@@ -562,61 +604,101 @@ impl Engine {
         outcome
     }
 
-    async fn set_parts_locked(&self, sku: &str, parts: u16) -> Result<SplitOutcome, EngineError> {
-        let Some(from) = self.parts_of(sku).await? else {
+    async fn set_parts_locked(
+        &self,
+        sku: &str,
+        parts: u16,
+        lease: &crate::locks::Lease,
+    ) -> Result<SplitOutcome, EngineError> {
+        // The count part 0 says (0: a change was cut short).
+        let (available, from): (Option<i64>, Option<u16>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["available", "parts"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        if available.is_none() {
             return Ok(SplitOutcome::NotWarmed);
-        };
+        }
+        let from = from.unwrap_or(1);
         if from == parts {
             return Ok(SplitOutcome::Unchanged);
         }
-        self.finish_moves_older(sku, from, 0).await?;
-        // From here on no hold is made under the old count: every old part is
-        // marked with the new one first, then checked for anything in flight.
-        let old: Vec<String> = (0..from).map(|j| part_name(sku, j, from)).collect();
+        // Every part there is, whatever count named it (a change cut short
+        // leaves some), with part 0 first.
+        let old = self.existing_parts(sku).await?;
+        let was = if from > 0 {
+            from
+        } else {
+            old.iter()
+                .filter_map(|n| keys::parse_part(n).map(|(_, _, k)| k))
+                .max()
+                .unwrap_or(1)
+        };
+        self.finish_moves_of(sku, &old, 0).await?;
+        // From here on no hold is made and no unit leaves a part by anyone but
+        // this change: every part is marked as changing (reservations answer
+        // busy, retry shortly; never sold out), then checked for anything in
+        // flight, and the marks are taken back if something is.
         let mut busy = (0, 0, 0);
         for name in &old {
-            let reply = self.run_split(name, &["mark", &parts.to_string()]).await?;
+            let reply = self.run_split(name, &["mark", "0"]).await?;
             if reply.tag()? == "marked" {
                 busy.0 += reply.int(1)?;
                 busy.1 += reply.int(2)?;
                 busy.2 += reply.int(3)?;
             }
         }
-        if busy != (0, 0, 0) {
+        if busy.0 > 0 || busy.1 > 0 {
             for name in &old {
-                self.run_split(name, &["mark", &from.to_string()]).await?;
+                self.run_split(name, &["mark", &was.to_string()]).await?;
             }
             return Ok(SplitOutcome::Refused(format!(
-                "{sku} has {} units in open holds, {} sold units not yet written to PostgreSQL \
-                 and {} units moving between parts: change its parts when none are left \
-                 (between drops)",
-                busy.0, busy.1, busy.2
+                "{sku} has {} units in open holds and {} sold units not yet written to PostgreSQL: \
+                 change its parts when none are left (between drops)",
+                busy.0, busy.1
             )));
         }
+        // Transfers that began before the marks land now.
+        self.finish_moves_of(sku, &old, 0).await?;
         self.splits.learn(sku, parts);
         let new: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
-        self.make_parts(sku, parts).await?;
+        self.make_parts(sku, parts, 0).await?;
         // Everything back to part 0, the old parts dropped, then spread.
-        for name in old.iter().skip(1) {
-            self.move_units(name, sku, ALL).await?;
-            self.move_buyers(sku, name, &new).await?;
-            let reply = self.run_split(name, &["drop"]).await?;
-            if reply.tag()? == "dropped" {
-                let (sold, settled) = (reply.int(1)?, reply.int(2)?);
-                redis::pipe()
-                    .cmd("HINCRBY")
-                    .arg(self.keys.sku(sku))
-                    .arg("sold")
-                    .arg(sold)
-                    .ignore()
-                    .cmd("HINCRBY")
-                    .arg(self.keys.sku(sku))
-                    .arg("settled")
-                    .arg(settled)
-                    .ignore()
-                    .query_async::<()>(&mut self.conn.clone())
+        for name in old.iter().skip(1).filter(|n| !new.contains(n)) {
+            let mut dropped = None;
+            for _ in 0..3 {
+                self.finish_moves_of(sku, std::slice::from_ref(name), 0)
                     .await?;
+                self.move_units_as(name, sku, ALL, "force").await?;
+                let reply = self.run_split(name, &["drop"]).await?;
+                if reply.tag()? != "busy" {
+                    dropped = Some(reply);
+                    break;
+                }
             }
+            match dropped {
+                Some(reply) if reply.tag()? == "dropped" => {
+                    let (sold, settled) = (reply.int(1)?, reply.int(2)?);
+                    redis::pipe()
+                        .cmd("HINCRBY")
+                        .arg(self.keys.sku(sku))
+                        .arg("sold")
+                        .arg(sold)
+                        .ignore()
+                        .cmd("HINCRBY")
+                        .arg(self.keys.sku(sku))
+                        .arg("settled")
+                        .arg(settled)
+                        .ignore()
+                        .query_async::<()>(&mut self.conn.clone())
+                        .await?;
+                }
+                Some(_) => {}
+                None => tracing::error!(%sku, part = %name,
+                    "an old part could not be emptied and was left; the next change of the SKU's parts empties it"),
+            }
+            self.move_buyers(sku, name, &new).await?;
+            self.extend_lock(lease, SPLIT_LEASE).await?;
         }
         // Part 0's own buyers, whose part may now be another.
         self.move_buyers(sku, sku, &new).await?;
@@ -627,10 +709,40 @@ impl Engine {
                 .map_or(0, |rows| rows[0].available);
             let share = available / i64::from(parts);
             for name in new.iter().skip(1) {
-                self.move_units(sku, name, share).await?;
+                self.move_units_as(sku, name, share, "force").await?;
             }
         }
-        Ok(SplitOutcome::Changed { from, to: parts })
+        // Open for sale under the new count: the other parts first, part 0
+        // (which processes that have not seen the change meet) last.
+        for name in new.iter().rev() {
+            self.run_split(name, &["mark", &parts.to_string()]).await?;
+        }
+        Ok(SplitOutcome::Changed {
+            from: was,
+            to: parts,
+        })
+    }
+
+    /// Part 0's name, then every other part of `sku` that has a counter, of
+    /// any count (one pipelined look).
+    async fn existing_parts(&self, sku: &str) -> Result<Vec<String>, EngineError> {
+        let names: Vec<String> = (2..=MAX_PARTS)
+            .flat_map(|k| (1..k).map(move |j| part_name(sku, j, k)))
+            .collect();
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("EXISTS").arg(self.keys.sku(name));
+        }
+        let found: Vec<i64> = pipe.query_async(&mut self.conn.clone()).await?;
+        let mut out = vec![sku.to_owned()];
+        out.extend(
+            names
+                .into_iter()
+                .zip(found)
+                .filter(|(_, f)| *f > 0)
+                .map(|(n, _)| n),
+        );
+        Ok(out)
     }
 
     /// Moves the per-buyer counts kept on part `from` of `sku` to each buyer's
@@ -688,12 +800,82 @@ impl Engine {
 
     /// Moves every other part's available units to part 0 (a feed's decrease
     /// or snapshot, a correction: applied where nothing else can be sold).
+    ///
+    /// Every transfer under way is finished first (into its target, once:
+    /// its own mover then finds it done), so no unit is on its way to
+    /// another part when this returns, unless a gathering began since.
     pub(crate) async fn gather_all(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
-        self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await?;
+        self.finish_moves_older(sku, parts, 0).await?;
         for j in 1..parts {
             self.move_units(&part_name(sku, j, parts), sku, ALL).await?;
         }
+        self.finish_moves_older(sku, parts, 0).await?;
         Ok(())
+    }
+
+    /// After a feed applied to part 0 of `sku`: units that reached another
+    /// part meanwhile (a transfer that was on its way, a hold that ended)
+    /// come back to part 0, paying its debt first (a few rounds, until no
+    /// other part has any and nothing is moving), and the debt left goes to
+    /// the parts whose holds will pay it back.
+    pub(crate) async fn after_feed(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        for _ in 0..4 {
+            let rows = self.read_full(sku, parts).await?;
+            let stray = rows
+                .iter()
+                .enumerate()
+                .flat_map(|(j, r)| r.map(|r| (j, r)))
+                .any(|(j, r)| r.moving > 0 || (j > 0 && r.available > 0));
+            if !stray {
+                break;
+            }
+            self.gather_all(sku, parts).await?;
+        }
+        self.spread_owed(sku, parts).await?;
+        self.pay_debts(sku, parts).await?;
+        Ok(())
+    }
+
+    /// Pays each part's debt (units in holds a feed removed) with units on
+    /// sale in the other parts: units that do not exist are not sold while
+    /// there is a debt (arriving units pay a part's debt first). How many
+    /// units moved.
+    pub(crate) async fn pay_debts(&self, sku: &str, parts: u16) -> Result<i64, EngineError> {
+        let Some(full) = self
+            .read_full(sku, parts)
+            .await?
+            .into_iter()
+            .collect::<Option<Vec<_>>>()
+        else {
+            return Ok(0);
+        };
+        let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
+        let mut moved = 0;
+        for (owing, row) in full.iter().enumerate() {
+            let mut debt = row.owed;
+            while debt > 0 {
+                let Some(rich) = (0..available.len())
+                    .filter(|&j| j != owing && available[j] > 0)
+                    .max_by_key(|&j| available[j])
+                else {
+                    break;
+                };
+                let got = self
+                    .move_units(
+                        &part_name(sku, rich as u16, parts),
+                        &part_name(sku, owing as u16, parts),
+                        debt.min(available[rich]),
+                    )
+                    .await?;
+                if got < 1 {
+                    break;
+                }
+                available[rich] -= got;
+                debt -= got;
+                moved += got;
+            }
+        }
+        Ok(moved)
     }
 
     /// Every part's counters (`None`: missing), in part order.
@@ -728,8 +910,9 @@ impl Engine {
     }
 
     /// What the parts other than part 0 keep of `sku`'s on-hand units (their
-    /// holds, sales pending and `available - owed`), with every part's units
-    /// moving: what a count applied to part 0 must leave them.
+    /// holds, sales pending, `available - owed` and units moving out of them):
+    /// what a count applied to part 0 must leave them (`snapshot.lua` counts
+    /// part 0's own units moving out when it runs).
     pub(crate) async fn kept_by_other_parts(
         &self,
         sku: &str,
@@ -741,12 +924,11 @@ impl Engine {
             .enumerate()
             .flat_map(|(j, r)| r.map(|r| (j, r)))
             .map(|(j, r)| {
-                let own = if j == 0 {
+                if j == 0 {
                     0
                 } else {
-                    r.reserved + r.sold_pending + r.available - r.owed
-                };
-                own + r.moving
+                    r.reserved + r.sold_pending + r.available - r.owed + r.moving
+                }
             })
             .sum())
     }
@@ -814,12 +996,33 @@ impl Engine {
             return Ok(());
         }
         self.splits.learn(sku, parts);
-        self.make_parts(sku, parts).await
+        self.make_parts(sku, parts, parts).await?;
+        self.copy_settings(sku, parts).await
+    }
+
+    /// Writes part 0's window and limit into every other part of `sku` (a
+    /// forced warm-up, or a process that had not seen the split, wrote them
+    /// to part 0 alone).
+    async fn copy_settings(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["limit", "opens", "closes"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        for j in 1..parts {
+            let mut inv = self.scripts.schedule.prepare_invoke();
+            inv.key(self.keys.sku(&part_name(sku, j, parts)))
+                .arg(opens.unwrap_or(0))
+                .arg(closes.unwrap_or(0))
+                .arg(limit.unwrap_or(0));
+            inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
+        }
+        Ok(())
     }
 
     /// Makes every part of `sku` but part 0 that is missing, empty, with part
-    /// 0's window and limit.
-    async fn make_parts(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+    /// 0's window and limit, marked `mark` (the count, or 0 while changing).
+    async fn make_parts(&self, sku: &str, parts: u16, mark: u16) -> Result<(), EngineError> {
         let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
             .arg(self.keys.sku(sku))
             .arg(&["limit", "opens", "closes"])
@@ -830,7 +1033,7 @@ impl Engine {
                 &part_name(sku, j, parts),
                 &[
                     "make",
-                    &parts.to_string(),
+                    &mark.to_string(),
                     &limit.unwrap_or(0).to_string(),
                     &opens.unwrap_or(0).to_string(),
                     &closes.unwrap_or(0).to_string(),
@@ -896,35 +1099,13 @@ impl Engine {
             // A transfer a crash left half done: finished, then evened next time.
             return Ok(self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await? as i64);
         }
-        let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
-        let mut moved = 0;
         // A debt first: units on sale in one part while another owes units
-        // (held units a feed removed) are the ones that do not exist. They go
-        // to pay it (arriving units pay a part's debt first).
-        for (owing, row) in full.iter().enumerate() {
-            let mut debt = row.owed;
-            while debt > 0 {
-                let Some(rich) = (0..available.len())
-                    .filter(|&j| j != owing && available[j] > 0)
-                    .max_by_key(|&j| available[j])
-                else {
-                    break;
-                };
-                let got = self
-                    .move_units(
-                        &part_name(sku, rich as u16, parts),
-                        &part_name(sku, owing as u16, parts),
-                        debt.min(available[rich]),
-                    )
-                    .await?;
-                if got < 1 {
-                    break;
-                }
-                available[rich] -= got;
-                debt -= got;
-                moved += got;
-            }
-        }
+        // (held units a feed removed) are the ones that do not exist.
+        let mut moved = self.pay_debts(sku, parts).await?;
+        let mut available: Vec<i64> = match self.read_parts(sku, parts).await? {
+            Some(rows) => rows.iter().map(|r| r.available).collect(),
+            None => return Ok(moved),
+        };
         let total: i64 = available.iter().sum();
         let mean = total / i64::from(parts);
         if mean < 1 {
@@ -1012,6 +1193,9 @@ impl Engine {
         Ok(())
     }
 }
+
+/// The lease a change of a SKU's parts holds, renewed after each old part.
+const SPLIT_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
 
 /// More units than any part holds: "all of them" to `move.lua`.
 const ALL: i64 = 1_000_000_000_000_000;

@@ -154,15 +154,30 @@ impl Engine {
         event_id: &str,
     ) -> Result<DeltaOutcome, EngineError> {
         let mut reply = self.delta_call(sku, delta, source, event_id, "").await?;
+        for _ in 0..CHANGING_TRIES {
+            if reply.tag()? != "split" || reply.int(1)? != 0 {
+                break;
+            }
+            // The SKU's parts are being changed: a moment.
+            tokio::time::sleep(CHANGING_PAUSE).await;
+            reply = self.delta_call(sku, delta, source, event_id, "").await?;
+        }
         if reply.tag()? == "split" {
-            let parts = reply.int(1)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+            let parts = reply.int(1)?.clamp(0, i64::from(crate::keys::MAX_PARTS)) as u16;
+            if parts == 0 {
+                return Err(changing(sku));
+            }
             self.gather_all(sku, parts).await?;
             reply = self
                 .delta_call(sku, delta, source, event_id, "gathered")
                 .await?;
-            if reply.tag()? == "applied" && reply.int(2)? > 0 {
-                self.spread_owed(sku, parts).await?;
+            if reply.tag()? == "applied" {
+                self.after_feed(sku, parts).await?;
             }
+        } else if reply.tag()? == "applied" && reply.int(3).unwrap_or(1) > 1 {
+            // A receipt on part 0 pays the other parts' debts first.
+            let parts = reply.int(3)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+            self.pay_debts(sku, parts).await?;
         }
         Ok(match reply.tag()?.as_str() {
             "applied" => DeltaOutcome::Applied {
@@ -224,13 +239,23 @@ impl Engine {
             event_id,
         };
         let mut reply = self.snapshot_call(&call, None).await?;
+        for _ in 0..CHANGING_TRIES {
+            if reply.tag()? != "split" || reply.int(1)? != 0 {
+                break;
+            }
+            tokio::time::sleep(CHANGING_PAUSE).await;
+            reply = self.snapshot_call(&call, None).await?;
+        }
         if reply.tag()? == "split" {
-            let parts = reply.int(1)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+            let parts = reply.int(1)?.clamp(0, i64::from(crate::keys::MAX_PARTS)) as u16;
+            if parts == 0 {
+                return Err(changing(sku));
+            }
             self.gather_all(sku, parts).await?;
             let kept = self.kept_by_other_parts(sku, parts).await?;
             reply = self.snapshot_call(&call, Some(kept)).await?;
-            if reply.tag()? == "applied" && reply.int(3)? > 0 {
-                self.spread_owed(sku, parts).await?;
+            if reply.tag()? == "applied" {
+                self.after_feed(sku, parts).await?;
             }
         }
         Ok(match reply.tag()?.as_str() {
@@ -274,6 +299,19 @@ impl Engine {
                 .await?,
         ))
     }
+}
+
+/// How many times a feed waits for a change of its SKU's parts to finish.
+const CHANGING_TRIES: usize = 100;
+
+/// How long each wait is.
+const CHANGING_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
+/// A feed that met its SKU's parts being changed for longer than it waits.
+fn changing(sku: &str) -> EngineError {
+    EngineError::Busy(format!(
+        "the parts of {sku} are being changed; the feed event is tried again"
+    ))
 }
 
 /// One snapshot as `snapshot.lua` is called for it.

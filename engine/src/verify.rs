@@ -193,7 +193,10 @@ async fn counters_and_equation(
     Ok(())
 }
 
-/// Each counter's `opens`, `closes` and `limit` (0 where unset), in one round trip.
+/// Each counter's `opens`, `closes` and `limit` (0 where unset), in one round
+/// trip. For a split SKU, a part whose settings differ from part 0's is what
+/// is answered (so a comparison with PostgreSQL's sees it), with one more
+/// round trip for the split SKUs' parts.
 pub(crate) async fn read_settings(
     engine: &Engine,
     skus: &[&str],
@@ -202,16 +205,36 @@ pub(crate) async fn read_settings(
     for sku in skus {
         pipe.cmd("HMGET")
             .arg(engine.keys.sku(sku))
-            .arg(&["opens", "closes", "limit"]);
+            .arg(&["opens", "closes", "limit", "parts"]);
     }
     let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
-    Ok(rows
-        .into_iter()
-        .map(|r| {
-            let at = |i: usize| r.get(i).copied().flatten().unwrap_or(0);
-            [at(0), at(1), at(2)]
-        })
-        .collect())
+    let at = |r: &[Option<i64>], i: usize| r.get(i).copied().flatten().unwrap_or(0);
+    let mut settings: Vec<[i64; 3]> = rows
+        .iter()
+        .map(|r| [at(r, 0), at(r, 1), at(r, 2)])
+        .collect();
+    let mut parts_pipe = redis::pipe();
+    let mut asked = Vec::new();
+    for (i, (sku, r)) in skus.iter().zip(&rows).enumerate() {
+        let parts = at(r, 3).clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
+        for j in 1..parts {
+            parts_pipe
+                .cmd("HMGET")
+                .arg(engine.keys.sku(&crate::keys::part_name(sku, j, parts)))
+                .arg(&["opens", "closes", "limit"]);
+            asked.push(i);
+        }
+    }
+    if !asked.is_empty() {
+        let parts: Vec<Vec<Option<i64>>> = parts_pipe.query_async(&mut engine.conn.clone()).await?;
+        for (i, r) in asked.into_iter().zip(parts) {
+            let part = [at(&r, 0), at(&r, 1), at(&r, 2)];
+            if part != settings[i] {
+                settings[i] = part;
+            }
+        }
+    }
+    Ok(settings)
 }
 
 fn violation(sku: &str, check: &str, c: &Counters, row: &crate::warmup::StockRow) -> SkuViolation {
