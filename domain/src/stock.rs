@@ -33,6 +33,11 @@ pub struct Counters {
     /// SKU's counters are its parts' together.
     #[serde(default)]
     pub parts: u16,
+    /// The SKU's parts are being changed (its stock on its way between
+    /// parts): its figures are not the SKU's, and nothing is measured or
+    /// corrected on them until the change is done.
+    #[serde(default)]
+    pub changing: bool,
 }
 
 /// What PostgreSQL has recorded for a SKU.
@@ -66,7 +71,11 @@ impl Counters {
     /// `available - owed` minus what the equation expects (positive: units that
     /// do not exist are sellable; negative: units are stranded). `None` when not
     /// warmed.
+    /// `None` too while the SKU's parts are being changed.
     pub fn drift(&self, pg: &Recorded) -> Option<i64> {
+        if self.changing {
+            return None;
+        }
         self.available
             .map(|a| a - self.owed - self.expected_available(pg))
     }

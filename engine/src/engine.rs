@@ -715,7 +715,8 @@ impl Engine {
             // The SKU's parts are being changed ([`crate::split`]): retry shortly.
             "changing" => {
                 return Err(EngineError::Busy(format!(
-                    "the parts of {} are being changed; retry in a moment",
+                    "the parts of {} are being changed; retry in a moment (should it last, \
+                     an operator runs `holdfast split` for it again)",
                     crate::keys::base_sku(&reply.text(1)?)
                 )));
             }

@@ -681,19 +681,31 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
     // committed first). Both statements are upserts that meet in either
     // order: an end recorded first leaves the row with its end (and the end's
     // time as a stand-in creation time), and the hold's own row then fills in
-    // what it knows; an end never lands on a row already ended. Each batch
-    // keeps one row per hold line (an upsert may touch a row once).
+    // what it knows; an end never lands on a row already ended, nor on a
+    // hold made after it. A hold made again under its id after it ended (a
+    // cart undone and made again, as a split SKU's gathering does) opens the
+    // row again: its reservation came later than the end. Each batch keeps
+    // one row per hold line (an upsert may touch a row once): its latest
+    // hold and its latest end.
     if !side.hold_rid.is_empty() {
         sqlx::query(
             "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at)
              SELECT DISTINCT ON (rid, sku) rid, sku, qty, buyer, at
                FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
                     AS t(rid, sku, qty, buyer, at)
-              ORDER BY rid, sku, at
+              ORDER BY rid, sku, at DESC
              ON CONFLICT (reservation_id, sku) DO UPDATE
                 SET qty = EXCLUDED.qty,
                     buyer = coalesce(EXCLUDED.buyer, holds.buyer),
-                    created_at = least(holds.created_at, EXCLUDED.created_at)",
+                    created_at = CASE WHEN holds.ended_at < EXCLUDED.created_at
+                                      THEN EXCLUDED.created_at
+                                      ELSE least(holds.created_at, EXCLUDED.created_at) END,
+                    end_state = CASE WHEN holds.ended_at < EXCLUDED.created_at
+                                     THEN NULL ELSE holds.end_state END,
+                    oversold_units = CASE WHEN holds.ended_at < EXCLUDED.created_at
+                                          THEN 0 ELSE holds.oversold_units END,
+                    ended_at = CASE WHEN holds.ended_at < EXCLUDED.created_at
+                                    THEN NULL ELSE holds.ended_at END",
         )
         .bind(&side.hold_rid)
         .bind(&side.hold_sku)
@@ -712,12 +724,12 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
                FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[],
                            $6::bigint[], $7::text[])
                     AS t(rid, sku, state, at, oversold, qty, buyer)
-              ORDER BY rid, sku, at
+              ORDER BY rid, sku, at DESC
              ON CONFLICT (reservation_id, sku) DO UPDATE
                 SET ended_at = EXCLUDED.ended_at,
                     end_state = EXCLUDED.end_state,
                     oversold_units = EXCLUDED.oversold_units
-              WHERE holds.ended_at IS NULL",
+              WHERE holds.ended_at IS NULL AND EXCLUDED.ended_at >= holds.created_at",
         )
         .bind(&side.end_rid)
         .bind(&side.end_sku)

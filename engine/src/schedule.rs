@@ -288,15 +288,20 @@ async fn write_settings(
         let counts: Vec<Option<u16>> = ask.query_async(&mut engine.conn.clone()).await?;
         let mut first = Vec::new();
         for ((sku, opens, closes, limit), parts) in chunk.iter().zip(counts) {
-            let parts = parts.unwrap_or(1).clamp(1, crate::keys::MAX_PARTS);
+            // 0: its parts are being changed; every part there is gets them.
+            let names = match parts.unwrap_or(1).min(crate::keys::MAX_PARTS) {
+                0 => engine.existing_parts(sku).await?,
+                1 => vec![sku.clone()],
+                k => (0..k).map(|j| crate::keys::part_name(sku, j, k)).collect(),
+            };
             first.push(true);
-            first.extend((1..parts).map(|_| false));
-            for part in 0..parts {
+            first.extend((1..names.len()).map(|_| false));
+            for name in &names {
                 pipe.invoke_script(
                     engine
                         .scripts
                         .schedule
-                        .key(engine.keys.sku(&crate::keys::part_name(sku, part, parts)))
+                        .key(engine.keys.sku(name))
                         .arg(opens)
                         .arg(closes)
                         .arg(limit.unwrap_or(0)),

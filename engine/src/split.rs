@@ -590,18 +590,59 @@ impl Engine {
                 .execute(pg)
         };
         let outcome = match record(parts).await {
-            Ok(_) => self.set_parts_locked(sku, parts, &lease).await,
+            Ok(_) => match self.set_parts_locked(sku, parts, &lease).await {
+                // Cut short (a Redis error): once more, from where it stopped
+                // (the change finds the parts marked changing and carries on).
+                Err(e) => {
+                    tracing::warn!(%sku, parts, error = %e, "changing a SKU's parts was cut short; trying once more");
+                    self.set_parts_locked(sku, parts, &lease).await
+                }
+                done => done,
+            },
             Err(e) => Err(e.into()),
         };
-        // PostgreSQL keeps what Redis has now, whatever happened.
-        let now = self.parts_of(sku).await;
-        if let Ok(Some(now)) = now
+        // PostgreSQL keeps what Redis has now (a change still cut short keeps
+        // its target, so it can be finished: see `finish_change`).
+        if let Ok(Some(now)) = self.parts_raw(sku).await
+            && now != 0
             && now != parts
         {
             record(now).await?;
         }
         self.release_lock(&lease).await?;
         outcome
+    }
+
+    /// The `parts` field of `sku`'s counter as it is (0: its parts are being
+    /// changed); `None` without a counter.
+    async fn parts_raw(&self, sku: &str) -> Result<Option<u16>, EngineError> {
+        let (available, parts): (Option<i64>, Option<u16>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["available", "parts"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(available.map(|_| parts.unwrap_or(1)))
+    }
+
+    /// Finishes a change of `sku`'s parts that was cut short (its counter
+    /// still marked changing, nobody changing it now), to the count
+    /// PostgreSQL recorded for it. Whether there was one to finish.
+    pub async fn finish_change(&self, pg: &sqlx::PgPool, sku: &str) -> Result<bool, EngineError> {
+        if self.parts_raw(sku).await? != Some(0) {
+            return Ok(false);
+        }
+        let target: Option<i16> = sqlx::query_scalar("SELECT parts FROM skus WHERE sku = $1")
+            .bind(sku)
+            .fetch_optional(pg)
+            .await?;
+        let Some(target) = target else {
+            return Ok(false);
+        };
+        let outcome = self
+            .set_parts(pg, sku, target.clamp(1, MAX_PARTS as i16) as u16)
+            .await?;
+        tracing::warn!(%sku, ?outcome, "finished a change of a SKU's parts that was cut short");
+        Ok(true)
     }
 
     async fn set_parts_locked(
@@ -611,15 +652,9 @@ impl Engine {
         lease: &crate::locks::Lease,
     ) -> Result<SplitOutcome, EngineError> {
         // The count part 0 says (0: a change was cut short).
-        let (available, from): (Option<i64>, Option<u16>) = redis::cmd("HMGET")
-            .arg(self.keys.sku(sku))
-            .arg(&["available", "parts"])
-            .query_async(&mut self.conn.clone())
-            .await?;
-        if available.is_none() {
+        let Some(from) = self.parts_raw(sku).await? else {
             return Ok(SplitOutcome::NotWarmed);
-        }
-        let from = from.unwrap_or(1);
+        };
         if from == parts {
             return Ok(SplitOutcome::Unchanged);
         }
@@ -665,6 +700,9 @@ impl Engine {
         self.make_parts(sku, parts, 0).await?;
         // Everything back to part 0, the old parts dropped, then spread.
         for name in old.iter().skip(1).filter(|n| !new.contains(n)) {
+            // Its buyers first: a change cut short before the drop finds the
+            // part (and them) again when it is run once more.
+            self.move_buyers(sku, name, &new).await?;
             let mut dropped = None;
             for _ in 0..3 {
                 self.finish_moves_of(sku, std::slice::from_ref(name), 0)
@@ -697,7 +735,6 @@ impl Engine {
                 None => tracing::error!(%sku, part = %name,
                     "an old part could not be emptied and was left; the next change of the SKU's parts empties it"),
             }
-            self.move_buyers(sku, name, &new).await?;
             self.extend_lock(lease, SPLIT_LEASE).await?;
         }
         // Part 0's own buyers, whose part may now be another.
@@ -725,7 +762,7 @@ impl Engine {
 
     /// Part 0's name, then every other part of `sku` that has a counter, of
     /// any count (one pipelined look).
-    async fn existing_parts(&self, sku: &str) -> Result<Vec<String>, EngineError> {
+    pub(crate) async fn existing_parts(&self, sku: &str) -> Result<Vec<String>, EngineError> {
         let names: Vec<String> = (2..=MAX_PARTS)
             .flat_map(|k| (1..k).map(move |j| part_name(sku, j, k)))
             .collect();

@@ -177,7 +177,7 @@ pub(crate) async fn read_counters(
     let mut pipe = redis::pipe();
     let mut split = Vec::new();
     for (i, (sku, c)) in skus.iter().zip(&counters).enumerate() {
-        if c.available.is_some() && c.parts > 1 {
+        if c.available.is_some() && c.parts > 1 && !c.changing {
             for part in 1..c.parts {
                 pipe.cmd("HMGET")
                     .arg(engine.keys.sku(&crate::keys::part_name(sku, part, c.parts)))
@@ -224,6 +224,7 @@ fn counters_of(c: &[Option<i64>]) -> Counters {
         parts: field(7)
             .unwrap_or(1)
             .clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16,
+        changing: field(7) == Some(0),
     }
 }
 
@@ -451,6 +452,12 @@ impl Page {
         for ((row, cur), open) in rows.iter().zip(&current).zip(&orphans) {
             // A split SKU (as its live counter says, else as PostgreSQL
             // recorded): part 0 is written here, the others stand.
+            if cur.changing {
+                // Its parts are being changed: its stock is on its way between
+                // parts, and the change warms nothing; left as it is.
+                report.existing += 1;
+                continue;
+            }
             let parts = if cur.available.is_some() {
                 cur.parts
             } else {

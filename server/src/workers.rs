@@ -542,6 +542,10 @@ async fn rebalance_loop(backends: Backends, shutdown: impl Future<Output = ()>) 
                 }
             };
             for sku in skus {
+                // A change of its parts cut short (a Redis error) is finished.
+                if let Err(e) = b.engine.finish_change(&b.pg, &sku).await {
+                    tracing::warn!(%sku, error = %e, "finishing a change of a SKU's parts failed");
+                }
                 match b.engine.rebalance(&sku).await {
                     Ok(0) => {}
                     Ok(units) => tracing::debug!(%sku, units, "evened out a split SKU's parts"),
