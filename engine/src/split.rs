@@ -29,6 +29,11 @@
 //! passes, the SKU as a whole (units on their way included) had fewer units
 //! than asked for. Only then is the answer "sold out"; when a `gen` moved, it
 //! looks again (a few times, then answers busy, never a false sold out).
+//!
+//! **Changing the count** ([`Engine::set_parts`]) marks every part as
+//! changing (`parts` 0) first: reservations answer busy, feeds wait, only the
+//! change moves units, and nothing measures or corrects the SKU until the new
+//! parts are stocked and marked with the new count.
 
 use std::collections::HashMap;
 use std::sync::RwLock;
@@ -878,12 +883,7 @@ impl Engine {
     /// there is a debt (arriving units pay a part's debt first). How many
     /// units moved.
     pub(crate) async fn pay_debts(&self, sku: &str, parts: u16) -> Result<i64, EngineError> {
-        let Some(full) = self
-            .read_full(sku, parts)
-            .await?
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(full) = self.read_all_parts(sku, parts).await? else {
             return Ok(0);
         };
         let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
@@ -913,6 +913,19 @@ impl Engine {
             }
         }
         Ok(moved)
+    }
+
+    /// Every part's counters; `None` when one is missing.
+    async fn read_all_parts(
+        &self,
+        sku: &str,
+        parts: u16,
+    ) -> Result<Option<Vec<PartFull>>, EngineError> {
+        Ok(self
+            .read_full(sku, parts)
+            .await?
+            .into_iter()
+            .collect::<Option<Vec<_>>>())
     }
 
     /// Every part's counters (`None`: missing), in part order.
@@ -1041,17 +1054,13 @@ impl Engine {
     /// forced warm-up, or a process that had not seen the split, wrote them
     /// to part 0 alone).
     async fn copy_settings(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
-        let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.keys.sku(sku))
-            .arg(&["limit", "opens", "closes"])
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let [limit, opens, closes] = self.settings_of(sku).await?;
         for j in 1..parts {
             let mut inv = self.scripts.schedule.prepare_invoke();
             inv.key(self.keys.sku(&part_name(sku, j, parts)))
-                .arg(opens.unwrap_or(0))
-                .arg(closes.unwrap_or(0))
-                .arg(limit.unwrap_or(0));
+                .arg(opens)
+                .arg(closes)
+                .arg(limit);
             inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
         }
         Ok(())
@@ -1060,25 +1069,31 @@ impl Engine {
     /// Makes every part of `sku` but part 0 that is missing, empty, with part
     /// 0's window and limit, marked `mark` (the count, or 0 while changing).
     async fn make_parts(&self, sku: &str, parts: u16, mark: u16) -> Result<(), EngineError> {
-        let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
-            .arg(self.keys.sku(sku))
-            .arg(&["limit", "opens", "closes"])
-            .query_async(&mut self.conn.clone())
-            .await?;
+        let [limit, opens, closes] = self.settings_of(sku).await?;
         for j in 1..parts {
             self.run_split(
                 &part_name(sku, j, parts),
                 &[
                     "make",
                     &mark.to_string(),
-                    &limit.unwrap_or(0).to_string(),
-                    &opens.unwrap_or(0).to_string(),
-                    &closes.unwrap_or(0).to_string(),
+                    &limit.to_string(),
+                    &opens.to_string(),
+                    &closes.to_string(),
                 ],
             )
             .await?;
         }
         Ok(())
+    }
+
+    /// Part 0's per-buyer limit, opening and closing time (0 where unset).
+    async fn settings_of(&self, sku: &str) -> Result<[i64; 3], EngineError> {
+        let (limit, opens, closes): (Option<i64>, Option<i64>, Option<i64>) = redis::cmd("HMGET")
+            .arg(self.keys.sku(sku))
+            .arg(&["limit", "opens", "closes"])
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok([limit.unwrap_or(0), opens.unwrap_or(0), closes.unwrap_or(0)])
     }
 
     /// Corrects a split SKU's drift (`available - owed` of all its parts
@@ -1124,12 +1139,7 @@ impl Engine {
         if parts < 2 {
             return Ok(0);
         }
-        let Some(full) = self
-            .read_full(sku, parts)
-            .await?
-            .into_iter()
-            .collect::<Option<Vec<_>>>()
-        else {
+        let Some(full) = self.read_all_parts(sku, parts).await? else {
             return Ok(0);
         };
         if full.iter().any(|r| r.moving > 0) {

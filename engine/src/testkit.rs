@@ -1062,6 +1062,35 @@ pub async fn add_sku(pg: &sqlx::PgPool, sku: &str, on_hand: i64) {
         .expect("insert a test SKU");
 }
 
+/// A private Redis and the backends over it and `pg`, with `sku` in the
+/// catalogue (`on_hand` units, per-buyer `limit`, 0 for none) and warmed
+/// from it.
+///
+/// # Panics
+/// When PostgreSQL or Redis fails.
+pub async fn warmed_sku(
+    pg: &sqlx::PgPool,
+    sku: &str,
+    on_hand: i64,
+    limit: i32,
+) -> (TestRedis, crate::Backends) {
+    let redis = TestRedis::start();
+    add_sku(pg, sku, on_hand).await;
+    if limit > 0 {
+        sqlx::query("UPDATE skus SET per_buyer_limit = $2 WHERE sku = $1")
+            .bind(sku)
+            .bind(limit)
+            .execute(pg)
+            .await
+            .expect("set a test limit");
+    }
+    let b = backends(pg.clone(), &redis.url()).await;
+    crate::warmup::warm_all(&b.engine, pg, crate::warmup::WarmOptions::default(), |_| {})
+        .await
+        .expect("warm the test SKU");
+    (redis, b)
+}
+
 /// Moves `field` of `sku`'s counters by `by` behind the engine's back (a drifted
 /// or corrupted counter, for tests of reconciliation and verification).
 pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i64) {

@@ -159,16 +159,9 @@ pub(crate) async fn read_counters(
     }
     let mut pipe = redis::pipe();
     for sku in skus {
-        pipe.cmd("HMGET").arg(engine.keys.sku(sku)).arg(&[
-            "available",
-            "reserved",
-            "sold_pending",
-            "settled",
-            "owed",
-            "fed",
-            "moving",
-            "parts",
-        ]);
+        pipe.cmd("HMGET")
+            .arg(engine.keys.sku(sku))
+            .arg(&COUNTER_FIELDS);
     }
     let rows: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
     let mut counters: Vec<Counters> = rows.iter().map(|c| counters_of(c)).collect();
@@ -181,15 +174,7 @@ pub(crate) async fn read_counters(
             for part in 1..c.parts {
                 pipe.cmd("HMGET")
                     .arg(engine.keys.sku(&crate::keys::part_name(sku, part, c.parts)))
-                    .arg(&[
-                        "available",
-                        "reserved",
-                        "sold_pending",
-                        "settled",
-                        "owed",
-                        "fed",
-                        "moving",
-                    ]);
+                    .arg(&COUNTER_FIELDS);
                 split.push(i);
             }
         }
@@ -209,6 +194,18 @@ pub(crate) async fn read_counters(
     }
     Ok(counters)
 }
+
+/// The fields [`read_counters`] reads of each counter, in [`counters_of`]'s order.
+const COUNTER_FIELDS: [&str; 8] = [
+    "available",
+    "reserved",
+    "sold_pending",
+    "settled",
+    "owed",
+    "fed",
+    "moving",
+    "parts",
+];
 
 /// One counter's fields, in [`read_counters`]' order.
 fn counters_of(c: &[Option<i64>]) -> Counters {

@@ -16,24 +16,9 @@ use holdfast_engine::{
 use redis::Value;
 use sqlx::PgPool;
 
-/// A test Redis, the engine over it and `pg`, with `sku` in the catalogue
-/// (`on_hand` units, per-buyer `limit`, 0 for none) and warmed.
+/// A test Redis and the backends over it and `pg`, with `sku` warmed.
 async fn setup(pg: &PgPool, sku: &str, on_hand: i64, limit: i32) -> (TestRedis, Backends) {
-    let redis = TestRedis::start();
-    add_sku(pg, sku, on_hand).await;
-    if limit > 0 {
-        sqlx::query("UPDATE skus SET per_buyer_limit = $2 WHERE sku = $1")
-            .bind(sku)
-            .bind(limit)
-            .execute(pg)
-            .await
-            .unwrap();
-    }
-    let b = holdfast_engine::testkit::backends(pg.clone(), &redis.url()).await;
-    warm_all(&b.engine, pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
-    (redis, b)
+    holdfast_engine::testkit::warmed_sku(pg, sku, on_hand, limit).await
 }
 
 /// Every entry of every shard stream for `sku`'s parts (and its own name):
