@@ -1,8 +1,9 @@
-//! Property test: random sequences of reserve, confirm, release, expiry, restock
-//! and rebalancing against a plain in-memory model of one counter, on an
+//! Property test: random sequences of reserve, confirm, release, expiry,
+//! restock, damage (a feed's decrease while no hold is open) and rebalancing
+//! against a plain in-memory model of one counter, on an
 //! unsplit SKU and on one split into parts. Outcomes must equal the model's,
-//! counters never go negative, and available + reserved + sold_pending always
-//! equals what was supplied.
+//! counters never go negative, and available + reserved + sold_pending - owed
+//! always equals what was supplied.
 
 use std::collections::HashMap;
 
@@ -17,11 +18,28 @@ const SKU: &str = "PROP-1";
 
 #[derive(Debug, Clone)]
 enum Op {
-    Reserve { id: u8, qty: i64 },
-    Confirm { id: u8 },
-    Release { id: u8 },
-    Expire { id: u8 },
-    Restock { qty: i64 },
+    Reserve {
+        id: u8,
+        qty: i64,
+    },
+    Confirm {
+        id: u8,
+    },
+    Release {
+        id: u8,
+    },
+    Expire {
+        id: u8,
+    },
+    Restock {
+        qty: i64,
+    },
+    /// Units a feed removes (damaged): applied only while no hold is open,
+    /// where a split SKU's debt (which the parts' own holds pay back) cannot
+    /// differ from one counter's (docs/stock-rules.md, "Split SKUs").
+    Damage {
+        qty: i64,
+    },
     Rebalance,
 }
 
@@ -32,6 +50,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..8).prop_map(|id| Op::Release { id }),
         1 => (0u8..8).prop_map(|id| Op::Expire { id }),
         1 => (1i64..5).prop_map(|qty| Op::Restock { qty }),
+        1 => (1i64..4).prop_map(|qty| Op::Damage { qty }),
         1 => Just(Op::Rebalance),
     ]
 }
@@ -40,6 +59,8 @@ fn op() -> impl Strategy<Value = Op> {
 struct Model {
     supplied: i64,
     available: i64,
+    /// Units a feed removed beyond what was available (no hold was open).
+    owed: i64,
     reserved: i64,
     sold: i64,
     holds: HashMap<u8, (i64, HoldState)>,
@@ -238,7 +259,28 @@ async fn run_case(
                     .await
                     .unwrap();
                 m.supplied += qty;
-                m.available += qty;
+                let effective = m.available - m.owed + qty;
+                (m.available, m.owed) = if effective < 0 {
+                    (0, -effective)
+                } else {
+                    (effective, 0)
+                };
+            }
+            Op::Damage { qty } => {
+                if m.reserved == 0 {
+                    engine
+                        .apply_delta(SKU, -qty, "prop", &format!("damage-{step}"))
+                        .await
+                        .unwrap();
+                    m.supplied -= qty;
+                    // Below 0, the rest is owed: a later restock pays it first.
+                    let effective = m.available - m.owed - qty;
+                    (m.available, m.owed) = if effective < 0 {
+                        (0, -effective)
+                    } else {
+                        (effective, 0)
+                    };
+                }
             }
             Op::Rebalance => {
                 engine.rebalance(SKU).await.unwrap();
@@ -250,14 +292,14 @@ async fn run_case(
             "step {step}: {f:?}"
         );
         prop_assert_eq!(
-            f.available + f.reserved + f.sold_pending,
+            f.available + f.reserved + f.sold_pending - f.owed,
             m.supplied,
             "conservation at step {}",
             step
         );
         prop_assert_eq!(
-            (f.available, f.reserved, f.sold_pending, f.moving),
-            (m.available, m.reserved, m.sold, 0)
+            (f.available, f.reserved, f.sold_pending, f.moving, f.owed),
+            (m.available, m.reserved, m.sold, 0, m.owed)
         );
     }
     Ok(())
