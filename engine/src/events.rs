@@ -247,17 +247,9 @@ pub async fn recent_for_sku(
     limit: usize,
     scan: usize,
 ) -> Result<Vec<Event>, EngineError> {
-    let keys = engine.keyspace();
     let mut out = Vec::new();
     for shard in shards_of(engine, sku).await? {
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(keys.events(shard))
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(scan.max(1))
-            .query_async(&mut engine.connection())
-            .await?;
+        let reply = newest_entries(engine, shard, scan).await?;
         out.extend(
             reply
                 .ids
@@ -272,6 +264,22 @@ pub async fn recent_for_sku(
     Ok(out)
 }
 
+/// The newest `count` (at least 1) entries of `shard`'s stream, newest first.
+async fn newest_entries(
+    engine: &crate::Engine,
+    shard: u16,
+    count: usize,
+) -> Result<redis::streams::StreamRangeReply, EngineError> {
+    Ok(redis::cmd("XREVRANGE")
+        .arg(engine.keyspace().events(shard))
+        .arg("+")
+        .arg("-")
+        .arg("COUNT")
+        .arg(count.max(1))
+        .query_async(&mut engine.connection())
+        .await?)
+}
+
 /// A stream entry id (`<ms>-<seq>`) as numbers, for ordering entries of
 /// several streams (Redis' clock gives every stream's ids).
 fn entry_order(id: &str) -> (u64, u64) {
@@ -282,17 +290,9 @@ fn entry_order(id: &str) -> (u64, u64) {
 /// The id of the newest entry in `sku`'s shard streams (`0-0` when empty): a
 /// position to read [`for_sku_since`] from later.
 pub async fn latest_id(engine: &crate::Engine, sku: &str) -> Result<String, EngineError> {
-    let keys = engine.keyspace();
     let mut newest = "0-0".to_owned();
     for shard in shards_of(engine, sku).await? {
-        let reply: redis::streams::StreamRangeReply = redis::cmd("XREVRANGE")
-            .arg(keys.events(shard))
-            .arg("+")
-            .arg("-")
-            .arg("COUNT")
-            .arg(1)
-            .query_async(&mut engine.connection())
-            .await?;
+        let reply = newest_entries(engine, shard, 1).await?;
         if let Some(e) = reply.ids.into_iter().next()
             && entry_order(&e.id) > entry_order(&newest)
         {

@@ -425,7 +425,7 @@ impl Engine {
         force: &str,
     ) -> Result<i64, EngineError> {
         let tid = uuid::Uuid::new_v4().simple().to_string();
-        let out = self.run_move_as(from, "out", &tid, want, to, force).await?;
+        let out = self.run_move(from, "out", &tid, want, to, force).await?;
         if out.tag()? != "out" {
             return Ok(0);
         }
@@ -446,29 +446,18 @@ impl Engine {
     /// has no counter, the units go back to `from`.
     async fn deliver(&self, from: &str, to: &str, tid: &str, qty: i64) -> Result<(), EngineError> {
         let guard_ms = self.config.guard_ttl.as_millis().to_string();
-        let got = self.run_move(to, "in", tid, qty, &guard_ms).await?;
+        let got = self.run_move(to, "in", tid, qty, &guard_ms, "").await?;
         let finish = if got.tag()? == "not_warmed" {
             "back"
         } else {
             "done"
         };
-        self.run_move(from, finish, tid, qty, "").await?;
+        self.run_move(from, finish, tid, qty, "", "").await?;
         Ok(())
     }
 
-    /// Runs one step of `move.lua` on part `name`.
+    /// Runs one step of `move.lua` on part `name` (`force`: its ARGV[6]).
     async fn run_move(
-        &self,
-        name: &str,
-        mode: &str,
-        tid: &str,
-        qty: i64,
-        extra: &str,
-    ) -> Result<Reply, EngineError> {
-        self.run_move_as(name, mode, tid, qty, extra, "").await
-    }
-
-    async fn run_move_as(
         &self,
         name: &str,
         mode: &str,
