@@ -8,7 +8,11 @@
 -- then, for line i = 1..n (the hold's lines, in its order), at b = 3 + 3 * (i - 1):
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --
--- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired'
+-- ARGV[1] reservation id   ARGV[2] reason: 'released' | 'expired' | 'undo'
+--          ('undo': a request that does not own the id, or a cart's failed
+--          attempt, takes back what it made; ended as 'released' and its record,
+--          a refused one or an ended one too, deleted in the same step, so no
+--          other attempt's hold made meanwhile under the id is ever deleted)
 -- ARGV[3] tombstone ttl ms (how long the ended hold is remembered)
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
 --          optionally 'fp:' and the fingerprint of the request that made the
@@ -25,17 +29,26 @@
 --   {'mismatch'}           the keys given do not match the hold's lines
 --   {'busy'}               a cart's confirmation is deciding this part: nothing moves
 local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local undo = reason == 'undo'
+if undo then reason = 'released' end
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer', 'fp')
--- A refused request's record (reserve.lua) is no hold.
-if not h[1] or h[1] == 'refused' then return {'unknown'} end
+if not h[1] then return {'unknown'} end
 -- A caller that knew the hold from memory named the request that made it
 -- ('fp:<fingerprint>' last; no SKU has a ':'): any other hold under the id is
 -- a mismatch, whatever its state.
 local named = string.sub(ARGV[#ARGV], 1, 3) == 'fp:'
 if named and string.sub(ARGV[#ARGV], 4) ~= h[5] then return {'mismatch'} end
 local skus = #ARGV - 3 - (named and 1 or 0)
+-- A refused request's record (reserve.lua) is no hold.
+if h[1] == 'refused' then
+  if undo then redis.call('DEL', KEYS[1]) end
+  return {'unknown'}
+end
 if h[1] == 'confirming' then return {'busy'} end
-if h[1] ~= 'held' then return {'gone', h[1]} end
+if h[1] ~= 'held' then
+  if undo and h[1] ~= 'confirmed' then redis.call('DEL', KEYS[1]) end
+  return {'gone', h[1]}
+end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -75,6 +88,10 @@ for j = 1, i do
     'sold_pending', pending, 'owed', owed, 'ts', now)
 end
 redis.call('ZREM', KEYS[2], rid)
-redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)
-redis.call('PEXPIRE', KEYS[1], tomb)
+if undo then
+  redis.call('DEL', KEYS[1])
+else
+  redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)
+  redis.call('PEXPIRE', KEYS[1], tomb)
+end
 return {'released', reason}

@@ -119,7 +119,7 @@ impl Engine {
                 failed => {
                     // Undo every part made, this attempt's or an earlier one's,
                     // so the id is free again and a retry answers the same.
-                    self.undo_parts(rid, &made).await;
+                    self.undo_parts(rid, &made, fp).await;
                     return match failed {
                         Ok(ReserveOutcome::AlreadyReserved { .. }) => {
                             Ok(ReserveOutcome::Conflict {
@@ -140,9 +140,9 @@ impl Engine {
 
     /// Undoes every part in `made` (best effort: a part that cannot be undone now
     /// keeps the cart's deadline and is ended whole by the reaper).
-    async fn undo_parts(&self, rid: &str, made: &[(u16, Vec<Line>)]) {
+    async fn undo_parts(&self, rid: &str, made: &[(u16, Vec<Line>)], fp: &str) {
         for (shard, lines) in made {
-            if let Err(e) = self.undo_part(*shard, rid, lines).await {
+            if let Err(e) = self.undo_part(*shard, rid, lines, fp).await {
                 tracing::warn!(reservation = %rid, shard, error = %e,
                     "could not undo a cart's part; it ends with the cart's deadline");
             }

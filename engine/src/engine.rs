@@ -482,17 +482,16 @@ impl Engine {
             // This request's hold here, made now or left by an attempt whose
             // undo was cut short: never the owner's, so it goes.
             ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. } => {
-                self.undo_part(shard, rid, lines).await?
+                self.undo_part(shard, rid, lines, fp).await?
             }
+            // Its refusal's record goes too (the same script: only this
+            // request's record, never a hold another made since).
             ReserveOutcome::SoldOut { .. }
             | ReserveOutcome::LimitExceeded { .. }
             | ReserveOutcome::BuyerRequired { .. }
                 if !replayed =>
             {
-                redis::cmd("DEL")
-                    .arg(self.keys.hold(shard, rid))
-                    .query_async::<()>(&mut self.conn.clone())
-                    .await?;
+                self.undo_part(shard, rid, lines, fp).await?
             }
             _ => {}
         }
@@ -755,38 +754,42 @@ impl Engine {
         })
     }
 
-    /// Undoes one shard's part of a cart whose other part failed, and forgets the
-    /// id there so the caller may try the same cart again.
+    /// Undoes what the request fingerprinted `fp` made under `rid` in one shard
+    /// (a cart's part whose other part failed, or a hold or refusal of a request
+    /// that does not own the id) and forgets it there, so the caller may try the
+    /// same cart again. One script ends the hold and deletes its record
+    /// (`release.lua`'s 'undo'): a copy of the request that made a hold again
+    /// meanwhile keeps it until its own undo, and another request's hold under
+    /// the id is never touched.
     pub(crate) async fn undo_part(
         &self,
         shard: u16,
         rid: &str,
         lines: &[Line],
+        fp: &str,
     ) -> Result<(), EngineError> {
+        let buyer: Option<String> = redis::cmd("HGET")
+            .arg(self.keys.hold(shard, rid))
+            .arg("buyer")
+            .query_async(&mut self.conn.clone())
+            .await?;
         let hold = Hold {
             reservation_id: rid.to_owned(),
             state: HoldState::Held,
             lines: lines.to_vec(),
-            buyer: None,
+            buyer: buyer.filter(|b| !b.is_empty()),
             expires_at_ms: 0,
             created_at_ms: 0,
         };
-        let mut conn = self.conn.clone();
-        let buyer: Option<String> = redis::cmd("HGET")
-            .arg(self.keys.hold(shard, rid))
-            .arg("buyer")
-            .query_async(&mut conn)
-            .await?;
-        let hold = Hold {
-            buyer: buyer.filter(|b| !b.is_empty()),
-            ..hold
-        };
-        self.release_in_shard(shard, &hold, HoldState::Released)
-            .await?;
-        redis::cmd("DEL")
-            .arg(self.keys.hold(shard, rid))
-            .query_async::<()>(&mut conn)
-            .await?;
+        self.run_on_hold(
+            &self.scripts.release,
+            shard,
+            &hold,
+            Some("undo"),
+            None,
+            Some(fp),
+        )
+        .await?;
         Ok(())
     }
 
