@@ -30,6 +30,7 @@ use tower_http::trace::TraceLayer;
 
 use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
+use crate::http::deadline::Deadline;
 use crate::http::edge::{ConnectionSlot, EdgeConfig};
 use crate::live::hub::LiveConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
@@ -117,6 +118,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api::routes(
             state.edge.api_max_body,
             state.edge.api_deadline,
+            Deadline::bulk(state.edge.request_timeout),
         ))
         .merge(routes::ingest::routes(state.edge.api_deadline))
         .merge(routes::metrics::routes())

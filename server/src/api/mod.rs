@@ -116,10 +116,16 @@ where
         .split_for_parts()
 }
 
+/// Whether `path` is one of the bulk routes (a whole drop file): a larger
+/// body limit ([`drops::BODY_LIMIT`]) and the bulk deadline apply.
+fn is_bulk(path: &str) -> bool {
+    path.starts_with("/api/v1/drops/")
+}
+
 /// The `/api/v1` routes, with the document served at `/api/v1/openapi.json`;
 /// bodies over `max_body` bytes are refused (413) and every request is answered
-/// within `deadline`.
-pub fn routes<S>(max_body: usize, deadline: Deadline) -> Router<S>
+/// within `deadline`, a bulk route's within `bulk` (see [`Deadline::bulk`]).
+pub fn routes<S>(max_body: usize, deadline: Deadline, bulk: Deadline) -> Router<S>
 where
     S: Clone + Send + Sync + 'static,
     ApiState: FromRef<S>,
@@ -139,7 +145,7 @@ where
         .layer(axum::middleware::from_fn(
             move |request: axum::extract::Request, next: axum::middleware::Next| async move {
                 // The limit of the route asked, so a 413 names the one that applies.
-                let limit = if request.uri().path().starts_with("/api/v1/drops/") {
+                let limit = if is_bulk(request.uri().path()) {
                     drops::BODY_LIMIT
                 } else {
                     max_body
@@ -147,9 +153,15 @@ where
                 rejection_as_json(next.run(request).await, limit).await
             },
         ))
-        .layer(axum::middleware::from_fn_with_state(
-            deadline,
-            crate::http::deadline::within_deadline,
+        .layer(axum::middleware::from_fn(
+            move |request: axum::extract::Request, next: axum::middleware::Next| {
+                let deadline = if is_bulk(request.uri().path()) {
+                    bulk
+                } else {
+                    deadline
+                };
+                crate::http::deadline::run_within(deadline, request, next)
+            },
         ))
 }
 

@@ -42,6 +42,15 @@ impl Deadline {
     pub fn work(self) -> Duration {
         self.0 - (self.0 / 6).min(Duration::from_millis(500))
     }
+
+    /// The deadline of bulk routes (a whole drop file, thousands of SKUs):
+    /// as long as the connection's request timeout allows, less the same
+    /// margin as [`Deadline::work`], so its 503 is answered before the edge
+    /// would cut the request off. A checkout call's deadline is for calls of
+    /// a millisecond; a drop of 10,000 SKUs takes seconds of real work.
+    pub fn bulk(request_timeout: Duration) -> Self {
+        Self(Self(request_timeout).work())
+    }
 }
 
 /// Where a request's body is: not asked for yet, awaited, or arrived whole.
@@ -97,6 +106,12 @@ pub async fn within_deadline(
     request: Request,
     next: Next,
 ) -> Response {
+    run_within(deadline, request, next).await
+}
+
+/// Runs the rest of the stack under `deadline` (for a layer that picks the
+/// deadline by route, as the API's does for its bulk routes).
+pub async fn run_within(deadline: Deadline, request: Request, next: Next) -> Response {
     use axum::body::HttpBody;
     let started = Instant::now();
     // An empty body has arrived before anything is read.
@@ -160,6 +175,18 @@ mod tests {
         assert_eq!(
             Deadline(Duration::from_secs(30)).work(),
             Duration::from_millis(29_500)
+        );
+    }
+
+    #[test]
+    fn bulk_routes_end_before_the_request_timeout() {
+        assert_eq!(
+            Deadline::bulk(Duration::from_secs(15)),
+            Deadline(Duration::from_millis(14_500))
+        );
+        assert_eq!(
+            Deadline::bulk(Duration::from_secs(3)),
+            Deadline(Duration::from_millis(2_500))
         );
     }
 }
