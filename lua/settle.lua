@@ -1,33 +1,62 @@
--- settle.lua: after PostgreSQL committed a sale, take it out of sold_pending, once,
+-- settle.lua: after PostgreSQL committed sales, take each out of sold_pending, once,
 -- and count it in `settled` (compared with PostgreSQL's skus.sold_recorded by
 -- reconciliation, so a sale between commit and settle is never taken for drift).
+-- Many lines of one shard per call (the write-behind sends a batch's lines in
+-- chunks): one call instead of one per sale, and one `settled` event per SKU
+-- instead of one per sale, which the write-behind and the live views read back.
 --
--- KEYS[1]  hold hash            hf:{hfN.j}:hold:<rid>   (remembers which lines are settled)
--- KEYS[2]  SKU counters hash    hf:{hfN.j}:sku:<sku>
--- KEYS[3]  shard event stream   hf:{hfN.j}:events
+-- KEYS[1]                 shard event stream   hf:{hfN.j}:events
+-- KEYS[2i], KEYS[2i+1]    line i's hold hash   hf:{hfN.j}:hold:<rid> (remembers which lines are settled)
+--                         and its SKU's counters hash hf:{hfN.j}:sku:<sku>
+-- ARGV[4i-3 .. 4i]        line i's reservation id, sku, qty, and the epoch of the
+--                         counter the sale moved (its event's; '' for none)
 --
--- ARGV[1] reservation id   ARGV[2] sku   ARGV[3] qty
--- ARGV[4] the epoch of the counter the sale moved (its event's; '' for none)
---
--- Returns {'settled', sold_pending}, {'already'} (settled before: nothing moves),
--- {'rebuilt'} (the counter was built again after the sale, from PostgreSQL or
--- by late.lua: it already counts the sale as recorded and never had it pending,
--- so only the hold is marked), or {'no_hold'} (the hold's record has lapsed;
+-- Returns one tag per line: 'settled', 'already' (settled before: nothing moves),
+-- 'rebuilt' (the counter was built again after the sale, from PostgreSQL or by
+-- late.lua: it already counts the sale as recorded and never had it pending, so
+-- only the hold is marked), or 'no_hold' (the hold's record has lapsed;
 -- reconciliation will see the difference as stranded units and never oversell).
-local rid, sku, qty = ARGV[1], ARGV[2], tonumber(ARGV[3])
-if redis.call('EXISTS', KEYS[1]) == 0 then return {'no_hold'} end
-if redis.call('HSETNX', KEYS[1], 'settled:' .. sku, '1') == 0 then return {'already'} end
-if redis.call('EXISTS', KEYS[2]) == 0 then return {'settled', 0} end
-if (redis.call('HGET', KEYS[2], 'epoch') or '') ~= ARGV[4] then return {'rebuilt'} end
-redis.call('HINCRBY', KEYS[2], 'settled', qty)
-local pending = redis.call('HINCRBY', KEYS[2], 'sold_pending', -qty)
-if pending < 0 then
-  redis.call('HSET', KEYS[2], 'sold_pending', 0)
-  pending = 0
+-- Each SKU whose sold_pending fell gets one `settled` event after its last line:
+-- qty the units settled in this call, the figures as they then are, and the
+-- reservation id when it was one line.
+local lines = #ARGV / 4
+local tags, fell, order = {}, {}, {}
+for i = 1, lines do
+  local hold, counter = KEYS[2 * i], KEYS[2 * i + 1]
+  local rid, sku = ARGV[4 * i - 3], ARGV[4 * i - 2]
+  local qty, epoch = tonumber(ARGV[4 * i - 1]), ARGV[4 * i]
+  local tag = 'settled'
+  if redis.call('EXISTS', hold) == 0 then
+    tag = 'no_hold'
+  elseif redis.call('HSETNX', hold, 'settled:' .. sku, '1') == 0 then
+    tag = 'already'
+  elseif redis.call('EXISTS', counter) == 0 then
+    tag = 'settled'
+  elseif (redis.call('HGET', counter, 'epoch') or '') ~= epoch then
+    tag = 'rebuilt'
+  else
+    redis.call('HINCRBY', counter, 'settled', qty)
+    if redis.call('HINCRBY', counter, 'sold_pending', -qty) < 0 then
+      redis.call('HSET', counter, 'sold_pending', 0)
+    end
+    local f = fell[counter]
+    if f then
+      f.qty, f.rid = f.qty + qty, ''
+    else
+      fell[counter] = {sku = sku, qty = qty, rid = rid}
+      order[#order + 1] = counter
+    end
+  end
+  tags[i] = tag
 end
-local c = redis.call('HMGET', KEYS[2], 'available', 'reserved')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-redis.call('XADD', KEYS[3], '*', 'kind', 'settled', 'sku', sku,
-  'qty', qty, 'rid', rid, 'available', c[1], 'reserved', c[2], 'sold_pending', pending, 'ts', now)
-return {'settled', pending}
+if #order > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  for _, counter in ipairs(order) do
+    local f = fell[counter]
+    local c = redis.call('HMGET', counter, 'available', 'reserved', 'sold_pending')
+    redis.call('XADD', KEYS[1], '*', 'kind', 'settled', 'sku', f.sku,
+      'qty', f.qty, 'rid', f.rid, 'available', c[1], 'reserved', c[2], 'sold_pending', c[3], 'ts', now)
+  end
+end
+return tags

@@ -42,7 +42,9 @@ pub enum EventKind {
     Delta,
     /// A feed's absolute count.
     Snapshot,
-    /// A sale written to PostgreSQL: `sold_pending` fell by `qty`.
+    /// Sales written to PostgreSQL: `sold_pending` fell by `qty` (one event
+    /// per SKU for each `settle.lua` call, which settles many lines; `rid` only
+    /// when it settled one).
     Settled,
     /// Reconciliation fixed a drifted counter: `available` changed by `qty`.
     Corrected,

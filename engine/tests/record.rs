@@ -1196,3 +1196,84 @@ async fn warm_up_in_small_pages_writes_each_counter_once(pg: PgPool) {
         assert_eq!(last["sold_pending"], "0", "{sku}");
     }
 }
+
+/// The `settled` events of `sku` in its shard's stream: their quantities.
+async fn settled_events(redis: &TestRedis, engine: &Engine, sku: &str) -> Vec<i64> {
+    type Entry = (String, std::collections::HashMap<String, String>);
+    let entries: Vec<Entry> = redis::cmd("XRANGE")
+        .arg(engine.keyspace().events(engine.keyspace().shard_of(sku)))
+        .arg("-")
+        .arg("+")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    entries
+        .iter()
+        .filter(|(_, f)| f["kind"] == "settled" && f["sku"] == sku)
+        .map(|(_, f)| f["qty"].parse().unwrap())
+        .collect()
+}
+
+/// A batch's sales are settled many lines to a `settle.lua` call (in chunks):
+/// every sale leaves `sold_pending` once, and each SKU gets one `settled`
+/// event per call instead of one per sale, carrying what the call settled. A
+/// batch settled again (its consumer died before acknowledging it) moves
+/// nothing and adds no event.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_batch_settles_every_sale_once_with_one_event_per_sku_and_call(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "ST-1", 200).await;
+    add_sku(&pg, "ST-2", 20).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    // More sales of one SKU than one call takes.
+    sell(&engine, "many", "ST-1", 150).await;
+    sell(&engine, "few", "ST-2", 10).await;
+    let mut dying = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            fault: Some(Fault::BeforeAck),
+            ..config("settler")
+        },
+    );
+    dying.ensure_groups().await.unwrap();
+    assert!(dying.run_once().await.is_err(), "dies before acknowledging");
+    let mut first = Vec::new();
+    for (sku, sold) in [("ST-1", 150), ("ST-2", 10)] {
+        let settles = settled_events(&redis, &engine, sku).await;
+        assert_eq!(settles.iter().sum::<i64>(), sold, "{sku}: {settles:?}");
+        assert!(
+            settles.len() <= (sold as usize).div_ceil(64),
+            "{sku}: one settled event per call, not per sale: {settles:?}"
+        );
+        first.push(settles);
+    }
+    // The same consumer reads its pending entries again and settles them again.
+    let mut again = worker(&engine, &pg, redis.connection().await, config("settler"));
+    drain(&engine, &mut again).await;
+    for ((sku, sold, on_hand), settles) in
+        [("ST-1", 150, 50), ("ST-2", 10, 10)].into_iter().zip(first)
+    {
+        let f = engine.figures(sku).await.unwrap().unwrap();
+        assert_eq!(
+            (f.available, f.reserved, f.sold_pending),
+            (on_hand, 0, 0),
+            "{sku}"
+        );
+        assert_eq!(
+            settled(&redis, &engine, sku).await,
+            sold,
+            "{sku}: settled once each"
+        );
+        assert_eq!(counts(&pg, sku).await, (sold, sold, on_hand, sold), "{sku}");
+        assert_eq!(
+            settled_events(&redis, &engine, sku).await,
+            settles,
+            "{sku}: no new event"
+        );
+    }
+}
