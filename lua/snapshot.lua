@@ -10,6 +10,11 @@
 --         moved here: what those parts keep (their reserved + sold_pending +
 --         available - owed + moving); absent otherwise. This part's own units
 --         moving out are counted here, when it runs
+-- ARGV[8] with ARGV[7]: this part's figures when the other parts were read
+--         (`available:reserved:sold_pending:owed:moving:gen`); if they changed
+--         since, the count is not applied ({'moved'}) and the caller reads again:
+--         units that moved between this part and another meanwhile would be
+--         counted twice or not at all
 --
 -- The feed cannot know about open holds or sales not yet in its books, so what is
 -- sellable is on_hand - reserved - sold_pending. When that is negative (the feed
@@ -20,7 +25,7 @@
 -- A split SKU without ARGV[7] answers {'split', parts} and changes nothing.
 --
 -- Returns {'applied', available, previous_available, owed}, {'stale', current_version},
--- {'duplicate'}, {'split', parts} or {'not_warmed'}.
+-- {'duplicate'}, {'split', parts}, {'moved'} or {'not_warmed'}.
 local function whole(v)
   local n = tonumber(v)
   -- Exact in Lua's doubles: |n| < 2^53.
@@ -33,7 +38,7 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving', 'gen')
 if not c[1] then return {'not_warmed'} end
 local others = whole(ARGV[7] or '0')
 if not others then return redis.error_reply('ERR snapshot.lua: the other parts\' units must be a whole number') end
@@ -41,6 +46,9 @@ local parts = tonumber(c[7] or '1')
 if parts == 0 or (parts > 1 and not ARGV[7]) then return {'split', parts} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
+if ARGV[8] and ARGV[8] ~= table.concat({c[1], c[2] or '0', c[3] or '0', c[5] or '0', c[8] or '0', c[9] or '0'}, ':') then
+  return {'moved'}
+end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
 local before = tonumber(c[1]) - tonumber(c[5] or '0')
 -- Units on their way out of this part land in another part: not on sale here.

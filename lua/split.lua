@@ -10,13 +10,19 @@
 --          {'not_warmed'} when the counter is missing.
 --   'make' ARGV[2] parts, ARGV[3] limit, ARGV[4] opens, ARGV[5] closes: a new
 --          part with nothing in it (stock arrives by move.lua), unless one is
---          there. Returns {'made'} or {'exists'}.
---   'owe'  ARGV[2] a signed change of the part's `owed` (never below 0).
+--          there. A part lost with its shard's data is made again with its
+--          share: ARGV[6] available, ARGV[7] owed, ARGV[8] reserved (units in
+--          its holds that survived), ARGV[9] settled (all 0 when absent).
+--          Returns {'made'} or {'exists'}.
+--   'owe'  ARGV[2] a signed change of the part's `owed` (never below 0); a
+--          debt taken on is paid first with the part's available units (units
+--          on sale pay a part's debt, as units arriving or coming back do).
 --          Returns {'owed', owed} or {'not_warmed'}.
 --   'drop' an old part, only if it is empty: no stock, no holds, nothing sold
---          pending, nothing moving. Returns {'dropped', sold, settled} (what
---          the part sold and settled, which the engine adds to part 0's
---          counts), {'gone'} or {'busy', available, reserved, sold_pending, moving}.
+--          pending, nothing moving, no debt (the engine hands a debt to part 0
+--          first). Returns {'dropped', sold, settled} (what the part sold and
+--          settled, which the engine adds to part 0's counts), {'gone'} or
+--          {'busy', available, reserved, sold_pending, moving, owed}.
 local mode = ARGV[1]
 local exists = redis.call('EXISTS', KEYS[1]) == 1
 if mode == 'mark' then
@@ -28,15 +34,26 @@ if mode == 'mark' then
 elseif mode == 'make' then
   if exists then return {'exists'} end
   local t = redis.call('TIME')
-  redis.call('HSET', KEYS[1], 'available', 0, 'reserved', 0, 'sold_pending', 0, 'sold', 0,
-    'settled', 0, 'owed', 0, 'moving', 0, 'gen', 0, 'parts', ARGV[2], 'limit', ARGV[3],
+  local n = function(i) return tonumber(ARGV[i] or '0') or 0 end
+  redis.call('HSET', KEYS[1], 'available', math.max(n(6), 0), 'reserved', math.max(n(8), 0),
+    'sold_pending', 0, 'sold', 0, 'settled', n(9), 'owed', math.max(n(7), 0), 'moving', 0,
+    'gen', 0, 'parts', ARGV[2], 'limit', ARGV[3],
     'opens', ARGV[4], 'closes', ARGV[5], 'epoch', t[1] .. '.' .. t[2])
   return {'made'}
 elseif mode == 'owe' then
   -- ARGV[2] units (signed) this part owes more: a feed's debt handed from part
   -- 0 to the parts whose holds will pay it back when they end.
   if not exists then return {'not_warmed'} end
-  local owed = redis.call('HINCRBY', KEYS[1], 'owed', tonumber(ARGV[2]))
+  local change = tonumber(ARGV[2])
+  if change > 0 then
+    local available = tonumber(redis.call('HGET', KEYS[1], 'available') or '0')
+    local paid = math.min(math.max(available, 0), change)
+    if paid > 0 then
+      redis.call('HINCRBY', KEYS[1], 'available', -paid)
+      change = change - paid
+    end
+  end
+  local owed = redis.call('HINCRBY', KEYS[1], 'owed', change)
   if owed < 0 then
     redis.call('HSET', KEYS[1], 'owed', 0)
     owed = 0
@@ -45,10 +62,11 @@ elseif mode == 'owe' then
 elseif mode == 'drop' then
   if not exists then return {'gone'} end
   local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'moving',
-    'sold', 'settled')
+    'sold', 'settled', 'owed')
   local a, r, p, m = tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0'),
     tonumber(c[4] or '0')
-  if a ~= 0 or r ~= 0 or p ~= 0 or m ~= 0 then return {'busy', a, r, p, m} end
+  local o = tonumber(c[7] or '0')
+  if a ~= 0 or r ~= 0 or p ~= 0 or m ~= 0 or o ~= 0 then return {'busy', a, r, p, m, o} end
   redis.call('DEL', KEYS[1])
   return {'dropped', tonumber(c[5] or '0'), tonumber(c[6] or '0')}
 end

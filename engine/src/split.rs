@@ -145,15 +145,60 @@ struct PartRow {
 }
 
 /// One part's counters, whole.
-#[derive(Debug, Clone, Copy)]
-struct PartFull {
-    available: i64,
-    reserved: i64,
-    sold_pending: i64,
-    owed: i64,
-    moving: i64,
-    settled: i64,
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct PartFull {
+    pub(crate) available: i64,
+    pub(crate) reserved: i64,
+    pub(crate) sold_pending: i64,
+    pub(crate) owed: i64,
+    pub(crate) moving: i64,
+    pub(crate) settled: i64,
+    /// `gen`: rises of `available` (see the module's "Sold out only when it is true").
+    pub(crate) rises: i64,
+    /// Feed movements applied (part 0's is the SKU's; see `lua/delta.lua`).
+    pub(crate) fed: i64,
 }
+
+impl PartFull {
+    /// The larger of each field of two reads of one part.
+    fn max(self, other: Self) -> Self {
+        Self {
+            available: self.available.max(other.available),
+            reserved: self.reserved.max(other.reserved),
+            sold_pending: self.sold_pending.max(other.sold_pending),
+            owed: self.owed.min(other.owed),
+            moving: self.moving.max(other.moving),
+            settled: self.settled.max(other.settled),
+            rises: self.rises.max(other.rises),
+            fed: self.fed.min(other.fed),
+        }
+    }
+
+    /// `available` and the fields a compare-and-set of the part checks, as
+    /// `snapshot.lua` reads them (`available:reserved:sold_pending:owed:moving:gen`).
+    pub(crate) fn fingerprint(&self) -> String {
+        format!(
+            "{}:{}:{}:{}:{}:{}",
+            self.available, self.reserved, self.sold_pending, self.owed, self.moving, self.rises
+        )
+    }
+}
+
+/// Every part of a split SKU read for a measure or a count
+/// ([`Engine::read_at_rest`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct PartsRead {
+    /// Each part's figures, part 0 first (`None`: the part has no counter).
+    pub(crate) rows: Vec<Option<PartFull>>,
+    /// Whether `rows` are every part at one moment with no unit on its way
+    /// between parts: their sums are the SKU's exactly. Otherwise each field
+    /// is the larger of two reads (the smaller `owed`), so no unit on its way
+    /// is missed (one may be counted twice): a bound that only holds back more.
+    pub(crate) exact: bool,
+}
+
+/// How many times [`Engine::read_at_rest`] reads the parts for a moment at rest.
+const AT_REST_TRIES: usize = 20;
 
 /// What gathering for a short part found.
 enum Gathered {
@@ -607,6 +652,24 @@ impl Engine {
         outcome
     }
 
+    /// Hands part `name`'s debt (units a feed removed that its holds were to
+    /// pay back; with no holds left, a debt of the SKU's) to part 0 of `sku`,
+    /// where receipts and returning units pay it: part 0 takes it on first,
+    /// so a crash between the two steps owes twice (sells less), never none.
+    async fn hand_debt_home(&self, sku: &str, name: &str) -> Result<(), EngineError> {
+        let owed: Option<i64> = redis::cmd("HGET")
+            .arg(self.keys.sku(name))
+            .arg("owed")
+            .query_async(&mut self.conn.clone())
+            .await?;
+        let owed = owed.unwrap_or(0);
+        if owed > 0 {
+            self.run_split(sku, &["owe", &owed.to_string()]).await?;
+            self.run_split(name, &["owe", &(-owed).to_string()]).await?;
+        }
+        Ok(())
+    }
+
     /// The `parts` field of `sku`'s counter as it is (0: its parts are being
     /// changed); `None` without a counter.
     async fn parts_raw(&self, sku: &str) -> Result<Option<u16>, EngineError> {
@@ -702,6 +765,7 @@ impl Engine {
                 self.finish_moves_of(sku, std::slice::from_ref(name), 0)
                     .await?;
                 self.move_units_as(name, sku, ALL, "force").await?;
+                self.hand_debt_home(sku, name).await?;
                 let reply = self.run_split(name, &["drop"]).await?;
                 if reply.tag()? != "busy" {
                     dropped = Some(reply);
@@ -930,12 +994,14 @@ impl Engine {
                     "owed",
                     "moving",
                     "settled",
+                    "gen",
+                    "fed",
                 ]);
         }
-        let rows: Vec<[Option<i64>; 6]> = pipe.query_async(&mut self.conn.clone()).await?;
+        let rows: Vec<[Option<i64>; 8]> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(rows
             .into_iter()
-            .map(|[a, r, p, o, m, s]| {
+            .map(|[a, r, p, o, m, s, g, f]| {
                 a.map(|available| PartFull {
                     available,
                     reserved: r.unwrap_or(0),
@@ -943,33 +1009,88 @@ impl Engine {
                     owed: o.unwrap_or(0),
                     moving: m.unwrap_or(0),
                     settled: s.unwrap_or(0),
+                    rises: g.unwrap_or(0),
+                    fed: f.unwrap_or(0),
                 })
             })
             .collect())
     }
 
+    /// Every part of `sku` (split into `parts`) at one moment with no unit on
+    /// its way between parts, so that their sums are the SKU's exactly: the
+    /// transfers under way are finished, then every part is read twice. When
+    /// both reads agree in every field and no part has units moving, no part
+    /// changed between its two reads (`available` cannot fall and come back
+    /// without `gen` rising, nor `moving` rise without `available` falling),
+    /// and every first read came before every second one: at the moment
+    /// between the two, the parts were as read, with nothing in flight. A
+    /// plain read can count a unit twice (landed in its target, not yet
+    /// forgotten by its source) or not at all (read in its target before it
+    /// landed, in its source after it left): a measure of drift, or a count
+    /// applied, was then off by those units.
+    ///
+    /// Tried [`AT_REST_TRIES`] times; while shoppers keep moving units the
+    /// answer may not be exact (see [`PartsRead::exact`]).
+    pub(crate) async fn read_at_rest(
+        &self,
+        sku: &str,
+        parts: u16,
+    ) -> Result<PartsRead, EngineError> {
+        let names: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
+        let mut last = self.read_full(sku, parts).await?;
+        for round in 0..AT_REST_TRIES {
+            if round > 0 {
+                tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            }
+            self.finish_moves_of(sku, &names, 0).await?;
+            let first = self.read_full(sku, parts).await?;
+            let second = self.read_full(sku, parts).await?;
+            if first == second && first.iter().flatten().all(|r| r.moving == 0) {
+                return Ok(PartsRead {
+                    rows: second,
+                    exact: true,
+                });
+            }
+            last = first
+                .iter()
+                .zip(&second)
+                .map(|(a, b)| match (a, b) {
+                    (Some(a), Some(b)) => Some(a.max(*b)),
+                    (a, b) => a.or(*b),
+                })
+                .collect();
+        }
+        Ok(PartsRead {
+            rows: last,
+            exact: false,
+        })
+    }
+
     /// What the parts other than part 0 keep of `sku`'s on-hand units (their
-    /// holds, sales pending, `available - owed` and units moving out of them):
-    /// what a count applied to part 0 must leave them (`snapshot.lua` counts
-    /// part 0's own units moving out when it runs).
+    /// holds, sales pending, `available - owed`), read at rest (see
+    /// [`Engine::read_at_rest`]), and part 0 as read at that moment (for
+    /// `snapshot.lua`'s compare-and-set): what a count applied to part 0 must
+    /// leave them. `None` while units keep moving between the parts.
     pub(crate) async fn kept_by_other_parts(
         &self,
         sku: &str,
         parts: u16,
-    ) -> Result<i64, EngineError> {
-        let rows = self.read_full(sku, parts).await?;
-        Ok(rows
+    ) -> Result<Option<(i64, PartFull)>, EngineError> {
+        let read = self.read_at_rest(sku, parts).await?;
+        let Some(Some(home)) = read.rows.first().copied() else {
+            return Ok(None);
+        };
+        if !read.exact {
+            return Ok(None);
+        }
+        let kept = read
+            .rows
             .iter()
-            .enumerate()
-            .flat_map(|(j, r)| r.map(|r| (j, r)))
-            .map(|(j, r)| {
-                if j == 0 {
-                    0
-                } else {
-                    r.reserved + r.sold_pending + r.available - r.owed + r.moving
-                }
-            })
-            .sum())
+            .skip(1)
+            .flatten()
+            .map(|r| r.reserved + r.sold_pending + r.available - r.owed + r.moving)
+            .sum();
+        Ok(Some((kept, home)))
     }
 
     /// Hands part 0's debt (units in holds a feed removed) to the parts whose
@@ -1009,7 +1130,9 @@ impl Engine {
         sku: &str,
         parts: u16,
     ) -> Result<(i64, i64), EngineError> {
-        let rows = self.read_full(sku, parts).await?;
+        // At rest, or else a bound that counts a unit on its way twice rather
+        // than not at all: part 0 gets at most what is its own.
+        let rows = self.read_at_rest(sku, parts).await?.rows;
         let (mut held, mut settled) = (0, 0);
         for (j, row) in rows.iter().enumerate() {
             let Some(r) = row else { continue };
@@ -1024,8 +1147,14 @@ impl Engine {
 
     /// After warm-up wrote part 0 of `sku`: it is marked as split into
     /// `parts`, and every other part that is missing (lost with its shard's
-    /// data) is made again, empty, with part 0's settings.
-    pub(crate) async fn keep_parts(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+    /// data) is made again with part 0's settings and its share of the
+    /// stock (see [`Engine::lost_part_share`]).
+    pub(crate) async fn keep_parts(
+        &self,
+        sku: &str,
+        parts: u16,
+        recorded: &holdfast_domain::Recorded,
+    ) -> Result<(), EngineError> {
         if self
             .run_split(sku, &["mark", &parts.to_string()])
             .await?
@@ -1035,8 +1164,87 @@ impl Engine {
             return Ok(());
         }
         self.splits.learn(sku, parts);
-        self.make_parts(sku, parts, parts).await?;
+        let [limit, opens, closes] = self.settings_of(sku).await?;
+        for j in 1..parts {
+            let name = part_name(sku, j, parts);
+            let exists: bool = redis::cmd("EXISTS")
+                .arg(self.keys.sku(&name))
+                .query_async(&mut self.conn.clone())
+                .await?;
+            if exists {
+                continue;
+            }
+            let share = self.lost_part_share(sku, parts, j, recorded).await?;
+            let made = self
+                .run_split(
+                    &name,
+                    &[
+                        "make",
+                        &parts.to_string(),
+                        &limit.to_string(),
+                        &opens.to_string(),
+                        &closes.to_string(),
+                        &share.available.max(0).to_string(),
+                        &(-share.available).max(0).to_string(),
+                        &share.reserved.to_string(),
+                        &share.settled.to_string(),
+                    ],
+                )
+                .await?;
+            if made.tag()? == "made" {
+                tracing::warn!(%sku, part = %name, available = share.available,
+                    reserved = share.reserved,
+                    "a part of a split SKU lost with its shard's data was made again with its share");
+            }
+        }
         self.copy_settings(sku, parts).await
+    }
+
+    /// What part `j` of `sku` (split into `parts`), lost with its shard's
+    /// data, must be made again with: as warm-up rebuilds a lost counter from
+    /// PostgreSQL, every unit the other parts do not keep (read at rest, or
+    /// else counting a unit on its way twice: the part then gets less, never
+    /// more), less the units in its holds that survived (kept as reserved);
+    /// and the sales PostgreSQL recorded that the other parts have not
+    /// settled, as its `settled`. A negative `available` is a debt. Like any
+    /// counter rebuilt from PostgreSQL, sales made on the part and lost before
+    /// PostgreSQL recorded them are on sale again.
+    async fn lost_part_share(
+        &self,
+        sku: &str,
+        parts: u16,
+        j: u16,
+        recorded: &holdfast_domain::Recorded,
+    ) -> Result<PartFull, EngineError> {
+        let name = part_name(sku, j, parts);
+        let read = self.read_at_rest(sku, parts).await?;
+        let home_fed = read.rows.first().copied().flatten().map_or(0, |r| r.fed);
+        let (mut kept, mut settled) = (0, 0);
+        for (i, row) in read.rows.iter().enumerate() {
+            let Some(r) = row else { continue };
+            if i != usize::from(j) {
+                kept += r.available + r.reserved + r.sold_pending - r.owed + r.moving;
+                settled += r.settled;
+            }
+        }
+        let held: i64 = self
+            .holds_of(&name, 100_000)
+            .await?
+            .iter()
+            .flat_map(|h| &h.lines)
+            .filter(|l| l.sku == name)
+            .map(|l| l.qty)
+            .sum();
+        Ok(PartFull {
+            available: recorded.on_hand + (home_fed - recorded.fed_recorded) - kept - held,
+            reserved: held,
+            sold_pending: 0,
+            owed: 0,
+            moving: 0,
+            settled: recorded.sold_recorded - settled,
+            rises: 0,
+            fed: 0,
+        })
     }
 
     /// Writes part 0's window and limit into every other part of `sku` (a

@@ -251,11 +251,28 @@ impl Engine {
             if parts == 0 {
                 return Err(changing(sku));
             }
-            self.gather_all(sku, parts).await?;
-            let kept = self.kept_by_other_parts(sku, parts).await?;
-            reply = self.snapshot_call(&call, Some(kept)).await?;
-            if reply.tag()? == "applied" {
-                self.after_feed(sku, parts).await?;
+            // The other parts' holds and units, read at one moment at rest,
+            // and part 0 unchanged since (compare-and-set): else read again.
+            for _ in 0..AT_REST_COUNTS {
+                self.gather_all(sku, parts).await?;
+                let Some((kept, home)) = self.kept_by_other_parts(sku, parts).await? else {
+                    continue;
+                };
+                reply = self
+                    .snapshot_call(&call, Some((kept, home.fingerprint())))
+                    .await?;
+                if reply.tag()? != "moved" {
+                    break;
+                }
+            }
+            match reply.tag()?.as_str() {
+                "applied" => self.after_feed(sku, parts).await?,
+                "split" | "moved" => {
+                    return Err(EngineError::Busy(format!(
+                        "units of {sku} kept moving between its parts; the count is tried again"
+                    )));
+                }
+                _ => {}
             }
         }
         Ok(match reply.tag()?.as_str() {
@@ -273,11 +290,11 @@ impl Engine {
         })
     }
 
-    /// Runs `snapshot.lua` (`others`: its ARGV[7], for a split SKU).
+    /// Runs `snapshot.lua` (`others`: its ARGV[7] and ARGV[8], for a split SKU).
     async fn snapshot_call(
         &self,
         call: &SnapshotCall<'_>,
-        others: Option<i64>,
+        others: Option<(i64, String)>,
     ) -> Result<Reply, EngineError> {
         let sku = call.sku;
         let shard = self.keys.shard_of(sku);
@@ -291,8 +308,8 @@ impl Engine {
             .arg(call.source)
             .arg(call.event_id)
             .arg(self.config.guard_ttl.as_millis() as u64);
-        if let Some(others) = others {
-            inv.arg(others);
+        if let Some((kept, home)) = others {
+            inv.arg(kept).arg(home);
         }
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
@@ -300,6 +317,10 @@ impl Engine {
         ))
     }
 }
+
+/// How many times a count of a split SKU reads its parts for a moment at
+/// rest before the feed event is left to be tried again.
+const AT_REST_COUNTS: usize = 5;
 
 /// How many times a feed waits for a change of its SKU's parts to finish.
 const CHANGING_TRIES: usize = 100;

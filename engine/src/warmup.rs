@@ -167,30 +167,35 @@ pub(crate) async fn read_counters(
     let mut counters: Vec<Counters> = rows.iter().map(|c| counters_of(c)).collect();
     // A split SKU's counters are its parts' together (part 0, read above,
     // says how many; feeds apply to part 0 alone, so `fed` is its own).
-    let mut pipe = redis::pipe();
-    let mut split = Vec::new();
-    for (i, (sku, c)) in skus.iter().zip(&counters).enumerate() {
-        if c.available.is_some() && c.parts > 1 && !c.changing {
-            for part in 1..c.parts {
-                pipe.cmd("HMGET")
-                    .arg(engine.keys.sku(&crate::keys::part_name(sku, part, c.parts)))
-                    .arg(&COUNTER_FIELDS);
-                split.push(i);
-            }
+    // Every part read at one moment with no unit on its way (see
+    // `Engine::read_at_rest`): a plain read of the parts one after another
+    // counted a unit moving between two of them twice, or not at all, and
+    // reconciliation corrected that "drift" away. A split SKU whose units
+    // keep moving is not measured this time (as while its parts change).
+    for (sku, c) in skus.iter().zip(counters.iter_mut()) {
+        if c.available.is_none() || c.parts < 2 || c.changing {
+            continue;
         }
-    }
-    if !split.is_empty() {
-        let parts: Vec<Vec<Option<i64>>> = pipe.query_async(&mut engine.conn.clone()).await?;
-        for (i, row) in split.into_iter().zip(&parts) {
-            let part = counters_of(row);
-            let c = &mut counters[i];
-            c.available = c.available.map(|a| a + part.available.unwrap_or(0));
-            c.reserved += part.reserved;
-            c.sold_pending += part.sold_pending;
-            c.settled += part.settled;
-            c.owed += part.owed;
-            c.moving += part.moving;
+        let read = engine.read_at_rest(sku, c.parts).await?;
+        if read.rows.iter().any(Option::is_none) {
+            // A part lost with its shard's data: the SKU is not warmed until
+            // warm-up makes the part again with its share.
+            c.available = None;
+            continue;
         }
+        if !read.exact {
+            c.changing = true;
+            continue;
+        }
+        let rows: Vec<_> = read.rows.into_iter().flatten().collect();
+        c.available = Some(rows.iter().map(|r| r.available).sum());
+        c.reserved = rows.iter().map(|r| r.reserved).sum();
+        c.sold_pending = rows.iter().map(|r| r.sold_pending).sum();
+        c.settled = rows.iter().map(|r| r.settled).sum();
+        c.owed = rows.iter().map(|r| r.owed).sum();
+        c.moving = 0;
+        // Feeds apply to part 0 alone: its `fed` is the SKU's.
+        c.fed = rows[0].fed;
     }
     Ok(counters)
 }
@@ -461,7 +466,7 @@ impl Page {
                 row.parts.clamp(1, crate::keys::MAX_PARTS as i16) as u16
             };
             if parts > 1 {
-                split.push((row.sku.as_str(), parts));
+                split.push((row.sku.as_str(), parts, row.recorded()));
             }
             // A forced warm-up computes `available` inside warm.lua from the live
             // figures it reads there, so a reservation in between cannot be lost.
@@ -514,8 +519,8 @@ impl Page {
                 }
             }
         }
-        for (sku, parts) in split {
-            engine.keep_parts(sku, parts).await?;
+        for (sku, parts, recorded) in split {
+            engine.keep_parts(sku, parts, &recorded).await?;
         }
         tx.commit().await?;
         report.skus += rows.len() as u64;

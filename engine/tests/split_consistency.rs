@@ -1,0 +1,417 @@
+//! Split SKUs measured and changed while shoppers move units between parts:
+//! the histories a third attack found. A debt on parts other than part 0
+//! survives a change of parts; reconciliation and a feed's count read the
+//! parts at one moment (never a unit counted twice while on its way, never
+//! one counted in no part); a part lost with its shard's data is rebuilt with
+//! its units. Each test states the invariant it checks.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use holdfast_engine::keys::part_name;
+use holdfast_engine::reconcile::{ReconcileOptions, reconcile_all};
+use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+use holdfast_engine::stock::{DeltaOutcome, SnapshotOutcome};
+use holdfast_engine::testkit::TestRedis;
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::{
+    Backends, ConfirmOutcome, Engine, ReserveOutcome, ReserveRequest, SplitOutcome, postgres,
+};
+use sqlx::PgPool;
+
+/// A test Redis and the backends over it and `pg`, with `sku` warmed.
+async fn setup(pg: &PgPool, sku: &str, on_hand: i64) -> (TestRedis, Backends) {
+    holdfast_engine::testkit::warmed_sku(pg, sku, on_hand, 0).await
+}
+
+/// (available, moving, reserved, sold_pending, owed) of the whole SKU.
+async fn totals(engine: &Engine, sku: &str) -> (i64, i64, i64, i64, i64) {
+    let f = engine.figures(sku).await.unwrap().unwrap();
+    (f.available, f.moving, f.reserved, f.sold_pending, f.owed)
+}
+
+/// Records everything in the streams into PostgreSQL (and settles the sales).
+async fn drain(redis: &TestRedis, engine: &Engine, pg: &PgPool) {
+    let mut writer = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            consumer: "consistency".into(),
+            block: std::time::Duration::from_millis(20),
+            ..WriteBehindConfig::default()
+        },
+        Arc::new(WriteBehindStats::default()),
+    );
+    writer.ensure_groups().await.unwrap();
+    for _ in 0..100 {
+        writer.run_once().await.unwrap();
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            return;
+        }
+    }
+    panic!("the write-behind did not drain");
+}
+
+/// A buyer whose requests on `sku` (split into `parts`) land on part `part`.
+async fn buyer_on(engine: &Engine, sku: &str, part: u16, parts: u16, tag: &str) -> String {
+    let ks = engine.keyspace();
+    let mut conn = engine.connection();
+    for i in 0..500 {
+        let buyer = format!("{tag}-{i}");
+        let rid = format!("probe-{tag}-{i}");
+        let r = engine
+            .reserve(&ReserveRequest::single(&rid, sku, 1).for_buyer(&buyer))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "probe: {r:?}");
+        let score: Option<f64> = redis::cmd("ZSCORE")
+            .arg(ks.sku_holds(&part_name(sku, part, parts)))
+            .arg(&rid)
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        engine.release(&rid).await.unwrap();
+        if score.is_some() {
+            return buyer;
+        }
+    }
+    panic!("no buyer lands on part {part}/{parts}");
+}
+
+/// Invariant: a feed's debt (units it removed while they were held, then
+/// paid for) is the SKU's, on whichever part it sits: a change of parts keeps
+/// it, so a later receipt pays it before anything is on sale again. It was
+/// dropped with the old parts, and a receipt of 25 put 25 on sale instead of 5.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_debt_on_other_parts_survives_a_change_of_parts(pg: PgPool) {
+    let sku = "C3-OWED";
+    let (redis, b) = setup(&pg, sku, 40).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    for part in 1..4 {
+        let buyer = buyer_on(&engine, sku, part, 4, &format!("owed{part}")).await;
+        let req = ReserveRequest::single(format!("h{part}"), sku, 10).for_buyer(&buyer);
+        let r = engine.reserve(&req).await.unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    assert_eq!(totals(&engine, sku).await, (10, 0, 30, 0, 0));
+    // 30 damaged: the 10 on sale go, 20 of the held units are owed.
+    let d = engine.apply_delta(sku, -30, "erp", "e-1").await.unwrap();
+    assert!(matches!(d, DeltaOutcome::Applied { .. }), "{d:?}");
+    assert_eq!(totals(&engine, sku).await, (0, 0, 30, 0, 20));
+    // Every hold is paid for (20 of them oversold) and recorded.
+    for part in 1..4 {
+        assert_eq!(
+            engine.confirm(&format!("h{part}")).await.unwrap(),
+            ConfirmOutcome::Confirmed
+        );
+    }
+    drain(&redis, &engine, &pg).await;
+    let owed = totals(&engine, sku).await.4;
+    assert!(owed > 0, "the debt stands after the sales");
+    let changed = engine.set_parts(&pg, sku, 2).await.unwrap();
+    assert!(
+        matches!(changed, SplitOutcome::Changed { .. }),
+        "{changed:?}"
+    );
+    assert_eq!(totals(&engine, sku).await, (0, 0, 0, 0, owed), "kept whole");
+    let back = engine.set_parts(&pg, sku, 1).await.unwrap();
+    assert!(matches!(back, SplitOutcome::Changed { .. }), "{back:?}");
+    assert_eq!(totals(&engine, sku).await, (0, 0, 0, 0, owed), "kept whole");
+    // A receipt pays the debt first.
+    let d = engine
+        .apply_delta(sku, owed + 5, "erp", "e-2")
+        .await
+        .unwrap();
+    assert!(matches!(d, DeltaOutcome::Applied { .. }), "{d:?}");
+    assert_eq!(totals(&engine, sku).await, (5, 0, 0, 0, 0));
+    drain(&redis, &engine, &pg).await;
+    let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(run.drifted, 0, "Redis and PostgreSQL agree: {run:?}");
+}
+
+/// One step of a move between two parts (`lua/move.lua`), as another
+/// request's gathering makes it: `out` on the source, `in` on the target.
+async fn move_step(engine: &Engine, mode: &str, part: &str, other: &str, tid: &str, qty: i64) {
+    let ks = engine.keyspace();
+    let mut inv = engine.scripts().move_units.prepare_invoke();
+    inv.key(ks.sku(part));
+    if mode == "out" {
+        inv.key(ks.moves(part));
+    } else {
+        inv.key(ks.moved_in(part, tid));
+    }
+    inv.key(ks.events(ks.shard_of(part)))
+        .arg(mode)
+        .arg(tid)
+        .arg(qty)
+        .arg(part)
+        .arg(if mode == "out" {
+            other.to_owned()
+        } else {
+            "60000".to_owned()
+        });
+    let reply: Vec<redis::Value> = inv.invoke_async(&mut engine.connection()).await.unwrap();
+    assert_eq!(
+        redis::from_redis_value_ref::<String>(&reply[0]).unwrap(),
+        mode,
+        "{reply:?}"
+    );
+}
+
+/// A transfer of `qty` from part 0 to part 1 of `sku` (split into 4) that
+/// has landed in part 1 but is not yet forgotten by part 0: its mover paused
+/// between its second and third step.
+async fn landed_not_done(engine: &Engine, sku: &str, tid: &str, qty: i64) {
+    let target = part_name(sku, 1, 4);
+    move_step(engine, "out", sku, &target, tid, qty).await;
+    move_step(engine, "in", &target, sku, tid, qty).await;
+}
+
+/// Invariant: reconciliation measures a split SKU at one moment with no unit
+/// on its way. A transfer that landed in its target but was not yet forgotten
+/// by its source was counted twice (once moving, once available): a false
+/// drift of +10, "corrected" down, destroyed 10 units.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn reconciliation_never_counts_a_unit_on_its_way_twice(pg: PgPool) {
+    let sku = "C3-RECON";
+    let (_redis, b) = setup(&pg, sku, 100).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    landed_not_done(&engine, sku, "t-recon", 10).await;
+    let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!((run.drifted, run.corrected_down), (0, 0), "{run:?}");
+    assert_eq!(
+        totals(&engine, sku).await,
+        (100, 0, 0, 0, 0),
+        "nothing lost"
+    );
+}
+
+/// Invariant: while shoppers on one part keep gathering units from the
+/// others, reconciliation running again and again never corrects a unit away:
+/// what is sold and what is left add up to the stock, in Redis and in
+/// PostgreSQL.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn reconciliation_during_gathering_destroys_nothing(pg: PgPool) {
+    let sku = "C3-RECON-LIVE";
+    let (redis, b) = setup(&pg, sku, 400).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    // Buyers on part 1: it runs short again and again and gathers.
+    let mut buyers = Vec::new();
+    for i in 0..4 {
+        buyers.push(buyer_on(&engine, sku, 1, 4, &format!("hot{i}")).await);
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut shoppers = tokio::task::JoinSet::new();
+    for (n, buyer) in buyers.into_iter().enumerate() {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        shoppers.spawn(async move {
+            let mut sold = 0;
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let rid = format!("live-{n}-{i}");
+                let req = ReserveRequest::single(&rid, sku, 3).for_buyer(&buyer);
+                match engine.reserve(&req).await {
+                    Ok(ReserveOutcome::Reserved { .. })
+                        if engine.confirm(&rid).await.unwrap() == ConfirmOutcome::Confirmed =>
+                    {
+                        sold += 3;
+                    }
+                    Ok(ReserveOutcome::SoldOut { .. }) => break,
+                    _ => {}
+                }
+            }
+            sold
+        });
+    }
+    let mut corrected_down = 0;
+    for _ in 0..15 {
+        let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+            .await
+            .unwrap();
+        corrected_down += run.corrected_down;
+    }
+    stop.store(true, Ordering::Relaxed);
+    let mut sold = 0;
+    while let Some(s) = shoppers.join_next().await {
+        sold += s.unwrap();
+    }
+    assert!(sold > 0, "the shoppers bought");
+    assert_eq!(corrected_down, 0, "a correction destroyed units");
+    let (available, moving, reserved, pending, owed) = totals(&engine, sku).await;
+    assert_eq!(
+        (
+            available + moving + reserved + pending - owed,
+            reserved,
+            pending
+        ),
+        (400, 0, sold),
+        "every unit is on sale or sold (not yet recorded)"
+    );
+    drain(&redis, &engine, &pg).await;
+    let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(run.drifted, 0, "Redis and PostgreSQL agree: {run:?}");
+}
+
+/// Invariant: a feed's count of a split SKU leaves exactly the count on hand,
+/// whatever units are on their way between parts when it comes: a transfer
+/// that landed but was not yet forgotten was subtracted twice (a count equal
+/// to the stock took 10 units away).
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_count_never_subtracts_a_unit_on_its_way_twice(pg: PgPool) {
+    let sku = "C3-COUNT";
+    let (_redis, b) = setup(&pg, sku, 100).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    landed_not_done(&engine, sku, "t-count", 10).await;
+    let s = engine
+        .apply_snapshot(sku, 100, 1, "erp", "s-1")
+        .await
+        .unwrap();
+    assert!(matches!(s, SnapshotOutcome::Applied { .. }), "{s:?}");
+    assert_eq!(
+        totals(&engine, sku).await,
+        (100, 0, 0, 0, 0),
+        "the count stands"
+    );
+}
+
+/// Invariant: counts equal to the stock, applied while shoppers hold and
+/// release on every part (gathering as parts run short), change nothing:
+/// once the holds are gone, exactly the count is on sale.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn counts_during_churn_leave_exactly_the_count(pg: PgPool) {
+    let sku = "C3-COUNT-LIVE";
+    let (_redis, b) = setup(&pg, sku, 60).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut shoppers = tokio::task::JoinSet::new();
+    for n in 0..6 {
+        let engine = engine.clone();
+        let stop = stop.clone();
+        shoppers.spawn(async move {
+            for i in 0.. {
+                if stop.load(Ordering::Relaxed) {
+                    break;
+                }
+                let rid = format!("churn-{n}-{i}");
+                let req = ReserveRequest::single(&rid, sku, 7);
+                if let Ok(ReserveOutcome::Reserved { .. }) = engine.reserve(&req).await {
+                    engine.release(&rid).await.unwrap();
+                }
+            }
+        });
+    }
+    for version in 1..=12 {
+        let s = engine
+            .apply_snapshot(sku, 60, version, "erp", &format!("s-{version}"))
+            .await;
+        assert!(
+            matches!(
+                s,
+                Ok(SnapshotOutcome::Applied { .. }) | Err(holdfast_engine::EngineError::Busy(_))
+            ),
+            "{s:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    while shoppers.join_next().await.is_some() {}
+    let (available, moving, reserved, pending, owed) = totals(&engine, sku).await;
+    assert_eq!((available + moving, reserved, pending, owed), (60, 0, 0, 0));
+}
+
+/// Deletes every key of the shard holding `name`, as its master restarting
+/// empty would.
+async fn lose_shard_of(engine: &Engine, name: &str) {
+    let key = engine.keyspace().sku(name);
+    let tag = &key[..=key.find('}').unwrap()];
+    let mut conn = engine.connection();
+    let pattern = format!("{}*", tag.replace('{', "\\{").replace('}', "\\}"));
+    let keys = conn.scan_match(&pattern).await.unwrap();
+    assert!(!keys.is_empty(), "nothing found under {pattern}");
+    for k in keys {
+        redis::cmd("DEL")
+            .arg(&k)
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
+}
+
+/// Invariant: a part lost with its shard's data is made again with its share
+/// of the stock, as any counter rebuilt from PostgreSQL: the SKU reads "not
+/// warmed" until then (never sold out), and afterwards its parts together
+/// agree with PostgreSQL. The part used to be made again empty: its units were
+/// gone from sale for good (500 of 2,000 in the attack).
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_part_lost_with_its_shard_is_made_again_with_its_units(pg: PgPool) {
+    use holdfast_engine::verify::{VerifyOptions, verify};
+    let sku = "C3-LOST";
+    let (_redis, b) = setup(&pg, sku, 100).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    // Holds on part 1 (they stay) and on part 2 (lost with it).
+    for (part, qty) in [(1u16, 2i64), (2, 3)] {
+        let buyer = buyer_on(&engine, sku, part, 4, &format!("lost{part}")).await;
+        let req = ReserveRequest::single(format!("l{part}"), sku, qty).for_buyer(&buyer);
+        let r = engine.reserve(&req).await.unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    let lost = part_name(sku, 2, 4);
+    let before: i64 = redis::cmd("HGET")
+        .arg(engine.keyspace().sku(&lost))
+        .arg("available")
+        .query_async(&mut engine.connection())
+        .await
+        .unwrap();
+    assert!(before > 0, "part 2 had units on sale");
+    lose_shard_of(&engine, &lost).await;
+    let report = verify(&engine, &pg, &VerifyOptions::default())
+        .await
+        .unwrap();
+    let warmed = report
+        .checks
+        .iter()
+        .find(|c| c.name.starts_with("every SKU warmed"))
+        .unwrap();
+    assert!(
+        !warmed.passed,
+        "a lost part reads as not warmed: {warmed:?}"
+    );
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    // Part 2's hold went with its shard: its units are on sale again.
+    assert_eq!(totals(&engine, sku).await, (98, 0, 2, 0, 0));
+    let run = reconcile_all(&engine, &pg, &ReconcileOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(run.drifted, 0, "{run:?}");
+    // Every unit sells.
+    for i in 0..98 {
+        let r = engine
+            .reserve(&ReserveRequest::single(format!("after-{i}"), sku, 1))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{i}: {r:?}");
+    }
+    let r = engine
+        .reserve(&ReserveRequest::single("one-more", sku, 1))
+        .await
+        .unwrap();
+    assert!(matches!(r, ReserveOutcome::SoldOut { .. }), "{r:?}");
+}
