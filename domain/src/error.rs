@@ -156,7 +156,9 @@ impl ErrorCode {
         match self {
             Self::NotWarmed | Self::LaneFull => Some(5),
             Self::Unavailable => Some(2),
-            Self::RequestInProgress | Self::RateLimited => Some(1),
+            // A moment's contention: a key being processed, a rate, a split
+            // SKU's parts being changed or its units being gathered.
+            Self::RequestInProgress | Self::RateLimited | Self::Busy => Some(1),
             _ => None,
         }
     }
@@ -178,5 +180,10 @@ mod tests {
         }
         assert_eq!(ErrorCode::NotWarmed.status(), 503);
         assert_eq!(ErrorCode::NotWarmed.retry_after(), Some(5));
+        assert_eq!(
+            (ErrorCode::Busy.status(), ErrorCode::Busy.retry_after()),
+            (409, Some(1)),
+            "busy passes: retry after a second"
+        );
     }
 }

@@ -714,8 +714,8 @@ impl Engine {
             // The SKU's parts are being changed ([`crate::split`]): retry shortly.
             "changing" => {
                 return Err(EngineError::Busy(format!(
-                    "the parts of {} are being changed; retry in a moment (should it last, \
-                     an operator runs `holdfast split` for it again)",
+                    "the parts of {} are being changed; retry in a moment (a change cut \
+                     short is finished by the servers within seconds)",
                     crate::keys::base_sku(&reply.text(1)?)
                 )));
             }

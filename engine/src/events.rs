@@ -351,7 +351,14 @@ pub struct EventReader {
     keys: Keyspace,
     /// The latest figures of each part of every split SKU seen, by SKU.
     parts: HashMap<String, Vec<Option<PartLive>>>,
+    /// SKUs whose counter said they were not split when their first event
+    /// came (bounded: forgotten all at once past [`UNSPLIT_REMEMBERED`]).
+    unsplit: std::collections::HashSet<String>,
 }
+
+/// How many SKUs an [`EventReader`] remembers as not split before it forgets
+/// them (and asks each one's counter again at its next event).
+const UNSPLIT_REMEMBERED: usize = 100_000;
 
 /// One part's figures, as its latest event (or a read) gave them.
 #[derive(Debug, Clone, Copy, Default)]
@@ -369,6 +376,7 @@ impl EventReader {
             conn,
             keys,
             parts: HashMap::new(),
+            unsplit: std::collections::HashSet::new(),
         }
     }
 
@@ -380,7 +388,26 @@ impl EventReader {
             Some((base, part, parts)) => (base.to_owned(), part, parts),
             None => match self.parts.get(&event.sku) {
                 Some(known) => (event.sku.clone(), 0, known.len() as u16),
-                None => return Ok(event),
+                None if self.unsplit.contains(&event.sku) => return Ok(event),
+                // Part 0's event (a feed's, say) before any other part's: its
+                // counter says whether the SKU is split, once per SKU.
+                None => {
+                    let parts: Option<u16> = redis::cmd("HGET")
+                        .arg(self.keys.sku(&event.sku))
+                        .arg("parts")
+                        .query_async(&mut self.conn)
+                        .await?;
+                    match parts.unwrap_or(1).min(crate::keys::MAX_PARTS) {
+                        k if k > 1 => (event.sku.clone(), 0, k),
+                        _ => {
+                            if self.unsplit.len() >= UNSPLIT_REMEMBERED {
+                                self.unsplit.clear();
+                            }
+                            self.unsplit.insert(event.sku.clone());
+                            return Ok(event);
+                        }
+                    }
+                }
             },
         };
         let slots = self.parts.entry(base.clone()).or_default();

@@ -698,6 +698,11 @@ impl Engine {
         let outcome = self
             .set_parts(pg, sku, target.clamp(1, MAX_PARTS as i16) as u16)
             .await?;
+        if let SplitOutcome::Refused(why) = &outcome {
+            // Its process may still be at it (the lease is its own): later.
+            tracing::debug!(%sku, why, "a change of a SKU's parts cut short is not finished yet");
+            return Ok(false);
+        }
         tracing::warn!(%sku, ?outcome, "finished a change of a SKU's parts that was cut short");
         Ok(true)
     }
@@ -750,6 +755,7 @@ impl Engine {
                 busy.0, busy.1
             )));
         }
+        self.extend_lock(lease, SPLIT_LEASE).await?;
         // Transfers that began before the marks land now.
         self.finish_moves_of(sku, &old, 0).await?;
         self.splits.learn(sku, parts);
@@ -805,6 +811,7 @@ impl Engine {
             let share = available / i64::from(parts);
             for name in new.iter().skip(1) {
                 self.move_units_as(sku, name, share, "force").await?;
+                self.extend_lock(lease, SPLIT_LEASE).await?;
             }
         }
         // Open for sale under the new count: the other parts first, part 0
@@ -1438,8 +1445,10 @@ impl Engine {
     }
 }
 
-/// The lease a change of a SKU's parts holds, renewed after each old part.
-const SPLIT_LEASE: std::time::Duration = std::time::Duration::from_secs(60);
+/// The lease a change of a SKU's parts holds, renewed after each step: short,
+/// because while a change cut short (its process killed) holds it, the SKU
+/// answers busy until the rebalancer can take it and finish the change.
+const SPLIT_LEASE: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// More units than any part holds: "all of them" to `move.lua`.
 const ALL: i64 = 1_000_000_000_000_000;

@@ -415,3 +415,35 @@ async fn a_part_lost_with_its_shard_is_made_again_with_its_units(pg: PgPool) {
         .unwrap();
     assert!(matches!(r, ReserveOutcome::SoldOut { .. }), "{r:?}");
 }
+
+/// Invariant: a live view started after a split shows the whole SKU's
+/// figures even when the first event it sees is part 0's under the SKU's own
+/// name (a feed's receipt): it showed part 0's units as the SKU's (a badge
+/// read "4 left" with 19 on sale).
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_fresh_live_view_shows_a_feed_on_part_0_as_the_whole_sku(pg: PgPool) {
+    use holdfast_engine::events::EventReader;
+    let sku = "C3-LIVE";
+    let (redis, b) = setup(&pg, sku, 40).await;
+    let engine = b.engine.clone();
+    engine.set_parts(&pg, sku, 4).await.unwrap();
+    let mut reader = EventReader::new(redis.connection().await, engine.keyspace());
+    let mut cursor = reader.tail_cursor().await.unwrap();
+    let d = engine.apply_delta(sku, 5, "erp", "live-1").await.unwrap();
+    assert!(matches!(d, DeltaOutcome::Applied { .. }), "{d:?}");
+    let mut events = Vec::new();
+    for _ in 0..20 {
+        events.extend(
+            reader
+                .read(&mut cursor, 100, Some(std::time::Duration::from_millis(50)))
+                .await
+                .unwrap(),
+        );
+        if !events.is_empty() {
+            break;
+        }
+    }
+    let first = events.first().expect("the receipt's event");
+    assert_eq!(first.sku, sku);
+    assert_eq!(first.available, Some(45), "the whole SKU's: {first:?}");
+}

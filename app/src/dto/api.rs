@@ -38,7 +38,9 @@ pub struct LineView {
     pub sku: String,
     /// Units held or sold.
     pub qty: i64,
-    /// Units of the SKU available right after this reservation, when just made.
+    /// Units of the SKU available right after this reservation, when just made
+    /// (for a split SKU, those of the part that served it: a lower bound, read
+    /// in the same script; `GET /api/v1/stock/{sku}` has the whole).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub available_after: Option<i64>,
 }

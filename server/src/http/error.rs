@@ -140,8 +140,13 @@ impl ApiError {
 
     /// The answer for an engine failure: logged once here, shown opaquely.
     pub fn internal(e: &EngineError) -> Self {
-        tracing::error!(error = %e, "API request failed");
         let code = e.code();
+        // A moment's contention is the caller's to retry, not our failure.
+        if matches!(code, ErrorCode::Busy | ErrorCode::RateLimited) {
+            tracing::debug!(error = %e, "API request answered busy");
+        } else {
+            tracing::error!(error = %e, "API request failed");
+        }
         let message = match code {
             ErrorCode::Unavailable if matches!(e, EngineError::ReplicasBehind { .. }) => {
                 e.to_string()
