@@ -631,8 +631,9 @@ impl Engine {
         let outcome = match record(parts).await {
             Ok(_) => match self.set_parts_locked(sku, parts, &lease).await {
                 // Cut short (a Redis error): once more, from where it stopped
-                // (the change finds the parts marked changing and carries on).
-                Err(e) => {
+                // (the change finds the parts marked changing and carries on);
+                // not when it lost its lease (another may be finishing it).
+                Err(e) if !matches!(e, EngineError::Busy(_)) => {
                     tracing::warn!(%sku, parts, error = %e, "changing a SKU's parts was cut short; trying once more");
                     self.set_parts_locked(sku, parts, &lease).await
                 }
@@ -650,6 +651,21 @@ impl Engine {
         }
         self.release_lock(&lease).await?;
         outcome
+    }
+
+    /// Renews a change's lease, or stops the change when the lease has
+    /// lapsed (its process stalled past [`SPLIT_LEASE`]): another process may
+    /// be finishing the change by now, and two must not change one SKU's
+    /// parts at once.
+    async fn keep_lease(&self, sku: &str, lease: &crate::locks::Lease) -> Result<(), EngineError> {
+        if self.extend_lock(lease, SPLIT_LEASE).await? {
+            Ok(())
+        } else {
+            Err(EngineError::Busy(format!(
+                "the change of {sku}'s parts stalled past its lease and was stopped; \
+                 a server's rebalancer finishes it"
+            )))
+        }
     }
 
     /// Hands part `name`'s debt (units a feed removed that its holds were to
@@ -755,7 +771,7 @@ impl Engine {
                 busy.0, busy.1
             )));
         }
-        self.extend_lock(lease, SPLIT_LEASE).await?;
+        self.keep_lease(sku, lease).await?;
         // Transfers that began before the marks land now.
         self.finish_moves_of(sku, &old, 0).await?;
         self.splits.learn(sku, parts);
@@ -799,7 +815,7 @@ impl Engine {
                 None => tracing::error!(%sku, part = %name,
                     "an old part could not be emptied and was left; the next change of the SKU's parts empties it"),
             }
-            self.extend_lock(lease, SPLIT_LEASE).await?;
+            self.keep_lease(sku, lease).await?;
         }
         // Part 0's own buyers, whose part may now be another.
         self.move_buyers(sku, sku, &new).await?;
@@ -811,7 +827,7 @@ impl Engine {
             let share = available / i64::from(parts);
             for name in new.iter().skip(1) {
                 self.move_units_as(sku, name, share, "force").await?;
-                self.extend_lock(lease, SPLIT_LEASE).await?;
+                self.keep_lease(sku, lease).await?;
             }
         }
         // Open for sale under the new count: the other parts first, part 0
