@@ -11,7 +11,27 @@ use clap::Parser;
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
+/// A reader that stops early (`holdfast split SKU | head -1`) closes the
+/// pipe, and the next line printed panics: the command ends quietly instead,
+/// with 141 as a Unix tool killed by SIGPIPE would.
+fn quiet_on_broken_pipe() {
+    let default = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or_default();
+        if message.contains("failed printing to stdout") && message.contains("Broken pipe") {
+            std::process::exit(141);
+        }
+        default(info);
+    }));
+}
+
 fn main() -> ExitCode {
+    quiet_on_broken_pipe();
     let cli = holdfast_cli::config::Cli::parse();
     // Before the runtime: the trace exporter's HTTP client is a blocking one.
     let telemetry = match holdfast_cli::telemetry::init(&cli.global.log, cli.global.log_format) {

@@ -404,6 +404,21 @@ async fn a_sku_is_split_and_shown_from_the_command_line(
     assert!(ok, "{err}");
     assert!(out.contains("now in 4 part(s) (was 1)"), "{out}");
     assert_eq!(out.lines().count(), 6, "four parts shown:\n{out}");
+    // A reader that stops early (`| head -1`): the command ends quietly.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let closed = Command::new(env!("CARGO_BIN_EXE_holdfast"))
+        .args(["split", "DROP-001"])
+        .env("REDIS_URL", redis.url())
+        .env("DATABASE_URL", &pg_url)
+        .env("HOLDFAST_LOG", "warn")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&closed.stderr);
+    assert!(!err.contains("panicked"), "{err}");
+    assert_eq!(closed.status.code(), Some(141), "{err}");
     let parts: i16 = sqlx::query_scalar("SELECT parts FROM skus WHERE sku = 'DROP-001'")
         .fetch_one(&pg)
         .await
