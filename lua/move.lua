@@ -60,6 +60,9 @@ elseif mode == 'in' then
   if paid > 0 then redis.call('HINCRBY', KEYS[1], 'owed', -paid) end
   local available = redis.call('HINCRBY', KEYS[1], 'available', qty - paid)
   redis.call('HINCRBY', KEYS[1], 'gen', 1)
+  -- Transfers received: with `moving` and the part's units, what a reading of
+  -- every part at one moment compares (split.rs, PartFull::mark).
+  redis.call('HINCRBY', KEYS[1], 'ins', 1)
   redis.call('SET', KEYS[2], '1', 'PX', ARGV[5])
   event(qty)
   return {'in', available}

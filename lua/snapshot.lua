@@ -10,11 +10,12 @@
 --         moved here: what those parts keep (their reserved + sold_pending +
 --         available - owed + moving); absent otherwise. This part's own units
 --         moving out are counted here, when it runs
--- ARGV[8] with ARGV[7]: this part's figures when the other parts were read
---         (`available:reserved:sold_pending:owed:moving:gen`); if they changed
---         since, the count is not applied ({'moved'}) and the caller reads again:
---         units that moved between this part and another meanwhile would be
---         counted twice or not at all
+-- ARGV[8] with ARGV[7]: what only a transfer changes of this part, when the
+--         other parts were read (`units:moving:ins`, units being available +
+--         reserved + sold_pending - owed + moving + settled - fed; split.rs,
+--         PartFull::mark); if it changed since, the count is not applied
+--         ({'moved'}) and the caller reads again: units that moved between this
+--         part and another meanwhile would be counted twice or not at all
 --
 -- The feed cannot know about open holds or sales not yet in its books, so what is
 -- sellable is on_hand - reserved - sold_pending. When that is negative (the feed
@@ -38,7 +39,7 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving', 'gen')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving', 'ins', 'settled', 'fed')
 if not c[1] then return {'not_warmed'} end
 local others = whole(ARGV[7] or '0')
 if not others then return redis.error_reply('ERR snapshot.lua: the other parts\' units must be a whole number') end
@@ -46,8 +47,10 @@ local parts = tonumber(c[7] or '1')
 if parts == 0 or (parts > 1 and not ARGV[7]) then return {'split', parts} end
 local current = tonumber(c[4] or '-1')
 if version <= current then return {'stale', current} end
-if ARGV[8] and ARGV[8] ~= table.concat({c[1], c[2] or '0', c[3] or '0', c[5] or '0', c[8] or '0', c[9] or '0'}, ':') then
-  return {'moved'}
+if ARGV[8] then
+  local n = function(i) return tonumber(c[i] or '0') end
+  local units = n(1) + n(2) + n(3) - n(5) + n(8) + n(10) - n(11)
+  if ARGV[8] ~= string.format('%d:%d:%d', units, n(8), n(9)) then return {'moved'} end
 end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
 local before = tonumber(c[1]) - tonumber(c[5] or '0')

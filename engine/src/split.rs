@@ -157,6 +157,8 @@ pub(crate) struct PartFull {
     pub(crate) rises: i64,
     /// Feed movements applied (part 0's is the SKU's; see `lua/delta.lua`).
     pub(crate) fed: i64,
+    /// Transfers received (`lua/move.lua`'s `in`).
+    pub(crate) ins: i64,
 }
 
 impl PartFull {
@@ -171,16 +173,34 @@ impl PartFull {
             settled: self.settled.max(other.settled),
             rises: self.rises.max(other.rises),
             fed: self.fed.min(other.fed),
+            ins: self.ins.max(other.ins),
         }
     }
 
-    /// `available` and the fields a compare-and-set of the part checks, as
-    /// `snapshot.lua` reads them (`available:reserved:sold_pending:owed:moving:gen`).
-    pub(crate) fn fingerprint(&self) -> String {
-        format!(
-            "{}:{}:{}:{}:{}:{}",
-            self.available, self.reserved, self.sold_pending, self.owed, self.moving, self.rises
+    /// What only a transfer between parts changes: the part's units
+    /// (`available + reserved + sold_pending - owed + moving`, with the sales
+    /// it settled added back and the feed movements it took taken off),
+    /// `moving`, and the transfers it received (`ins`). Reservations,
+    /// payments, releases, expiries, settles and feeds keep all three; an
+    /// `in` raises the units and `ins`, a `done` lowers the units and
+    /// `moving` (`gen` would not do: every release raises it). The SKU's drift depends on its parts
+    /// only through the sum of the first, so a measure needs this alone to be
+    /// read at one moment, however busy the shoppers are.
+    pub(crate) fn mark(&self) -> (i64, i64, i64) {
+        (
+            self.available + self.reserved + self.sold_pending - self.owed
+                + self.moving
+                + self.settled
+                - self.fed,
+            self.moving,
+            self.ins,
         )
+    }
+
+    /// [`PartFull::mark`] as `snapshot.lua` compares it (`units:moving:ins`).
+    pub(crate) fn fingerprint(&self) -> String {
+        let (units, moving, ins) = self.mark();
+        format!("{units}:{moving}:{ins}")
     }
 }
 
@@ -1019,12 +1039,13 @@ impl Engine {
                     "settled",
                     "gen",
                     "fed",
+                    "ins",
                 ]);
         }
-        let rows: Vec<[Option<i64>; 8]> = pipe.query_async(&mut self.conn.clone()).await?;
+        let rows: Vec<[Option<i64>; 9]> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(rows
             .into_iter()
-            .map(|[a, r, p, o, m, s, g, f]| {
+            .map(|[a, r, p, o, m, s, g, f, i]| {
                 a.map(|available| PartFull {
                     available,
                     reserved: r.unwrap_or(0),
@@ -1034,23 +1055,26 @@ impl Engine {
                     settled: s.unwrap_or(0),
                     rises: g.unwrap_or(0),
                     fed: f.unwrap_or(0),
+                    ins: i.unwrap_or(0),
                 })
             })
             .collect())
     }
 
-    /// Every part of `sku` (split into `parts`) at one moment with no unit on
-    /// its way between parts, so that their sums are the SKU's exactly: the
-    /// transfers under way are finished, then every part is read twice. When
-    /// both reads agree in every field and no part has units moving, no part
-    /// changed between its two reads (`available` cannot fall and come back
-    /// without `gen` rising, nor `moving` rise without `available` falling),
-    /// and every first read came before every second one: at the moment
-    /// between the two, the parts were as read, with nothing in flight. A
-    /// plain read can count a unit twice (landed in its target, not yet
-    /// forgotten by its source) or not at all (read in its target before it
-    /// landed, in its source after it left): a measure of drift, or a count
-    /// applied, was then off by those units.
+    /// Every part of `sku` (split into `parts`) as at one moment with no unit
+    /// on its way between parts, so that their sums are the SKU's exactly:
+    /// the transfers under way are finished, then every part is read twice.
+    /// When both reads of every part agree in [`PartFull::mark`] and no part
+    /// has units moving, no transfer touched any part between its two reads
+    /// (an `in` raises `ins`; an `out` then `done` lowers the units), and
+    /// every first read came before every second one: at the moment between
+    /// the two, the parts' units were as read, with nothing in flight, while
+    /// shoppers go on holding, paying and releasing. A plain read can count a
+    /// unit twice (landed in its target, not yet forgotten by its source) or
+    /// not at all (read in its target before it landed, in its source after
+    /// it left): a measure of drift, or a count applied, was then off by
+    /// those units. The rows returned are the second read's (their sum of
+    /// units is the moment's; single fields may have moved with shoppers).
     ///
     /// Tried [`AT_REST_TRIES`] times; while shoppers keep moving units the
     /// answer may not be exact (see [`PartsRead::exact`]).
@@ -1068,7 +1092,10 @@ impl Engine {
             self.finish_moves_of(sku, &names, 0).await?;
             let first = self.read_full(sku, parts).await?;
             let second = self.read_full(sku, parts).await?;
-            if first == second && first.iter().flatten().all(|r| r.moving == 0) {
+            let marks = |rows: &[Option<PartFull>]| -> Vec<Option<(i64, i64, i64)>> {
+                rows.iter().map(|r| r.map(|r| r.mark())).collect()
+            };
+            if marks(&first) == marks(&second) && first.iter().flatten().all(|r| r.moving == 0) {
                 return Ok(PartsRead {
                     rows: second,
                     exact: true,
@@ -1267,6 +1294,7 @@ impl Engine {
             settled: recorded.sold_recorded - settled,
             rises: 0,
             fed: 0,
+            ins: 0,
         })
     }
 
