@@ -23,6 +23,9 @@
 -- ARGV[5] out: the target part's name; in: the guard's lifetime, ms
 -- ARGV[6] out: 'force' lets the change of a SKU's parts move units out of a
 --         part marked as changing (`parts` 0); nothing else may
+-- ARGV[7] out with 'force': the change's fencing token; refused with
+--         {'fenced', seen} when the part has seen a newer change's (as
+--         split.lua's steps are)
 --
 -- Returns: out {'out', taken} (0 when it has none; {'not_warmed'} without a counter);
 -- in {'in', available} | {'already'} | {'not_warmed'};
@@ -43,7 +46,14 @@ end
 if mode == 'out' then
   if not qty or qty < 1 then return {'out', 0} end
   local c = redis.call('HMGET', KEYS[1], 'available', 'parts')
-  if c[2] == '0' and ARGV[6] ~= 'force' then return {'out', 0} end
+  if ARGV[6] == 'force' then
+    local fence = tonumber(ARGV[7] or '0') or 0
+    local seen = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') or 0
+    if seen > fence then return {'fenced', seen} end
+    if seen < fence then redis.call('HSET', KEYS[1], 'fence', fence) end
+  elseif c[2] == '0' then
+    return {'out', 0}
+  end
   local available = tonumber(c[1] or '0')
   local taken = math.min(available, qty)
   if taken < 1 then return {'out', 0} end

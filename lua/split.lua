@@ -3,18 +3,25 @@
 --
 -- KEYS[1] the part's counters hash   hf:{hfN.j}:sku:<part>
 -- ARGV[1] mode
---   'mark' ARGV[2] parts: the counter now belongs to a split into `parts` (1:
+-- ARGV[2] fence: the fencing token of the lease of the change this step
+--         belongs to (0: not a change's step). The part keeps the largest it
+--         has seen (field `fence`) and refuses a step carrying a smaller one
+--         with {'fenced', seen}: a change whose process stalled past its lease
+--         cannot act on parts a newer change (which took the lease, and a
+--         larger token, after it lapsed) has touched.
+-- The mode's own arguments follow from ARGV[3]:
+--   'mark' ARGV[3] parts: the counter now belongs to a split into `parts` (1:
 --          not split); reserve.lua refuses any line naming another split, so
 --          from here on no hold is made under the old count.
 --          Returns {'marked', reserved, sold_pending, moving, available}, or
 --          {'not_warmed'} when the counter is missing.
---   'make' ARGV[2] parts, ARGV[3] limit, ARGV[4] opens, ARGV[5] closes: a new
+--   'make' ARGV[3] parts, ARGV[4] limit, ARGV[5] opens, ARGV[6] closes: a new
 --          part with nothing in it (stock arrives by move.lua), unless one is
 --          there. A part lost with its shard's data is made again with its
---          share: ARGV[6] available, ARGV[7] owed, ARGV[8] reserved (units in
---          its holds that survived), ARGV[9] settled (all 0 when absent).
+--          share: ARGV[7] available, ARGV[8] owed, ARGV[9] reserved (units in
+--          its holds that survived), ARGV[10] settled (all 0 when absent).
 --          Returns {'made'} or {'exists'}.
---   'owe'  ARGV[2] a signed change of the part's `owed` (never below 0); a
+--   'owe'  ARGV[3] a signed change of the part's `owed` (never below 0); a
 --          debt taken on is paid first with the part's available units (units
 --          on sale pay a part's debt, as units arriving or coming back do).
 --          Returns {'owed', owed} or {'not_warmed'}.
@@ -24,10 +31,16 @@
 --          settled, which the engine adds to part 0's counts), {'gone'} or
 --          {'busy', available, reserved, sold_pending, moving, owed}.
 local mode = ARGV[1]
+local fence = tonumber(ARGV[2]) or 0
 local exists = redis.call('EXISTS', KEYS[1]) == 1
+if fence > 0 and exists then
+  local seen = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0') or 0
+  if seen > fence then return {'fenced', seen} end
+  if seen < fence then redis.call('HSET', KEYS[1], 'fence', fence) end
+end
 if mode == 'mark' then
   if not exists then return {'not_warmed'} end
-  redis.call('HSET', KEYS[1], 'parts', ARGV[2])
+  redis.call('HSET', KEYS[1], 'parts', ARGV[3])
   local c = redis.call('HMGET', KEYS[1], 'reserved', 'sold_pending', 'moving', 'available')
   return {'marked', tonumber(c[1] or '0'), tonumber(c[2] or '0'), tonumber(c[3] or '0'),
     tonumber(c[4] or '0')}
@@ -35,16 +48,16 @@ elseif mode == 'make' then
   if exists then return {'exists'} end
   local t = redis.call('TIME')
   local n = function(i) return tonumber(ARGV[i] or '0') or 0 end
-  redis.call('HSET', KEYS[1], 'available', math.max(n(6), 0), 'reserved', math.max(n(8), 0),
-    'sold_pending', 0, 'sold', 0, 'settled', n(9), 'owed', math.max(n(7), 0), 'moving', 0,
-    'gen', 0, 'parts', ARGV[2], 'limit', ARGV[3],
-    'opens', ARGV[4], 'closes', ARGV[5], 'epoch', t[1] .. '.' .. t[2])
+  redis.call('HSET', KEYS[1], 'available', math.max(n(7), 0), 'reserved', math.max(n(9), 0),
+    'sold_pending', 0, 'sold', 0, 'settled', n(10), 'owed', math.max(n(8), 0), 'moving', 0,
+    'gen', 0, 'parts', ARGV[3], 'limit', ARGV[4],
+    'opens', ARGV[5], 'closes', ARGV[6], 'epoch', t[1] .. '.' .. t[2], 'fence', fence)
   return {'made'}
 elseif mode == 'owe' then
-  -- ARGV[2] units (signed) this part owes more: a feed's debt handed from part
+  -- ARGV[3] units (signed) this part owes more: a feed's debt handed from part
   -- 0 to the parts whose holds will pay it back when they end.
   if not exists then return {'not_warmed'} end
-  local change = tonumber(ARGV[2])
+  local change = tonumber(ARGV[3])
   if change > 0 then
     local available = tonumber(redis.call('HGET', KEYS[1], 'available') or '0')
     local paid = math.min(math.max(available, 0), change)

@@ -477,20 +477,23 @@ impl Engine {
         to: &str,
         want: i64,
     ) -> Result<i64, EngineError> {
-        self.move_units_as(from, to, want, "").await
+        self.move_units_as(from, to, want, None).await
     }
 
-    /// [`Engine::move_units`]; `force` (`"force"`) also moves out of a part
-    /// marked as changing, which only a change of the SKU's parts may do.
+    /// [`Engine::move_units`]; with the fencing token of a change of the
+    /// SKU's parts (`change`), also moves out of a part marked as changing,
+    /// which only that change may do, unless a newer change has touched the
+    /// part (then [`EngineError::Busy`]: see [`Engine::run_split`]).
     async fn move_units_as(
         &self,
         from: &str,
         to: &str,
         want: i64,
-        force: &str,
+        change: Option<i64>,
     ) -> Result<i64, EngineError> {
         let tid = uuid::Uuid::new_v4().simple().to_string();
-        let out = self.run_move(from, "out", &tid, want, to, force).await?;
+        let out = self.run_move(from, "out", &tid, want, to, change).await?;
+        fenced(from, &out)?;
         if out.tag()? != "out" {
             return Ok(0);
         }
@@ -511,17 +514,18 @@ impl Engine {
     /// has no counter, the units go back to `from`.
     async fn deliver(&self, from: &str, to: &str, tid: &str, qty: i64) -> Result<(), EngineError> {
         let guard_ms = self.config.guard_ttl.as_millis().to_string();
-        let got = self.run_move(to, "in", tid, qty, &guard_ms, "").await?;
+        let got = self.run_move(to, "in", tid, qty, &guard_ms, None).await?;
         let finish = if got.tag()? == "not_warmed" {
             "back"
         } else {
             "done"
         };
-        self.run_move(from, finish, tid, qty, "", "").await?;
+        self.run_move(from, finish, tid, qty, "", None).await?;
         Ok(())
     }
 
-    /// Runs one step of `move.lua` on part `name` (`force`: its ARGV[6]).
+    /// Runs one step of `move.lua` on part `name` (`change`: the fencing
+    /// token of the change of parts forcing it, ARGV[6] and ARGV[7]).
     async fn run_move(
         &self,
         name: &str,
@@ -529,7 +533,7 @@ impl Engine {
         tid: &str,
         qty: i64,
         extra: &str,
-        force: &str,
+        change: Option<i64>,
     ) -> Result<Reply, EngineError> {
         let second = if mode == "in" {
             self.keys.moved_in(name, tid)
@@ -545,7 +549,8 @@ impl Engine {
             .arg(qty)
             .arg(name)
             .arg(extra)
-            .arg(force);
+            .arg(if change.is_some() { "force" } else { "" })
+            .arg(change.unwrap_or(0));
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
@@ -637,7 +642,11 @@ impl Engine {
             )));
         }
         let lock = format!("split:{sku}");
-        let Some(lease) = self.acquire_lock(&lock, SPLIT_LEASE).await? else {
+        // A token above any a part has seen, even if Redis lost the counter
+        // (its shard's data) but not the parts: or every change would be
+        // refused by parts that remember a larger one.
+        let floor = self.newest_fence(sku).await?;
+        let Some(lease) = self.acquire_lock_above(&lock, SPLIT_LEASE, floor).await? else {
             return Ok(SplitOutcome::Refused(format!(
                 "{sku} is being split by someone else; try again when they are done"
             )));
@@ -673,6 +682,17 @@ impl Engine {
         outcome
     }
 
+    /// The largest fencing token any part of `sku` has seen (0: none).
+    async fn newest_fence(&self, sku: &str) -> Result<i64, EngineError> {
+        let names = self.existing_parts(sku).await?;
+        let mut pipe = redis::pipe();
+        for name in &names {
+            pipe.cmd("HGET").arg(self.keys.sku(name)).arg("fence");
+        }
+        let seen: Vec<Option<i64>> = pipe.query_async(&mut self.conn.clone()).await?;
+        Ok(seen.into_iter().flatten().max().unwrap_or(0))
+    }
+
     /// Renews a change's lease, or stops the change when the lease has
     /// lapsed (its process stalled past [`SPLIT_LEASE`]): another process may
     /// be finishing the change by now, and two must not change one SKU's
@@ -692,7 +712,7 @@ impl Engine {
     /// pay back; with no holds left, a debt of the SKU's) to part 0 of `sku`,
     /// where receipts and returning units pay it: part 0 takes it on first,
     /// so a crash between the two steps owes twice (sells less), never none.
-    async fn hand_debt_home(&self, sku: &str, name: &str) -> Result<(), EngineError> {
+    async fn hand_debt_home(&self, sku: &str, name: &str, fence: i64) -> Result<(), EngineError> {
         let owed: Option<i64> = redis::cmd("HGET")
             .arg(self.keys.sku(name))
             .arg("owed")
@@ -700,8 +720,10 @@ impl Engine {
             .await?;
         let owed = owed.unwrap_or(0);
         if owed > 0 {
-            self.run_split(sku, &["owe", &owed.to_string()]).await?;
-            self.run_split(name, &["owe", &(-owed).to_string()]).await?;
+            self.run_split(sku, fence, &["owe", &owed.to_string()])
+                .await?;
+            self.run_split(name, fence, &["owe", &(-owed).to_string()])
+                .await?;
         }
         Ok(())
     }
@@ -774,7 +796,7 @@ impl Engine {
         // flight, and the marks are taken back if something is.
         let mut busy = (0, 0, 0);
         for name in &old {
-            let reply = self.run_split(name, &["mark", "0"]).await?;
+            let reply = self.run_split(name, lease.fence, &["mark", "0"]).await?;
             if reply.tag()? == "marked" {
                 busy.0 += reply.int(1)?;
                 busy.1 += reply.int(2)?;
@@ -783,7 +805,8 @@ impl Engine {
         }
         if busy.0 > 0 || busy.1 > 0 {
             for name in &old {
-                self.run_split(name, &["mark", &was.to_string()]).await?;
+                self.run_split(name, lease.fence, &["mark", &was.to_string()])
+                    .await?;
             }
             return Ok(SplitOutcome::Refused(format!(
                 "{sku} has {} units in open holds and {} sold units not yet written to PostgreSQL: \
@@ -796,7 +819,7 @@ impl Engine {
         self.finish_moves_of(sku, &old, 0).await?;
         self.splits.learn(sku, parts);
         let new: Vec<String> = (0..parts).map(|j| part_name(sku, j, parts)).collect();
-        self.make_parts(sku, parts, 0).await?;
+        self.make_parts(sku, parts, 0, lease.fence).await?;
         // Everything back to part 0, the old parts dropped, then spread.
         for name in old.iter().skip(1).filter(|n| !new.contains(n)) {
             // Its buyers first: a change cut short before the drop finds the
@@ -806,9 +829,10 @@ impl Engine {
             for _ in 0..3 {
                 self.finish_moves_of(sku, std::slice::from_ref(name), 0)
                     .await?;
-                self.move_units_as(name, sku, ALL, "force").await?;
-                self.hand_debt_home(sku, name).await?;
-                let reply = self.run_split(name, &["drop"]).await?;
+                self.move_units_as(name, sku, ALL, Some(lease.fence))
+                    .await?;
+                self.hand_debt_home(sku, name, lease.fence).await?;
+                let reply = self.run_split(name, lease.fence, &["drop"]).await?;
                 if reply.tag()? != "busy" {
                     dropped = Some(reply);
                     break;
@@ -846,14 +870,16 @@ impl Engine {
                 .map_or(0, |rows| rows[0].available);
             let share = available / i64::from(parts);
             for name in new.iter().skip(1) {
-                self.move_units_as(sku, name, share, "force").await?;
+                self.move_units_as(sku, name, share, Some(lease.fence))
+                    .await?;
                 self.keep_lease(sku, lease).await?;
             }
         }
         // Open for sale under the new count: the other parts first, part 0
         // (which processes that have not seen the change meet) last.
         for name in new.iter().rev() {
-            self.run_split(name, &["mark", &parts.to_string()]).await?;
+            self.run_split(name, lease.fence, &["mark", &parts.to_string()])
+                .await?;
         }
         Ok(SplitOutcome::Changed {
             from: was,
@@ -923,17 +949,24 @@ impl Engine {
         Ok(())
     }
 
-    /// Runs one step of `split.lua` on part `name`.
-    async fn run_split(&self, name: &str, args: &[&str]) -> Result<Reply, EngineError> {
+    /// Runs one step of `split.lua` on part `name`: `args[0]` the mode, the
+    /// rest its arguments; `fence` the fencing token of the change the step
+    /// belongs to (0 for a step of anything else). A change's step on a part
+    /// a newer change has touched is refused ([`EngineError::Busy`]).
+    async fn run_split(&self, name: &str, fence: i64, args: &[&str]) -> Result<Reply, EngineError> {
         let mut inv = self.scripts.split.prepare_invoke();
         inv.key(self.keys.sku(name));
-        for arg in args {
+        let (mode, rest) = args.split_first().unwrap_or((&"", &[]));
+        inv.arg(*mode).arg(fence);
+        for arg in rest {
             inv.arg(*arg);
         }
-        Ok(Reply::new(
+        let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
-        ))
+        );
+        fenced(name, &reply)?;
+        Ok(reply)
     }
 
     /// Moves every other part's available units to part 0 (a feed's decrease
@@ -1163,9 +1196,13 @@ impl Engine {
                 continue;
             }
             let n = debt.min(room);
-            self.run_split(&part_name(sku, j as u16, parts), &["owe", &n.to_string()])
-                .await?;
-            self.run_split(sku, &["owe", &(-n).to_string()]).await?;
+            self.run_split(
+                &part_name(sku, j as u16, parts),
+                0,
+                &["owe", &n.to_string()],
+            )
+            .await?;
+            self.run_split(sku, 0, &["owe", &(-n).to_string()]).await?;
             debt -= n;
         }
         Ok(())
@@ -1206,7 +1243,7 @@ impl Engine {
         recorded: &holdfast_domain::Recorded,
     ) -> Result<(), EngineError> {
         if self
-            .run_split(sku, &["mark", &parts.to_string()])
+            .run_split(sku, 0, &["mark", &parts.to_string()])
             .await?
             .tag()?
             != "marked"
@@ -1228,6 +1265,7 @@ impl Engine {
             let made = self
                 .run_split(
                     &name,
+                    0,
                     &[
                         "make",
                         &parts.to_string(),
@@ -1315,12 +1353,20 @@ impl Engine {
     }
 
     /// Makes every part of `sku` but part 0 that is missing, empty, with part
-    /// 0's window and limit, marked `mark` (the count, or 0 while changing).
-    async fn make_parts(&self, sku: &str, parts: u16, mark: u16) -> Result<(), EngineError> {
+    /// 0's window and limit, marked `mark` (the count, or 0 while changing),
+    /// for the change with fencing token `fence`.
+    async fn make_parts(
+        &self,
+        sku: &str,
+        parts: u16,
+        mark: u16,
+        fence: i64,
+    ) -> Result<(), EngineError> {
         let [limit, opens, closes] = self.settings_of(sku).await?;
         for j in 1..parts {
             self.run_split(
                 &part_name(sku, j, parts),
+                fence,
                 &[
                     "make",
                     &mark.to_string(),
@@ -1487,6 +1533,20 @@ impl Engine {
         figures.parts = parts;
         Ok(())
     }
+}
+
+/// Stops a change of parts whose step on part `name` was refused because a
+/// newer change (which took the lease after this one's lapsed) has touched
+/// the part: `{'fenced', seen}` from `split.lua` or `move.lua`.
+fn fenced(name: &str, reply: &Reply) -> Result<(), EngineError> {
+    if reply.tag()? == "fenced" {
+        return Err(EngineError::Busy(format!(
+            "a change of {name}'s parts stalled past its lease and was stopped: \
+             a newer change (fencing token {}) has taken over",
+            reply.int(1)?
+        )));
+    }
+    Ok(())
 }
 
 /// The lease a change of a SKU's parts holds, renewed after each step: short,
