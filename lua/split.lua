@@ -2,6 +2,8 @@
 -- (Engine::set_parts, split.rs), each on one part's counter.
 --
 -- KEYS[1] the part's counters hash   hf:{hfN.j}:sku:<part>
+-- KEYS[2] buyer_in, buyer_out: a buyer's counter on this part
+--         hf:{hfN.j}:buyer:<part>:<buyer>
 -- ARGV[1] mode
 -- ARGV[2] fence: the fencing token of the lease of the change this step
 --         belongs to (0: not a change's step). The part keeps the largest it
@@ -30,6 +32,13 @@
 --          first). Returns {'dropped', sold, settled} (what the part sold and
 --          settled, which the engine adds to part 0's counts), {'gone'} or
 --          {'busy', available, reserved, sold_pending, moving, owed}.
+--   'buyer_in'  ARGV[3] units, ARGV[4] ms left (0: none): a buyer's count
+--          moving to this part (KEYS[2]) from another, added before the other
+--          forgets it (a step cut short between counts it twice: the buyer may
+--          buy less, never more). {'moved'}, or {'gone'} when the part has no
+--          counter (a newer change dropped it).
+--   'buyer_out' the buyer's count on this part (KEYS[2]) forgotten, once its
+--          new part has it. {'moved'} or {'gone'}.
 local mode = ARGV[1]
 local fence = tonumber(ARGV[2]) or 0
 local exists = redis.call('EXISTS', KEYS[1]) == 1
@@ -82,5 +91,15 @@ elseif mode == 'drop' then
   if a ~= 0 or r ~= 0 or p ~= 0 or m ~= 0 or o ~= 0 then return {'busy', a, r, p, m, o} end
   redis.call('DEL', KEYS[1])
   return {'dropped', tonumber(c[5] or '0'), tonumber(c[6] or '0')}
+elseif mode == 'buyer_in' then
+  if not exists then return {'gone'} end
+  redis.call('INCRBY', KEYS[2], ARGV[3])
+  local ttl = tonumber(ARGV[4]) or 0
+  if ttl > 0 then redis.call('PEXPIRE', KEYS[2], ttl) end
+  return {'moved'}
+elseif mode == 'buyer_out' then
+  if not exists then return {'gone'} end
+  redis.call('DEL', KEYS[2])
+  return {'moved'}
 end
-return redis.error_reply('ERR split.lua: mode must be mark, make, owe or drop')
+return redis.error_reply('ERR split.lua: mode must be mark, make, owe, drop, buyer_in or buyer_out')

@@ -859,6 +859,11 @@ impl Engine {
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         let direct = Some(ConfirmMode::Direct.as_str());
+        // A split SKU's debt is judged for the whole SKU (split.rs).
+        let split = self.splits.any();
+        if split && let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
+            self.before_paying(&known.hold.lines).await?;
+        }
         if let Some((known, reply)) = self
             .run_remembered(rid, &self.scripts.confirm, None, direct)
             .await?
@@ -867,6 +872,10 @@ impl Engine {
             return self.confirmed(rid, &[Part::known(&known)], outcome).await;
         }
         let parts = self.locate_parts(rid).await?;
+        if split {
+            let lines: Vec<Line> = parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
+            self.before_paying(&lines).await?;
+        }
         let outcome = match parts.as_slice() {
             [] => ConfirmOutcome::Unknown,
             [part] if part.cart.is_empty() => {

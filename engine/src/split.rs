@@ -83,6 +83,11 @@ pub struct SplitStats {
 }
 
 impl Splits {
+    /// Whether this process knows of any split SKU (none: nothing to route).
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Relaxed)
+    }
+
     /// How many parts `sku` has, as far as this process knows (1: not split).
     pub(crate) fn parts(&self, sku: &str) -> u16 {
         if !self.any.load(Ordering::Relaxed) {
@@ -651,13 +656,14 @@ impl Engine {
                 "{sku} is being split by someone else; try again when they are done"
             )));
         };
-        let record = |n: u16| {
-            sqlx::query("UPDATE skus SET parts = $2 WHERE sku = $1")
-                .bind(sku)
-                .bind(n as i16)
-                .execute(pg)
-        };
-        let outcome = match record(parts).await {
+        let outcome = match sqlx::query(
+            "UPDATE skus SET parts = $2, parts_changing = true WHERE sku = $1",
+        )
+        .bind(sku)
+        .bind(parts as i16)
+        .execute(pg)
+        .await
+        {
             Ok(_) => match self.set_parts_locked(sku, parts, &lease).await {
                 // Cut short (a Redis error): once more, from where it stopped
                 // (the change finds the parts marked changing and carries on);
@@ -670,13 +676,16 @@ impl Engine {
             },
             Err(e) => Err(e.into()),
         };
-        // PostgreSQL keeps what Redis has now (a change still cut short keeps
-        // its target, so it can be finished: see `finish_change`).
-        if let Ok(Some(now)) = self.parts_raw(sku).await
-            && now != 0
-            && now != parts
-        {
-            record(now).await?;
+        // PostgreSQL keeps what Redis has now, and the change is over; one
+        // still cut short keeps its target and stays marked as changing, so
+        // the rebalancer finishes it (see `finish_change`). Only while the
+        // lease is still this change's: after it lapsed, a newer change may be
+        // under way, and its mark must stay.
+        if self.extend_lock(&lease, SPLIT_LEASE).await.unwrap_or(false) {
+            match self.parts_raw(sku).await {
+                Ok(Some(0)) | Err(_) => {}
+                Ok(now) => record_change_over(pg, sku, now).await?,
+            }
         }
         self.release_lock(&lease).await?;
         outcome
@@ -743,16 +752,35 @@ impl Engine {
     /// still marked changing, nobody changing it now), to the count
     /// PostgreSQL recorded for it. Whether there was one to finish.
     pub async fn finish_change(&self, pg: &sqlx::PgPool, sku: &str) -> Result<bool, EngineError> {
-        if self.parts_raw(sku).await? != Some(0) {
-            return Ok(false);
-        }
-        let target: Option<i16> = sqlx::query_scalar("SELECT parts FROM skus WHERE sku = $1")
-            .bind(sku)
-            .fetch_optional(pg)
-            .await?;
-        let Some(target) = target else {
+        let recorded: Option<(i16, bool)> =
+            sqlx::query_as("SELECT parts, parts_changing FROM skus WHERE sku = $1")
+                .bind(sku)
+                .fetch_optional(pg)
+                .await?;
+        let Some((target, changing)) = recorded else {
             return Ok(false);
         };
+        if self.parts_raw(sku).await? != Some(0) {
+            if changing {
+                // Marked changing in PostgreSQL only: its process ended before
+                // it marked a part, or before it recorded its end. Set straight
+                // to what Redis has, under the change's lease (so no change is
+                // under way).
+                if let Some(lease) = self
+                    .acquire_lock(&format!("split:{sku}"), SPLIT_LEASE)
+                    .await?
+                {
+                    let now = self.parts_raw(sku).await;
+                    if let Ok(now) = now
+                        && now != Some(0)
+                    {
+                        record_change_over(pg, sku, now).await?;
+                    }
+                    self.release_lock(&lease).await?;
+                }
+            }
+            return Ok(false);
+        }
         let outcome = self
             .set_parts(pg, sku, target.clamp(1, MAX_PARTS as i16) as u16)
             .await?;
@@ -824,7 +852,7 @@ impl Engine {
         for name in old.iter().skip(1).filter(|n| !new.contains(n)) {
             // Its buyers first: a change cut short before the drop finds the
             // part (and them) again when it is run once more.
-            self.move_buyers(sku, name, &new).await?;
+            self.move_buyers(sku, name, &new, lease.fence).await?;
             let mut dropped = None;
             for _ in 0..3 {
                 self.finish_moves_of(sku, std::slice::from_ref(name), 0)
@@ -862,7 +890,7 @@ impl Engine {
             self.keep_lease(sku, lease).await?;
         }
         // Part 0's own buyers, whose part may now be another.
-        self.move_buyers(sku, sku, &new).await?;
+        self.move_buyers(sku, sku, &new, lease.fence).await?;
         if parts > 1 {
             let available = self
                 .read_parts(sku, 1)
@@ -910,8 +938,17 @@ impl Engine {
     }
 
     /// Moves the per-buyer counts kept on part `from` of `sku` to each buyer's
-    /// part among `new` (found with `SCAN`: an operator's action between drops).
-    async fn move_buyers(&self, sku: &str, from: &str, new: &[String]) -> Result<(), EngineError> {
+    /// part among `new` (found with `SCAN`: an operator's action between drops),
+    /// each step fenced by the change's token `fence` like its other steps: a
+    /// change that stalled past its lease moves no count onto a part a newer
+    /// change dropped (where no reservation would see it).
+    async fn move_buyers(
+        &self,
+        sku: &str,
+        from: &str,
+        new: &[String],
+        fence: i64,
+    ) -> Result<(), EngineError> {
         let prefix = self.keys.buyer(from, "");
         let found = self
             .connection()
@@ -934,16 +971,18 @@ impl Engine {
                 .query_async(&mut self.conn.clone())
                 .await?;
             let Some(count) = count else { continue };
-            let mut pipe = redis::pipe();
-            pipe.cmd("INCRBY").arg(&target).arg(count).ignore();
-            if ttl > 0 {
-                pipe.cmd("PEXPIRE").arg(&target).arg(ttl).ignore();
+            let (count, ttl) = (count.to_string(), ttl.max(0).to_string());
+            for (part, key, args) in [
+                (to.as_str(), &target, ["buyer_in", &count, &ttl].as_slice()),
+                (from, &key, ["buyer_out"].as_slice()),
+            ] {
+                let reply = self.run_split_on(part, Some(key), fence, args).await?;
+                if reply.tag()? == "gone" {
+                    return Err(EngineError::Busy(format!(
+                        "part {part} of {sku} is gone: a newer change of its parts took over"
+                    )));
+                }
             }
-            pipe.query_async::<()>(&mut self.conn.clone()).await?;
-            redis::cmd("DEL")
-                .arg(&key)
-                .query_async::<()>(&mut self.conn.clone())
-                .await?;
             tracing::debug!(%sku, %buyer, count, "moved a buyer's count to its new part");
         }
         Ok(())
@@ -954,8 +993,23 @@ impl Engine {
     /// belongs to (0 for a step of anything else). A change's step on a part
     /// a newer change has touched is refused ([`EngineError::Busy`]).
     async fn run_split(&self, name: &str, fence: i64, args: &[&str]) -> Result<Reply, EngineError> {
+        self.run_split_on(name, None, fence, args).await
+    }
+
+    /// [`Engine::run_split`] with a second key of the part's slot (KEYS[2]:
+    /// a buyer's counter on it).
+    async fn run_split_on(
+        &self,
+        name: &str,
+        second: Option<&str>,
+        fence: i64,
+        args: &[&str],
+    ) -> Result<Reply, EngineError> {
         let mut inv = self.scripts.split.prepare_invoke();
         inv.key(self.keys.sku(name));
+        if let Some(key) = second {
+            inv.key(key);
+        }
         let (mode, rest) = args.split_first().unwrap_or((&"", &[]));
         inv.arg(*mode).arg(fence);
         for arg in rest {
@@ -1181,18 +1235,42 @@ impl Engine {
     /// already owed. The part takes it on before part 0 lets it go: a crash
     /// between the two owes twice (sells less), never none.
     pub(crate) async fn spread_owed(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
+        self.hand_debt(sku, parts, 0, 0).await.map(|_| ())
+    }
+
+    /// Hands part `from`'s debt beyond its own holds (less `paying` units of
+    /// them being paid for: then at most `paying`) to the other parts of
+    /// `sku` whose holds can
+    /// still pay it back (their reserved units beyond their own debt), each
+    /// taking it on before `from` lets it go (a step cut short owes twice:
+    /// sells less, never more). A part taking on a debt pays it at once with
+    /// its units on sale, as units arriving would. How many units moved.
+    async fn hand_debt(
+        &self,
+        sku: &str,
+        parts: u16,
+        from: u16,
+        paying: i64,
+    ) -> Result<i64, EngineError> {
         let rows = self.read_full(sku, parts).await?;
-        let Some(Some(home)) = rows.first() else {
-            return Ok(());
+        let Some(Some(owing)) = rows.get(usize::from(from)) else {
+            return Ok(0);
         };
-        let mut debt = home.owed - home.reserved;
-        for (j, row) in rows.iter().enumerate().skip(1) {
+        // Never more than it owes (a step of its own would otherwise take
+        // units on sale elsewhere to pay a debt that is not there).
+        let mut debt = (owing.owed - (owing.reserved - paying)).min(owing.owed);
+        if paying > 0 {
+            debt = debt.min(paying);
+        }
+        let from_name = part_name(sku, from, parts);
+        let mut moved = 0;
+        for (j, row) in rows.iter().enumerate() {
             let Some(row) = row else { continue };
             let room = row.reserved - row.owed;
             if debt <= 0 {
                 break;
             }
-            if room <= 0 {
+            if j == usize::from(from) || room <= 0 {
                 continue;
             }
             let n = debt.min(room);
@@ -1202,8 +1280,41 @@ impl Engine {
                 &["owe", &n.to_string()],
             )
             .await?;
-            self.run_split(sku, 0, &["owe", &(-n).to_string()]).await?;
+            self.run_split(&from_name, 0, &["owe", &(-n).to_string()])
+                .await?;
             debt -= n;
+            moved += n;
+        }
+        Ok(moved)
+    }
+
+    /// Before a hold with lines on parts of split SKUs is paid: a part whose
+    /// debt (held units a feed removed) the payment would leave beyond its
+    /// own holds hands the excess to parts whose holds can still pay it back,
+    /// so `confirm.lua` reports as oversold only what the whole SKU cannot
+    /// back, as an unsplit SKU's would. Each part judging alone reported the
+    /// sum of every part's excess (74 units where the SKU oversold 50). One
+    /// read per line of a split SKU; nothing for any other line.
+    pub(crate) async fn before_paying(&self, lines: &[Line]) -> Result<(), EngineError> {
+        for line in lines {
+            let (sku, part, parts) = match keys::parse_part(&line.sku) {
+                Some(named) => named,
+                None => (line.sku.as_str(), 0, self.splits.parts(&line.sku)),
+            };
+            if parts < 2 {
+                continue;
+            }
+            let (owed, reserved): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
+                .arg(self.keys.sku(&line.sku))
+                .arg(&["owed", "reserved"])
+                .query_async(&mut self.conn.clone())
+                .await?;
+            let (owed, reserved) = (owed.unwrap_or(0), reserved.unwrap_or(0));
+            // Only for a hold whose units are there (one remembered from
+            // before a loss of Redis' data may not be).
+            if owed > 0 && reserved >= line.qty && owed > reserved - line.qty {
+                self.hand_debt(sku, parts, part, line.qty).await?;
+            }
         }
         Ok(())
     }
@@ -1235,9 +1346,12 @@ impl Engine {
     /// After warm-up wrote part 0 of `sku`: it is marked as split into
     /// `parts`, and every other part that is missing (lost with its shard's
     /// data) is made again with part 0's settings and its share of the
-    /// stock (see [`Engine::lost_part_share`]).
+    /// stock (see [`Engine::lost_part_share`]), after the counts of the
+    /// buyers routed to it (which went with it) are restored from `pg`'s
+    /// confirmed holds: before any reservation can reach it.
     pub(crate) async fn keep_parts(
         &self,
+        pg: &mut sqlx::PgConnection,
         sku: &str,
         parts: u16,
         recorded: &holdfast_domain::Recorded,
@@ -1262,6 +1376,7 @@ impl Engine {
                 continue;
             }
             let share = self.lost_part_share(sku, parts, j, recorded).await?;
+            crate::warmup::restore_buyers(self, pg, &[(sku, parts)], Some(j)).await?;
             let made = self
                 .run_split(
                     &name,
@@ -1482,13 +1597,15 @@ impl Engine {
         Ok(moved)
     }
 
-    /// The split SKUs, as PostgreSQL records them (a few: an index finds them).
+    /// The split SKUs, and those whose parts are being changed (or whose
+    /// change was cut short, whatever its target), as PostgreSQL records them
+    /// (a few: an index finds them).
     pub async fn split_skus(pg: &sqlx::PgPool) -> Result<Vec<String>, EngineError> {
-        Ok(
-            sqlx::query_scalar("SELECT sku FROM skus WHERE parts > 1 ORDER BY sku")
-                .fetch_all(pg)
-                .await?,
+        Ok(sqlx::query_scalar(
+            "SELECT sku FROM skus WHERE parts > 1 OR parts_changing ORDER BY sku",
         )
+        .fetch_all(pg)
+        .await?)
     }
 
     /// Adds to `figures` (read from part 0's counter, which says the SKU has
@@ -1533,6 +1650,24 @@ impl Engine {
         figures.parts = parts;
         Ok(())
     }
+}
+
+/// Records in PostgreSQL that the change of `sku`'s parts is over, with the
+/// count Redis has now (`None`: no counter; the target recorded stays, for
+/// the warm-up that makes it).
+async fn record_change_over(
+    pg: &sqlx::PgPool,
+    sku: &str,
+    now: Option<u16>,
+) -> Result<(), EngineError> {
+    sqlx::query(
+        "UPDATE skus SET parts = coalesce($2, parts), parts_changing = false WHERE sku = $1",
+    )
+    .bind(sku)
+    .bind(now.map(|n| n as i16))
+    .execute(pg)
+    .await?;
+    Ok(())
 }
 
 /// Stops a change of parts whose step on part `name` was refused because a

@@ -1091,6 +1091,26 @@ pub async fn warmed_sku(
     (redis, b)
 }
 
+/// The buyers among `buyers` whose request for one more unit of `sku` is not
+/// refused for their per-buyer limit, with what they were answered (request
+/// ids `<tag>-<i>`).
+pub async fn past_their_limit(
+    engine: &crate::Engine,
+    sku: &str,
+    buyers: &[String],
+    tag: &str,
+) -> Vec<String> {
+    let mut past = Vec::new();
+    for (i, buyer) in buyers.iter().enumerate() {
+        let req = crate::ReserveRequest::single(format!("{tag}-{i}"), sku, 1).for_buyer(buyer);
+        let r = engine.reserve(&req).await.expect("a reservation's answer");
+        if !matches!(r, crate::ReserveOutcome::LimitExceeded { .. }) {
+            past.push(format!("{buyer}: {r:?}"));
+        }
+    }
+    past
+}
+
 /// Moves `field` of `sku`'s counters by `by` behind the engine's back (a drifted
 /// or corrupted counter, for tests of reconciliation and verification).
 pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i64) {

@@ -18,6 +18,7 @@ use sqlx::PgPool;
 
 use crate::engine::Engine;
 use crate::error::EngineError;
+use crate::keys::part_name;
 use crate::reply::Reply;
 use holdfast_domain::{Counters, Recorded};
 
@@ -91,6 +92,11 @@ impl StockRow {
             self.closes_ms,
             i64::from(self.per_buyer_limit.unwrap_or(0)),
         ]
+    }
+
+    /// The parts PostgreSQL recorded (what a counter it rebuilds is split into).
+    pub(crate) fn parts_recorded(&self) -> u16 {
+        self.parts.clamp(1, crate::keys::MAX_PARTS as i16) as u16
     }
 
     /// What PostgreSQL has recorded for this SKU.
@@ -433,6 +439,14 @@ impl Page {
             .filter(|(_, c)| c.available.is_none())
             .map(|(sku, _)| *sku)
             .collect();
+        // Each missing SKU with the parts PostgreSQL recorded for it (what
+        // it is rebuilt with), for its buyers' counts.
+        let missing_parts: Vec<(&str, u16)> = rows
+            .iter()
+            .zip(&current)
+            .filter(|(_, c)| c.available.is_none())
+            .map(|(row, _)| (row.sku.as_str(), row.parts_recorded()))
+            .collect();
         if !missing.is_empty() {
             // Counters are missing: Redis lost its data (or never had them), and
             // with it the guards that stop a redelivered feed event applying
@@ -443,7 +457,7 @@ impl Page {
             report.guards += restore_guards(engine, &mut tx, &missing).await?;
             // The per-buyer counters went with them: what each buyer bought
             // (PostgreSQL's confirmed holds) counts against the limit again.
-            restore_buyers(engine, &mut tx, &missing).await?;
+            restore_buyers(engine, &mut tx, &missing_parts, None).await?;
         }
         let orphans = open_holds(engine, &rows, &current).await?;
         // One warm.lua call per shard for the page's SKUs in it: fewer script
@@ -463,7 +477,7 @@ impl Page {
             let parts = if cur.available.is_some() {
                 cur.parts
             } else {
-                row.parts.clamp(1, crate::keys::MAX_PARTS as i16) as u16
+                row.parts_recorded()
             };
             if parts > 1 {
                 split.push((row.sku.as_str(), parts, row.recorded()));
@@ -520,7 +534,7 @@ impl Page {
             }
         }
         for (sku, parts, recorded) in split {
-            engine.keep_parts(sku, parts, &recorded).await?;
+            engine.keep_parts(&mut tx, sku, parts, &recorded).await?;
         }
         tx.commit().await?;
         report.skus += rows.len() as u64;
@@ -534,11 +548,18 @@ impl Page {
 /// confirmed holds; open holds
 /// went with Redis' data and their units are on sale again), for the rest of
 /// that lifetime; a counter that still exists is left as it is.
-async fn restore_buyers(
+///
+/// Each count goes to the buyer's part of its SKU (split into the parts given
+/// with it), as reservations route the buyer; with `only_part`, only the
+/// counts of that part (one part lost with its shard's data).
+pub(crate) async fn restore_buyers(
     engine: &Engine,
     pg: &mut sqlx::PgConnection,
-    skus: &[&str],
+    skus: &[(&str, u16)],
+    only_part: Option<u16>,
 ) -> Result<(), EngineError> {
+    let parts_of: std::collections::HashMap<&str, u16> = skus.iter().copied().collect();
+    let skus: Vec<&str> = skus.iter().map(|(sku, _)| *sku).collect();
     let ttl_ms = engine.config.buyer_ttl.as_millis() as i64;
     let rows: Vec<(String, String, i64, i64)> = sqlx::query_as(
         "SELECT h.sku, h.buyer, sum(h.qty)::bigint,
@@ -549,15 +570,20 @@ async fn restore_buyers(
             AND h.created_at > now() - make_interval(secs => $2 / 1000.0)
           GROUP BY h.sku, h.buyer",
     )
-    .bind(skus)
+    .bind(&skus)
     .bind(ttl_ms)
     .fetch_all(&mut *pg)
     .await?;
     for chunk in rows.chunks(1_000) {
         let mut pipe = redis::pipe();
         for (sku, buyer, units, left_ms) in chunk {
+            let parts = parts_of.get(sku.as_str()).copied().unwrap_or(1);
+            let part = crate::split::part_for(buyer, parts);
+            if only_part.is_some_and(|only| only != part) {
+                continue;
+            }
             pipe.cmd("SET")
-                .arg(engine.keys.buyer(sku, buyer))
+                .arg(engine.keys.buyer(&part_name(sku, part, parts), buyer))
                 .arg(units)
                 .arg("NX")
                 .arg("PX")

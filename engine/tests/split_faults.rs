@@ -803,3 +803,46 @@ async fn a_cart_that_gathered_is_recorded_as_confirmed(pg: PgPool) {
     want.sort();
     assert_eq!(rows, want, "PostgreSQL's record of a confirmed cart");
 }
+
+/// Invariant: nothing stays busy for good. A merge back into one part cut
+/// short (the change and its retry both failing) is finished by the
+/// rebalancer like any change: it visits the SKUs PostgreSQL marks as being
+/// changed, not only those recorded as split (a merge's target is 1 part,
+/// so the SKU was never visited and answered busy until an operator ran
+/// the change again).
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_merge_cut_short_is_finished_by_the_rebalancer(pg: PgPool) {
+    let sku = "ATK2-MERGE";
+    let (_redis, b) = setup(&pg, sku, 100, 0).await;
+    let engine = b.engine.clone();
+    assert_eq!(
+        engine.set_parts(&pg, sku, 4).await.unwrap(),
+        SplitOutcome::Changed { from: 1, to: 4 }
+    );
+    let key = poison(&engine, &part_name(sku, 1, 4)).await;
+    let r = engine.set_parts(&pg, sku, 1).await;
+    assert!(r.is_err(), "the injected error surfaces: {r:?}");
+    assert_eq!(parts_field(&engine, sku).await, Some(0), "cut short");
+    unpoison(&engine, &key).await;
+    // What the rebalancer does every second.
+    let listed = Engine::split_skus(&pg).await.unwrap();
+    assert!(listed.contains(&sku.to_owned()), "{listed:?}");
+    for listed in listed {
+        engine.finish_change(&pg, &listed).await.unwrap();
+    }
+    assert_eq!(parts_field(&engine, sku).await, Some(1), "merged");
+    assert!(
+        !Engine::split_skus(&pg)
+            .await
+            .unwrap()
+            .contains(&sku.to_owned()),
+        "no longer listed once merged"
+    );
+    assert_eq!(raw_total(&engine, sku).await, 100);
+    assert_eq!(engine.figures(sku).await.unwrap().unwrap().available, 100);
+    let r = engine
+        .reserve(&ReserveRequest::single("after-merge", sku, 10))
+        .await
+        .unwrap();
+    assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+}

@@ -294,3 +294,41 @@ async fn a_lost_token_counter_does_not_lock_changes_out(pg: PgPool) {
     let f = engine.figures(sku).await.unwrap().unwrap();
     assert_eq!(f.available, 60, "{f:?}");
 }
+
+/// Invariant: the per-buyer limit is per SKU, whatever a stalled change
+/// does. 40 buyers bought their one allowed unit of an unsplit SKU. Change A
+/// (1 -> 8) stalls while moving their counts to their new parts; its lease
+/// lapses; the rebalancer finishes the change (the counts move to their
+/// parts), and an operator merges the SKU back into one part (they move back
+/// to part 0). When A wakes, it moves no count onto a part that is gone, so
+/// no buyer can buy a second unit.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_stalled_change_moves_no_buyer_count_onto_a_part_that_is_gone(pg: PgPool) {
+    let sku = "STALL-BUYERS";
+    let (redis, b) = holdfast_engine::testkit::warmed_sku(&pg, sku, 500, 1).await;
+    let engine = b.engine.clone();
+    let buyers: Vec<String> = (0..40).map(|i| format!("limited-{i}")).collect();
+    // What a confirmed purchase leaves in Redis once PostgreSQL recorded it.
+    for buyer in &buyers {
+        redis::cmd("SET")
+            .arg(engine.keyspace().buyer(sku, buyer))
+            .arg(1)
+            .arg("PX")
+            .arg(600_000)
+            .query_async::<()>(&mut engine.connection())
+            .await
+            .unwrap();
+    }
+    let (a, gate) = stalled_change(&pg, redis.port(), sku, 8, "buyer_in").await;
+    tokio::time::sleep(Duration::from_millis(5_500)).await;
+    assert!(engine.finish_change(&pg, sku).await.unwrap());
+    assert_eq!(
+        engine.set_parts(&pg, sku, 1).await.unwrap(),
+        SplitOutcome::Changed { from: 8, to: 1 }
+    );
+    let woke = wake(a, &gate).await;
+    assert!(matches!(woke, Err(EngineError::Busy(_))), "{woke:?}");
+    assert_eq!(field(&engine, sku, "parts").await, Some(1));
+    let again = holdfast_engine::testkit::past_their_limit(&engine, sku, &buyers, "again").await;
+    assert!(again.is_empty(), "buyers past their limit of 1: {again:?}");
+}
