@@ -15,7 +15,14 @@
 -- KEYS[b+1] SKU counters hash, KEYS[b+2] SKU holds zset, KEYS[b+3] buyer counter
 --
 -- ARGV[1] reservation id   ARGV[2] tombstone ttl ms
--- ARGV[3] mode: 'direct' (a one-shard hold) | 'prepare' | 'commit' | 'rollback'
+-- ARGV[3] mode: 'direct' (a one-shard hold) | 'direct_judged' | 'prepare' |
+--          'commit' | 'rollback'. In 'direct' mode a line on a part of a split
+--          SKU (`parts` above 1) whose debt the payment would leave beyond the
+--          part's own holds answers {'indebted'} and changes nothing: the
+--          engine first hands the excess to parts whose holds can still pay
+--          it (split.rs, before_paying), then confirms with 'direct_judged',
+--          which reports what is still unbacked as oversold. So an oversell
+--          is judged for the whole SKU, in one call when there is no debt.
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
 --          optionally 'fp:' and the fingerprint of the request that made the
 --          hold: a caller that knows the hold from memory (not from reading it)
@@ -37,9 +44,12 @@
 --   {'rolled_back'}             (rollback) the part is 'held' again
 --   {'not_confirming', state}   (rollback) it was not 'confirming': nothing moves
 --   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
+--   {'indebted'}                (direct) see ARGV[3]: nothing moved
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
 local rid, tomb, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+local judged = mode ~= 'direct'
+if mode == 'direct_judged' then mode = 'direct' end
 local h = redis.call('HMGET', KEYS[1], 'state', 'deadline', 'lines', 'buyer', 'fp')
 -- A refused request's record (reserve.lua) is no hold.
 if not h[1] or h[1] == 'refused' then return {'unknown'} end
@@ -86,6 +96,15 @@ for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
   parsed[i] = {sku, tonumber(qty)}
 end
 if skus ~= i then return {'mismatch'} end
+if not judged and not overdue then
+  for j = 1, i do
+    local c = redis.call('HMGET', KEYS[3 + 3 * (j - 1) + 1], 'parts', 'owed', 'reserved')
+    local owed, reserved, qty = tonumber(c[2] or '0'), tonumber(c[3] or '0'), parsed[j][2]
+    if tonumber(c[1] or '1') > 1 and owed > 0 and reserved >= qty and owed > reserved - qty then
+      return {'indebted'}
+    end
+  end
+end
 local reply = {'confirmed'}
 
 for j = 1, i do

@@ -859,30 +859,42 @@ impl Engine {
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         let direct = Some(ConfirmMode::Direct.as_str());
-        // A split SKU's debt is judged for the whole SKU (split.rs).
-        let split = self.splits.any();
-        if split && let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) {
-            self.before_paying(&known.hold.lines).await?;
-        }
-        if let Some((known, reply)) = self
+        if let Some((known, mut reply)) = self
             .run_remembered(rid, &self.scripts.confirm, None, direct)
             .await?
         {
-            let outcome = self.confirm_reply(rid, &reply)?;
-            return self.confirmed(rid, &[Part::known(&known)], outcome).await;
+            if reply.tag()? == "indebted" {
+                let fp = known.fp();
+                reply = self
+                    .confirm_judged(known.shard, &known.hold, Some(&fp))
+                    .await?;
+            }
+            if !reply.is_miss()? {
+                let outcome = self.confirm_reply(rid, &reply)?;
+                return self.confirmed(rid, &[Part::known(&known)], outcome).await;
+            }
+            self.holds.forget(rid);
         }
         let parts = self.locate_parts(rid).await?;
-        if split {
-            let lines: Vec<Line> = parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
-            self.before_paying(&lines).await?;
-        }
         let outcome = match parts.as_slice() {
             [] => ConfirmOutcome::Unknown,
             [part] if part.cart.is_empty() => {
-                let reply = self.confirm_step(part, ConfirmMode::Direct).await?;
+                let mut reply = self.confirm_step(part, ConfirmMode::Direct).await?;
+                if reply.tag()? == "indebted" {
+                    reply = self.confirm_judged(part.shard, &part.hold, None).await?;
+                }
                 self.confirm_reply(rid, &reply)?
             }
-            _ => self.confirm_cart(rid, parts.clone()).await?,
+            _ => {
+                // A cart's parts commit without the check: its split lines'
+                // debts are judged for the whole SKU first (split.rs).
+                if self.splits.any() {
+                    let lines: Vec<Line> =
+                        parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
+                    self.before_paying(&lines).await?;
+                }
+                self.confirm_cart(rid, parts.clone()).await?
+            }
         };
         self.confirmed(rid, &parts, outcome).await
     }
@@ -950,6 +962,28 @@ impl Engine {
             "unknown" => ConfirmOutcome::Unknown,
             other => return Err(EngineError::UnexpectedReply(format!("confirm: {other}"))),
         })
+    }
+
+    /// Pays one-shard hold `hold` after `confirm.lua` answered `indebted` (a
+    /// line's part of a split SKU would owe beyond its own holds): the
+    /// excess goes to parts whose holds can still pay it, then the payment
+    /// is made, reporting as oversold what is still unbacked.
+    async fn confirm_judged(
+        &self,
+        shard: u16,
+        hold: &Hold,
+        fp: Option<&str>,
+    ) -> Result<Reply, EngineError> {
+        self.before_paying(&hold.lines).await?;
+        self.run_on_hold(
+            &self.scripts.confirm,
+            shard,
+            hold,
+            None,
+            Some(ConfirmMode::DirectJudged.as_str()),
+            fp,
+        )
+        .await
     }
 
     /// Runs `confirm.lua` in `mode` on one part.
@@ -1417,8 +1451,12 @@ pub(crate) struct PartCall<'a> {
 /// How a cart's part is confirmed (`confirm.lua`'s mode).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum ConfirmMode {
-    /// A hold in one shard: confirm (or expire, if overdue) at once.
+    /// A hold in one shard: confirm (or expire, if overdue) at once, unless
+    /// a line's part of a split SKU would owe beyond its holds (`indebted`).
     Direct,
+    /// [`ConfirmMode::Direct`] once the parts' debts were judged for the
+    /// whole SKU: confirm whatever they owe.
+    DirectJudged,
     /// Phase one: `held` -> `confirming`, refused once overdue.
     Prepare,
     /// Phase two: `confirming` -> `confirmed`.
@@ -1431,6 +1469,7 @@ impl ConfirmMode {
     fn as_str(self) -> &'static str {
         match self {
             Self::Direct => "direct",
+            Self::DirectJudged => "direct_judged",
             Self::Prepare => "prepare",
             Self::Commit => "commit",
             Self::Rollback => "rollback",

@@ -1288,13 +1288,14 @@ impl Engine {
         Ok(moved)
     }
 
-    /// Before a hold with lines on parts of split SKUs is paid: a part whose
-    /// debt (held units a feed removed) the payment would leave beyond its
-    /// own holds hands the excess to parts whose holds can still pay it back,
-    /// so `confirm.lua` reports as oversold only what the whole SKU cannot
-    /// back, as an unsplit SKU's would. Each part judging alone reported the
-    /// sum of every part's excess (74 units where the SKU oversold 50). One
-    /// read per line of a split SKU; nothing for any other line.
+    /// Before a hold with lines on parts of split SKUs is paid (`confirm.lua`
+    /// answered `indebted`, or a cart): a part whose debt (held units a feed
+    /// removed) the payment would leave beyond its own holds hands the excess
+    /// to parts whose holds can still pay it back, so `confirm.lua` reports
+    /// as oversold only what the whole SKU cannot back, as an unsplit SKU's
+    /// would. Each part judging alone reported the sum of every part's excess
+    /// (74 units where the SKU oversold 50). One read per line of a split
+    /// SKU; nothing for any other line.
     pub(crate) async fn before_paying(&self, lines: &[Line]) -> Result<(), EngineError> {
         for line in lines {
             let (sku, part, parts) = match keys::parse_part(&line.sku) {
