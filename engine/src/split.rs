@@ -1256,6 +1256,11 @@ impl Engine {
         let Some(Some(owing)) = rows.get(usize::from(from)) else {
             return Ok(0);
         };
+        // A payment of a hold whose units are not there (one remembered
+        // from before a loss of Redis' data) hands nothing.
+        if owing.reserved < paying {
+            return Ok(0);
+        }
         // Never more than it owes (a step of its own would otherwise take
         // units on sale elsewhere to pay a debt that is not there).
         let mut debt = (owing.owed - (owing.reserved - paying)).min(owing.owed);
@@ -1294,26 +1299,15 @@ impl Engine {
     /// to parts whose holds can still pay it back, so `confirm.lua` reports
     /// as oversold only what the whole SKU cannot back, as an unsplit SKU's
     /// would. Each part judging alone reported the sum of every part's excess
-    /// (74 units where the SKU oversold 50). One read per line of a split
-    /// SKU; nothing for any other line.
+    /// (74 units where the SKU oversold 50). One pipelined read of the
+    /// parts per line of a split SKU; nothing for any other line.
     pub(crate) async fn before_paying(&self, lines: &[Line]) -> Result<(), EngineError> {
         for line in lines {
             let (sku, part, parts) = match keys::parse_part(&line.sku) {
                 Some(named) => named,
                 None => (line.sku.as_str(), 0, self.splits.parts(&line.sku)),
             };
-            if parts < 2 {
-                continue;
-            }
-            let (owed, reserved): (Option<i64>, Option<i64>) = redis::cmd("HMGET")
-                .arg(self.keys.sku(&line.sku))
-                .arg(&["owed", "reserved"])
-                .query_async(&mut self.conn.clone())
-                .await?;
-            let (owed, reserved) = (owed.unwrap_or(0), reserved.unwrap_or(0));
-            // Only for a hold whose units are there (one remembered from
-            // before a loss of Redis' data may not be).
-            if owed > 0 && reserved >= line.qty && owed > reserved - line.qty {
+            if parts > 1 {
                 self.hand_debt(sku, parts, part, line.qty).await?;
             }
         }

@@ -433,12 +433,6 @@ impl Page {
         let script = &engine.scripts.warm;
         let skus: Vec<&str> = rows.iter().map(|r| r.sku.as_str()).collect();
         let current = read_counters(engine, &skus).await?;
-        let missing: Vec<&str> = skus
-            .iter()
-            .zip(&current)
-            .filter(|(_, c)| c.available.is_none())
-            .map(|(sku, _)| *sku)
-            .collect();
         // Each missing SKU with the parts PostgreSQL recorded for it (what
         // it is rebuilt with), for its buyers' counts.
         let missing_parts: Vec<(&str, u16)> = rows
@@ -447,6 +441,7 @@ impl Page {
             .filter(|(_, c)| c.available.is_none())
             .map(|(row, _)| (row.sku.as_str(), row.parts_recorded()))
             .collect();
+        let missing: Vec<&str> = missing_parts.iter().map(|(sku, _)| *sku).collect();
         if !missing.is_empty() {
             // Counters are missing: Redis lost its data (or never had them), and
             // with it the guards that stop a redelivered feed event applying
