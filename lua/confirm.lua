@@ -43,7 +43,9 @@
 --                               this one's earlier attempt): not this call's to undo
 --   {'rolled_back'}             (rollback) the part is 'held' again
 --   {'not_confirming', state}   (rollback) it was not 'confirming': nothing moves
---   {'expired', state}          the hold had ended ('released' / 'expired') or is overdue
+--   {'expired', state[, parked]} the hold had ended ('released' / 'expired') or is
+--                               overdue (its units came back: `parked` of them
+--                               parked, as release.lua's are)
 --   {'indebted'}                (direct) see ARGV[3]: nothing moved
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
@@ -106,17 +108,26 @@ if not judged and not overdue then
   end
 end
 local reply = {'confirmed'}
+local parked = 0
 
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
   local available, reserved, pending, owed, oversold, epoch = '', '', '', '', 0, ''
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
-    local o = redis.call('HMGET', KEYS[b + 1], 'owed', 'epoch')
+    local o = redis.call('HMGET', KEYS[b + 1], 'owed', 'epoch', 'hold_back')
     owed, epoch = tonumber(o[1] or '0'), o[2] or ''
     if overdue then
       local paid = math.min(owed, qty)
       if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
-      available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty - paid)
+      -- Parked while another part of a split SKU may owe (as in release.lua).
+      local rest = qty - paid
+      if o[3] and rest > 0 then
+        redis.call('HINCRBY', KEYS[b + 1], 'moving', rest)
+        redis.call('HINCRBY', KEYS[b + 1], 'parked', rest)
+        parked = parked + rest
+        rest = 0
+      end
+      available = redis.call('HINCRBY', KEYS[b + 1], 'available', rest)
       -- A rise of a split SKU's part: the sold-out check (split.rs) sees it.
       if string.find(sku, '~', 1, true) then redis.call('HINCRBY', KEYS[b + 1], 'gen', 1) end
       reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
@@ -147,5 +158,5 @@ end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('HSET', KEYS[1], 'state', kind, 'ended', now)
 redis.call('PEXPIRE', KEYS[1], tomb)
-if overdue then return {'expired', 'expired'} end
+if overdue then return {'expired', 'expired', parked} end
 return reply

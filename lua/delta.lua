@@ -20,6 +20,9 @@
 -- here (else units the feed removed could still be sold there): without
 -- 'gathered' it answers {'split', parts} and changes nothing.
 --
+-- A part of a split SKU marked `hold_back` (another part may owe) parks what
+-- would be on sale (`parked`, counted in `moving`), as release.lua does.
+--
 -- Returns {'applied', available, owed, parts}, {'duplicate'}, {'split', parts}
 -- (parts 0: being changed) or {'not_warmed'}.
 local function whole(v)
@@ -31,7 +34,7 @@ end
 local sku, delta = ARGV[1], whole(ARGV[2])
 if not delta then return redis.error_reply('ERR delta.lua: the delta must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch', 'parts')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'owed', 'epoch', 'parts', 'hold_back')
 if not c[1] then return {'not_warmed'} end
 local parts = tonumber(c[6] or '1')
 -- 0: its parts are being changed: wait (the engine tries again shortly).
@@ -41,6 +44,14 @@ local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 -- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed)
+-- While another part of a split SKU may owe, this part's units are parked
+-- for the engine to route (as release.lua's are), not put on sale.
+if parts > 1 and c[7] and available > 0 then
+  redis.call('HINCRBY', KEYS[1], 'moving', available)
+  redis.call('HINCRBY', KEYS[1], 'parked', available)
+  redis.call('HSET', KEYS[1], 'available', 0)
+  available = 0
+end
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
 -- `fed` sums what feeds applied; PostgreSQL's fed_recorded catches up through the
 -- write-behind, and reconciliation counts the difference as in flight.

@@ -19,10 +19,14 @@
 --          hold (as in confirm.lua)
 --
 -- Units coming back pay the SKU's `owed` debt first (units a feed removed while
--- they were held); only the rest becomes available again.
+-- they were held); only the rest becomes available again, unless the line is a
+-- part of a split SKU marked `hold_back` (another part may owe): then the rest
+-- is parked (`parked`, counted in `moving`) for the engine to route to a part
+-- that owes, or back on sale once none does (split.rs, route_parked), as an
+-- unsplit SKU's returning units pay its debt before any goes on sale.
 --
 -- Returns one of:
---   {'released', reason}   units returned now
+--   {'released', reason, parked}   units returned now (`parked` of them parked)
 --   {'gone', state}        already ended ('confirmed', 'released', 'expired'): nothing moves
 --   {'not_due', deadline}  reason 'expired' but the deadline has not passed
 --   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
@@ -63,16 +67,27 @@ for sku, qty in string.gmatch(h[3], '([^,=]+)=(%d+)') do
 end
 if skus ~= i then return {'mismatch'} end
 
+local parked = 0
 for j = 1, i do
   local b, sku, qty = 3 + 3 * (j - 1), parsed[j][1], parsed[j][2]
   -- A missing counter is never recreated here: that would fabricate a "warmed"
   -- SKU holding only these units. Warm-up rebuilds it from PostgreSQL instead.
   local available, reserved, pending, owed = '', '', '', ''
   if redis.call('EXISTS', KEYS[b + 1]) == 1 then
-    owed = tonumber(redis.call('HGET', KEYS[b + 1], 'owed') or '0')
+    local o = redis.call('HMGET', KEYS[b + 1], 'owed', 'hold_back')
+    owed = tonumber(o[1] or '0')
     local paid = math.min(owed, qty)
     if paid > 0 then owed = redis.call('HINCRBY', KEYS[b + 1], 'owed', -paid) end
-    available = redis.call('HINCRBY', KEYS[b + 1], 'available', qty - paid)
+    -- A part of a split SKU that may owe elsewhere (`hold_back`) parks the
+    -- rest: no unit goes on sale while another part owes (split.rs routes it).
+    local rest = qty - paid
+    if o[2] and rest > 0 then
+      redis.call('HINCRBY', KEYS[b + 1], 'moving', rest)
+      redis.call('HINCRBY', KEYS[b + 1], 'parked', rest)
+      parked = parked + rest
+      rest = 0
+    end
+    available = redis.call('HINCRBY', KEYS[b + 1], 'available', rest)
     -- A rise of a split SKU's part: the sold-out check (split.rs) sees it.
     if string.find(sku, '~', 1, true) then redis.call('HINCRBY', KEYS[b + 1], 'gen', 1) end
     reserved = redis.call('HINCRBY', KEYS[b + 1], 'reserved', -qty)
@@ -94,4 +109,4 @@ else
   redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)
   redis.call('PEXPIRE', KEYS[1], tomb)
 end
-return {'released', reason}
+return {'released', reason, parked}

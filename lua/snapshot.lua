@@ -11,7 +11,8 @@
 --         available - owed + moving); absent otherwise. This part's own units
 --         moving out are counted here, when it runs
 -- ARGV[8] with ARGV[7]: what only a transfer changes of this part, when the
---         other parts were read (`units:moving:ins`, units being available +
+--         other parts were read (`units:in_flight:ins`, in_flight being
+--         moving - parked, units being available +
 --         reserved + sold_pending - owed + moving + settled - fed; split.rs,
 --         PartFull::mark); if it changed since, the count is not applied
 --         ({'moved'}) and the caller reads again: units that moved between this
@@ -24,6 +25,8 @@
 -- qty is the whole change of `available - owed`, so PostgreSQL follows the feed.
 --
 -- A split SKU without ARGV[7] answers {'split', parts} and changes nothing.
+-- A part marked `hold_back` (another part may owe) parks what would be on
+-- sale, as delta.lua does.
 --
 -- Returns {'applied', available, previous_available, owed}, {'stale', current_version},
 -- {'duplicate'}, {'split', parts}, {'moved'} or {'not_warmed'}.
@@ -39,7 +42,7 @@ if not on_hand or on_hand < 0 then
 end
 if not version then return redis.error_reply('ERR snapshot.lua: the version must be a whole number') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {'duplicate'} end
-local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving', 'ins', 'settled', 'fed')
+local c = redis.call('HMGET', KEYS[1], 'available', 'reserved', 'sold_pending', 'version', 'owed', 'epoch', 'parts', 'moving', 'ins', 'settled', 'fed', 'hold_back', 'parked')
 if not c[1] then return {'not_warmed'} end
 local others = whole(ARGV[7] or '0')
 if not others then return redis.error_reply('ERR snapshot.lua: the other parts\' units must be a whole number') end
@@ -50,7 +53,8 @@ if version <= current then return {'stale', current} end
 if ARGV[8] then
   local n = function(i) return tonumber(c[i] or '0') end
   local units = n(1) + n(2) + n(3) - n(5) + n(8) + n(10) - n(11)
-  if ARGV[8] ~= string.format('%d:%d:%d', units, n(8), n(9)) then return {'moved'} end
+  -- Units on their way out: `moving` less the units parked here (release.lua).
+  if ARGV[8] ~= string.format('%d:%d:%d', units, n(8) - n(13), n(9)) then return {'moved'} end
 end
 local reserved, pending = tonumber(c[2] or '0'), tonumber(c[3] or '0')
 local before = tonumber(c[1]) - tonumber(c[5] or '0')
@@ -60,6 +64,13 @@ local available, owed = effective, 0
 if effective < 0 then available, owed = 0, -effective end
 -- `gen` counts changes of `available` that may raise it (the split sold-out check, split.rs).
 redis.call('HSET', KEYS[1], 'available', available, 'owed', owed, 'version', version)
+-- While another part may owe, what would be on sale is parked (as in delta.lua).
+if parts > 1 and c[12] and available > 0 then
+  redis.call('HINCRBY', KEYS[1], 'moving', available)
+  redis.call('HINCRBY', KEYS[1], 'parked', available)
+  redis.call('HSET', KEYS[1], 'available', 0)
+  available = 0
+end
 redis.call('HINCRBY', KEYS[1], 'gen', 1)
 redis.call('HINCRBY', KEYS[1], 'fed', effective - before)
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[6])

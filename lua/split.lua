@@ -27,6 +27,11 @@
 --          debt taken on is paid first with the part's available units (units
 --          on sale pay a part's debt, as units arriving or coming back do).
 --          Returns {'owed', owed} or {'not_warmed'}.
+--   'hold_back' ARGV[3] token: units coming back to this part or arriving at
+--          it are parked while another part may owe (release.lua); the
+--          part keeps the larger token. {'held_back'} or {'not_warmed'}.
+--   'let_go' ARGV[3] token: the mark cleared if it is still that token.
+--          {'let_go'} or {'kept'}.
 --   'drop' an old part, only if it is empty: no stock, no holds, nothing sold
 --          pending, nothing moving, no debt (the engine hands a debt to part 0
 --          first). Returns {'dropped', sold, settled} (what the part sold and
@@ -68,11 +73,18 @@ elseif mode == 'owe' then
   if not exists then return {'not_warmed'} end
   local change = tonumber(ARGV[3])
   if change > 0 then
-    local available = tonumber(redis.call('HGET', KEYS[1], 'available') or '0')
-    local paid = math.min(math.max(available, 0), change)
+    local c = redis.call('HMGET', KEYS[1], 'available', 'parked')
+    local paid = math.min(math.max(tonumber(c[1] or '0'), 0), change)
     if paid > 0 then
       redis.call('HINCRBY', KEYS[1], 'available', -paid)
       change = change - paid
+    end
+    -- Units parked here (release.lua) pay it too: they wait for a debt.
+    local parked = math.min(math.max(tonumber(c[2] or '0'), 0), change)
+    if parked > 0 then
+      redis.call('HINCRBY', KEYS[1], 'parked', -parked)
+      redis.call('HINCRBY', KEYS[1], 'moving', -parked)
+      change = change - parked
     end
   end
   local owed = redis.call('HINCRBY', KEYS[1], 'owed', change)
@@ -91,6 +103,22 @@ elseif mode == 'drop' then
   if a ~= 0 or r ~= 0 or p ~= 0 or m ~= 0 or o ~= 0 then return {'busy', a, r, p, m, o} end
   redis.call('DEL', KEYS[1])
   return {'dropped', tonumber(c[5] or '0'), tonumber(c[6] or '0')}
+elseif mode == 'hold_back' then
+  -- ARGV[3] a token (a deadline, ms): another part of the SKU may owe, so
+  -- units coming back or arriving here are parked, not put on sale
+  -- (release.lua). Kept as the larger of two tokens.
+  if not exists then return {'not_warmed'} end
+  local seen = tonumber(redis.call('HGET', KEYS[1], 'hold_back') or '0') or 0
+  if tonumber(ARGV[3]) > seen then redis.call('HSET', KEYS[1], 'hold_back', ARGV[3]) end
+  return {'held_back'}
+elseif mode == 'let_go' then
+  -- ARGV[3] the token read when no part owed: cleared only if it is still
+  -- that one (a feed that marked the part since keeps its mark).
+  if redis.call('HGET', KEYS[1], 'hold_back') == ARGV[3] then
+    redis.call('HDEL', KEYS[1], 'hold_back')
+    return {'let_go'}
+  end
+  return {'kept'}
 elseif mode == 'buyer_in' then
   if not exists then return {'gone'} end
   redis.call('INCRBY', KEYS[2], ARGV[3])
@@ -102,4 +130,4 @@ elseif mode == 'buyer_out' then
   redis.call('DEL', KEYS[2])
   return {'moved'}
 end
-return redis.error_reply('ERR split.lua: mode must be mark, make, owe, drop, buyer_in or buyer_out')
+return redis.error_reply('ERR split.lua: mode must be mark, make, owe, hold_back, let_go, drop, buyer_in or buyer_out')

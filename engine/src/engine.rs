@@ -888,12 +888,9 @@ impl Engine {
             _ => {
                 // A cart's parts commit without the check: its split lines'
                 // debts are judged for the whole SKU first (split.rs).
-                if self.splits.any() {
-                    let lines: Vec<Line> =
-                        parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
-                    self.before_paying(&lines).await?;
-                }
-                self.confirm_cart(rid, parts.clone()).await?
+                let lines: Vec<Line> = parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
+                self.paying_judged(&lines, || self.confirm_cart(rid, parts.clone()))
+                    .await?
             }
         };
         self.confirmed(rid, &parts, outcome).await
@@ -974,15 +971,16 @@ impl Engine {
         hold: &Hold,
         fp: Option<&str>,
     ) -> Result<Reply, EngineError> {
-        self.before_paying(&hold.lines).await?;
-        self.run_on_hold(
-            &self.scripts.confirm,
-            shard,
-            hold,
-            None,
-            Some(ConfirmMode::DirectJudged.as_str()),
-            fp,
-        )
+        self.paying_judged(&hold.lines, || {
+            self.run_on_hold(
+                &self.scripts.confirm,
+                shard,
+                hold,
+                None,
+                Some(ConfirmMode::DirectJudged.as_str()),
+                fp,
+            )
+        })
         .await
     }
 
@@ -1152,10 +1150,17 @@ impl Engine {
         if let Some(fp) = fp {
             inv.arg(format!("fp:{fp}"));
         }
-        Ok(Reply::new(
+        let reply = Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
-        ))
+        );
+        // Units that came back to a part of a split SKU while another part
+        // may owe were parked (`release.lua`): routed to the debts now.
+        if matches!(reply.tag()?.as_str(), "released" | "expired") && reply.int(2).unwrap_or(0) > 0
+        {
+            self.route_after(&hold.lines).await;
+        }
+        Ok(reply)
     }
 
     /// One reaper pass: in each shard, lists up to `batch` holds past their deadline

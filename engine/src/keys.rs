@@ -21,7 +21,7 @@
 //! | key | type | holds |
 //! |---|---|---|
 //! | `hf:{hfN.j}:sku:<sku>` | hash | `available`, `reserved`, `sold_pending`, `sold`, `limit`, `version` |
-//! | `hf:{hfN.j}:sku:<sku>~<j>/<k>` | hash | part `j` of a SKU split into `k` (part 0 is the SKU's own counter): the same fields, `parts` = k on every part, `moving` (units on their way to another part) and `gen` (counts rises of `available`), see [`crate::split`] |
+//! | `hf:{hfN.j}:sku:<sku>~<j>/<k>` | hash | part `j` of a SKU split into `k` (part 0 is the SKU's own counter): the same fields, `parts` = k on every part, `moving` (units on their way to another part, and units `parked` there while another part may owe), `gen` (counts rises of `available`) and `hold_back` (a feed's mark: units coming back are parked), see [`crate::split`] |
 //! | `hf:{hfN.j}:moves:<sku>~<j>/<k>` / `hf:{hfN.j}:moved:<part>:<tid>` | hash / string | transfers out of a part not yet finished / a transfer a part received (24 h) |
 //! | `hf:{hfN.j}:holds:<sku>` | zset | open holds on the SKU, scored by deadline (ms) |
 //! | `hf:{hfN.j}:buyer:<sku>:<buyer>` | string | units a buyer holds or bought (per-buyer limit) |
@@ -30,7 +30,7 @@
 //! | `hf:{hfN.j}:due:aside` | zset | holds the reaper could not read or end, set aside for an operator |
 //! | `hf:{hfN.j}:events` | stream | every change, see [`crate::events`] |
 //! | `hf:{hfN.j}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
-//! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter |
+//! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter (`debts:<sku>`: a payment handing a split SKU's debt on) |
 //! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (kept as long as the longest hold and its tombstone: 25 h by default); every path checks it, so one id is never held for two requests |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |

@@ -47,6 +47,8 @@ use crate::keys::{self, MAX_PARTS, base_sku, part_name};
 use crate::model::{Figures, Hold, Line, ReserveOutcome, ReserveRequest};
 use crate::reply::Reply;
 
+mod debts;
+
 /// How many times a reservation on a split SKU gathers and tries again before
 /// it answers busy (each round either holds, moves units, or looks again).
 const ROUNDS: usize = 8;
@@ -164,6 +166,11 @@ pub(crate) struct PartFull {
     pub(crate) fed: i64,
     /// Transfers received (`lua/move.lua`'s `in`).
     pub(crate) ins: i64,
+    /// Units that came back while another part may owe, waiting to be
+    /// routed (counted in `moving` too; see [`debts`]).
+    pub(crate) parked: i64,
+    /// The part's `hold_back` mark (0: none): a deadline, ms (see [`debts`]).
+    pub(crate) hold_back: i64,
 }
 
 impl PartFull {
@@ -179,6 +186,8 @@ impl PartFull {
             rises: self.rises.max(other.rises),
             fed: self.fed.min(other.fed),
             ins: self.ins.max(other.ins),
+            parked: self.parked.max(other.parked),
+            hold_back: self.hold_back.max(other.hold_back),
         }
     }
 
@@ -197,9 +206,15 @@ impl PartFull {
                 + self.moving
                 + self.settled
                 - self.fed,
-            self.moving,
+            self.in_flight(),
             self.ins,
         )
+    }
+
+    /// Units on their way to another part: `moving` less the units parked
+    /// here (which stay this part's until routed; see [`debts`]).
+    pub(crate) fn in_flight(&self) -> i64 {
+        self.moving - self.parked
     }
 
     /// [`PartFull::mark`] as `snapshot.lua` compares it (`units:moving:ins`).
@@ -590,6 +605,11 @@ impl Engine {
         names: &[String],
         older_ms: i64,
     ) -> Result<u64, EngineError> {
+        // Units parked in these parts (see [`debts`]) are routed first: they
+        // are no transfer, but they count in `moving` until routed.
+        if let Some((base, _, parts)) = names.first().and_then(|n| keys::parse_part(n)) {
+            self.route_parked(base, parts).await?;
+        }
         let now = self.redis_time_ms().await?;
         let mut finished = 0;
         for from in names {
@@ -1038,66 +1058,6 @@ impl Engine {
         Ok(())
     }
 
-    /// After a feed applied to part 0 of `sku`: units that reached another
-    /// part meanwhile (a transfer that was on its way, a hold that ended)
-    /// come back to part 0, paying its debt first (a few rounds, until no
-    /// other part has any and nothing is moving), and the debt left goes to
-    /// the parts whose holds will pay it back.
-    pub(crate) async fn after_feed(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
-        for _ in 0..4 {
-            let rows = self.read_full(sku, parts).await?;
-            let stray = rows
-                .iter()
-                .enumerate()
-                .flat_map(|(j, r)| r.map(|r| (j, r)))
-                .any(|(j, r)| r.moving > 0 || (j > 0 && r.available > 0));
-            if !stray {
-                break;
-            }
-            self.gather_all(sku, parts).await?;
-        }
-        self.spread_owed(sku, parts).await?;
-        self.pay_debts(sku, parts).await?;
-        Ok(())
-    }
-
-    /// Pays each part's debt (units in holds a feed removed) with units on
-    /// sale in the other parts: units that do not exist are not sold while
-    /// there is a debt (arriving units pay a part's debt first). How many
-    /// units moved.
-    pub(crate) async fn pay_debts(&self, sku: &str, parts: u16) -> Result<i64, EngineError> {
-        let Some(full) = self.read_all_parts(sku, parts).await? else {
-            return Ok(0);
-        };
-        let mut available: Vec<i64> = full.iter().map(|r| r.available).collect();
-        let mut moved = 0;
-        for (owing, row) in full.iter().enumerate() {
-            let mut debt = row.owed;
-            while debt > 0 {
-                let Some(rich) = (0..available.len())
-                    .filter(|&j| j != owing && available[j] > 0)
-                    .max_by_key(|&j| available[j])
-                else {
-                    break;
-                };
-                let got = self
-                    .move_units(
-                        &part_name(sku, rich as u16, parts),
-                        &part_name(sku, owing as u16, parts),
-                        debt.min(available[rich]),
-                    )
-                    .await?;
-                if got < 1 {
-                    break;
-                }
-                available[rich] -= got;
-                debt -= got;
-                moved += got;
-            }
-        }
-        Ok(moved)
-    }
-
     /// Every part's counters; `None` when one is missing.
     async fn read_all_parts(
         &self,
@@ -1127,12 +1087,14 @@ impl Engine {
                     "gen",
                     "fed",
                     "ins",
+                    "parked",
+                    "hold_back",
                 ]);
         }
-        let rows: Vec<[Option<i64>; 9]> = pipe.query_async(&mut self.conn.clone()).await?;
+        let rows: Vec<[Option<i64>; 11]> = pipe.query_async(&mut self.conn.clone()).await?;
         Ok(rows
             .into_iter()
-            .map(|[a, r, p, o, m, s, g, f, i]| {
+            .map(|[a, r, p, o, m, s, g, f, i, k, h]| {
                 a.map(|available| PartFull {
                     available,
                     reserved: r.unwrap_or(0),
@@ -1143,6 +1105,8 @@ impl Engine {
                     rises: g.unwrap_or(0),
                     fed: f.unwrap_or(0),
                     ins: i.unwrap_or(0),
+                    parked: k.unwrap_or(0),
+                    hold_back: h.unwrap_or(0),
                 })
             })
             .collect())
@@ -1182,7 +1146,8 @@ impl Engine {
             let marks = |rows: &[Option<PartFull>]| -> Vec<Option<(i64, i64, i64)>> {
                 rows.iter().map(|r| r.map(|r| r.mark())).collect()
             };
-            if marks(&first) == marks(&second) && first.iter().flatten().all(|r| r.moving == 0) {
+            if marks(&first) == marks(&second) && first.iter().flatten().all(|r| r.in_flight() == 0)
+            {
                 return Ok(PartsRead {
                     rows: second,
                     exact: true,
@@ -1228,90 +1193,6 @@ impl Engine {
             .map(|r| r.reserved + r.sold_pending + r.available - r.owed + r.moving)
             .sum();
         Ok(Some((kept, home)))
-    }
-
-    /// Hands part 0's debt (units in holds a feed removed) to the parts whose
-    /// holds will pay it back when they end, up to each one's held units not
-    /// already owed. The part takes it on before part 0 lets it go: a crash
-    /// between the two owes twice (sells less), never none.
-    pub(crate) async fn spread_owed(&self, sku: &str, parts: u16) -> Result<(), EngineError> {
-        self.hand_debt(sku, parts, 0, 0).await.map(|_| ())
-    }
-
-    /// Hands part `from`'s debt beyond its own holds (less `paying` units of
-    /// them being paid for: then at most `paying`) to the other parts of
-    /// `sku` whose holds can
-    /// still pay it back (their reserved units beyond their own debt), each
-    /// taking it on before `from` lets it go (a step cut short owes twice:
-    /// sells less, never more). A part taking on a debt pays it at once with
-    /// its units on sale, as units arriving would. How many units moved.
-    async fn hand_debt(
-        &self,
-        sku: &str,
-        parts: u16,
-        from: u16,
-        paying: i64,
-    ) -> Result<i64, EngineError> {
-        let rows = self.read_full(sku, parts).await?;
-        let Some(Some(owing)) = rows.get(usize::from(from)) else {
-            return Ok(0);
-        };
-        // A payment of a hold whose units are not there (one remembered
-        // from before a loss of Redis' data) hands nothing.
-        if owing.reserved < paying {
-            return Ok(0);
-        }
-        // Never more than it owes (a step of its own would otherwise take
-        // units on sale elsewhere to pay a debt that is not there).
-        let mut debt = (owing.owed - (owing.reserved - paying)).min(owing.owed);
-        if paying > 0 {
-            debt = debt.min(paying);
-        }
-        let from_name = part_name(sku, from, parts);
-        let mut moved = 0;
-        for (j, row) in rows.iter().enumerate() {
-            let Some(row) = row else { continue };
-            let room = row.reserved - row.owed;
-            if debt <= 0 {
-                break;
-            }
-            if j == usize::from(from) || room <= 0 {
-                continue;
-            }
-            let n = debt.min(room);
-            self.run_split(
-                &part_name(sku, j as u16, parts),
-                0,
-                &["owe", &n.to_string()],
-            )
-            .await?;
-            self.run_split(&from_name, 0, &["owe", &(-n).to_string()])
-                .await?;
-            debt -= n;
-            moved += n;
-        }
-        Ok(moved)
-    }
-
-    /// Before a hold with lines on parts of split SKUs is paid (`confirm.lua`
-    /// answered `indebted`, or a cart): a part whose debt (held units a feed
-    /// removed) the payment would leave beyond its own holds hands the excess
-    /// to parts whose holds can still pay it back, so `confirm.lua` reports
-    /// as oversold only what the whole SKU cannot back, as an unsplit SKU's
-    /// would. Each part judging alone reported the sum of every part's excess
-    /// (74 units where the SKU oversold 50). One pipelined read of the
-    /// parts per line of a split SKU; nothing for any other line.
-    pub(crate) async fn before_paying(&self, lines: &[Line]) -> Result<(), EngineError> {
-        for line in lines {
-            let (sku, part, parts) = match keys::parse_part(&line.sku) {
-                Some(named) => named,
-                None => (line.sku.as_str(), 0, self.splits.parts(&line.sku)),
-            };
-            if parts > 1 {
-                self.hand_debt(sku, parts, part, line.qty).await?;
-            }
-        }
-        Ok(())
     }
 
     /// What warm-up must take off PostgreSQL's `on_hand` and `sold_recorded`
@@ -1443,6 +1324,8 @@ impl Engine {
             rises: 0,
             fed: 0,
             ins: 0,
+            parked: 0,
+            hold_back: 0,
         })
     }
 
@@ -1528,7 +1411,12 @@ impl Engine {
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
                 .await?,
         );
-        Ok(reply.tag()? == "corrected")
+        let corrected = reply.tag()? == "corrected";
+        if corrected {
+            // Units it put on sale (or parked) pay the other parts' debts.
+            self.settle_debts(sku, parts, None).await?;
+        }
+        Ok(corrected)
     }
 
     /// Evens out `sku`'s parts while stock is plentiful, so that a part runs
@@ -1543,16 +1431,16 @@ impl Engine {
         if parts < 2 {
             return Ok(0);
         }
+        // A debt first: units parked, or on sale in one part while another
+        // owes units (held units a feed removed), pay it (see [`debts`]).
+        let mut moved = self.settle_debts(sku, parts, None).await?;
         let Some(full) = self.read_all_parts(sku, parts).await? else {
-            return Ok(0);
+            return Ok(moved);
         };
-        if full.iter().any(|r| r.moving > 0) {
+        if full.iter().any(|r| r.in_flight() > 0 || r.parked > 0) {
             // A transfer a crash left half done: finished, then evened next time.
-            return Ok(self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await? as i64);
+            return Ok(moved + self.finish_moves_older(sku, parts, MOVE_GRACE_MS).await? as i64);
         }
-        // A debt first: units on sale in one part while another owes units
-        // (held units a feed removed) are the ones that do not exist.
-        let mut moved = self.pay_debts(sku, parts).await?;
         let mut available: Vec<i64> = match self.read_parts(sku, parts).await? {
             Some(rows) => rows.iter().map(|r| r.available).collect(),
             None => return Ok(moved),

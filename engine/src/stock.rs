@@ -167,17 +167,23 @@ impl Engine {
             if parts == 0 {
                 return Err(changing(sku));
             }
+            // Units coming back anywhere are parked from here until the
+            // debt this may leave is settled (split.rs, debts).
+            let token = self.hold_back(sku, parts).await?;
             self.gather_all(sku, parts).await?;
             reply = self
                 .delta_call(sku, delta, source, event_id, "gathered")
                 .await?;
             if reply.tag()? == "applied" {
-                self.after_feed(sku, parts).await?;
+                self.after_feed(sku, parts, Some(token)).await?;
+            } else {
+                // Nothing applied: the marks go once nothing is owed.
+                self.settle_debts(sku, parts, Some(token)).await?;
             }
         } else if reply.tag()? == "applied" && reply.int(3).unwrap_or(1) > 1 {
             // A receipt on part 0 pays the other parts' debts first.
             let parts = reply.int(3)?.clamp(1, i64::from(crate::keys::MAX_PARTS)) as u16;
-            self.pay_debts(sku, parts).await?;
+            self.settle_debts(sku, parts, None).await?;
         }
         Ok(match reply.tag()?.as_str() {
             "applied" => DeltaOutcome::Applied {
@@ -251,6 +257,7 @@ impl Engine {
             if parts == 0 {
                 return Err(changing(sku));
             }
+            let token = self.hold_back(sku, parts).await?;
             // The other parts' holds and units, read at one moment at rest,
             // and part 0 unchanged since (compare-and-set): else read again.
             for _ in 0..AT_REST_COUNTS {
@@ -266,13 +273,16 @@ impl Engine {
                 }
             }
             match reply.tag()?.as_str() {
-                "applied" => self.after_feed(sku, parts).await?,
+                "applied" => self.after_feed(sku, parts, Some(token)).await?,
                 "split" | "moved" => {
+                    self.settle_debts(sku, parts, Some(token)).await?;
                     return Err(EngineError::Busy(format!(
                         "units of {sku} kept moving between its parts; the count is tried again"
                     )));
                 }
-                _ => {}
+                _ => {
+                    self.settle_debts(sku, parts, Some(token)).await?;
+                }
             }
         }
         Ok(match reply.tag()?.as_str() {
