@@ -4,8 +4,8 @@
 --   'out'   on the source: take up to `qty` of its available units (never more
 --           than it has) into `moving`, and record the transfer
 --   'in'    on the target: add the units to `available`, once per transfer id
---           (paying the part's `owed` first; parked while another part may
---           owe, as release.lua's units coming back are)
+--           (paying the part's `owed` first; the rest of a debt's transfer
+--           parked while another part may owe, as release.lua's units are)
 --   'done'  on the source: forget the transfer; `moving` falls
 --   'back'  on the source, when the target could not take them (its counter is
 --           missing): the units return to the source as units arriving do
@@ -36,7 +36,8 @@
 -- ARGV[4] this part's name (the event's sku)
 -- ARGV[5] out, aim, owe_out: the target part's name; in: the guard's lifetime, ms
 -- ARGV[6] out: 'force' lets the change of a SKU's parts move units out of a
---         part marked as changing (`parts` 0); nothing else may
+--         part marked as changing (`parts` 0); nothing else may. in, back:
+--         'park' for a debt's transfer (see arrive below)
 -- ARGV[7] out with 'force': the change's fencing token; refused with
 --         {'fenced', seen} when the part has seen a newer change's (as
 --         split.lua's steps are)
@@ -59,15 +60,17 @@ local function event(change)
 end
 
 -- Units arriving on this part (a transfer's 'in', or its 'back'): they pay
--- the part's debt first, as units coming back do, and the rest is parked
--- while another part may owe (`hold_back`, as in release.lua), else goes on
--- sale. The part's `available` after.
+-- the part's debt first, as units coming back do; the rest of a debt's
+-- transfer (ARGV[6] 'park') is parked while another part may owe
+-- (`hold_back`, as in release.lua), any other transfer's goes on sale (units
+-- a gathering or rebalancing moves were on sale where they came from). The
+-- part's `available` after.
 local function arrive(n)
   local c = redis.call('HMGET', KEYS[1], 'owed', 'hold_back')
   local paid = math.min(tonumber(c[1] or '0'), n)
   if paid > 0 then redis.call('HINCRBY', KEYS[1], 'owed', -paid) end
   local rest = n - paid
-  if c[2] and rest > 0 then
+  if c[2] and rest > 0 and ARGV[6] == 'park' then
     redis.call('HINCRBY', KEYS[1], 'moving', rest)
     redis.call('HINCRBY', KEYS[1], 'parked', rest)
     rest = 0
@@ -98,7 +101,7 @@ if mode == 'out' then
 elseif mode == 'in' then
   if redis.call('EXISTS', KEYS[2]) == 1 then return {'already'} end
   -- Units arriving pay the part's debt first, as units coming back do, and
-  -- the rest is parked while another part may owe (as release.lua's are).
+  -- the rest of a debt's transfer is parked while another part may owe.
   local available = arrive(qty)
   -- Transfers received: with `moving` and the part's units, what a reading of
   -- every part at one moment compares (split.rs, PartFull::mark).

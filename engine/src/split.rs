@@ -512,7 +512,20 @@ impl Engine {
         change: Option<i64>,
     ) -> Result<i64, EngineError> {
         let tid = uuid::Uuid::new_v4().simple().to_string();
-        let out = self.run_move(from, "out", &tid, want, to, change).await?;
+        self.move_units_with(from, to, want, change, &tid).await
+    }
+
+    /// [`Engine::move_units_as`] under transfer id `tid` (a debt's transfer
+    /// is named so: see [`debts::debt_tid`]).
+    async fn move_units_with(
+        &self,
+        from: &str,
+        to: &str,
+        want: i64,
+        change: Option<i64>,
+        tid: &str,
+    ) -> Result<i64, EngineError> {
+        let out = self.run_move(from, "out", tid, want, to, change).await?;
         fenced(from, &out)?;
         if out.tag()? != "out" {
             return Ok(0);
@@ -521,7 +534,7 @@ impl Engine {
         if taken < 1 {
             return Ok(0);
         }
-        self.deliver(from, to, &tid, taken).await?;
+        self.deliver(from, to, tid, taken).await?;
         self.splits.moves.fetch_add(1, Ordering::Relaxed);
         self.splits
             .units_moved
@@ -560,6 +573,15 @@ impl Engine {
         } else {
             self.keys.moves(name)
         };
+        // A debt's units landing where the debt was paid meanwhile are
+        // parked (`move.lua`'s 'park'); any other transfer's go on sale.
+        let sixth = if change.is_some() {
+            "force"
+        } else if debts::is_debt_tid(tid) {
+            "park"
+        } else {
+            ""
+        };
         let mut inv = self.scripts.move_units.prepare_invoke();
         inv.key(self.keys.sku(name))
             .key(second)
@@ -569,7 +591,7 @@ impl Engine {
             .arg(qty)
             .arg(name)
             .arg(extra)
-            .arg(if change.is_some() { "force" } else { "" })
+            .arg(sixth)
             .arg(change.unwrap_or(0));
         Ok(Reply::new(
             inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())

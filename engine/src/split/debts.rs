@@ -59,6 +59,24 @@ const DEBT_LEASE: Duration = Duration::from_secs(2);
 /// How long a payment waits for that lease before going ahead without.
 const DEBT_WAIT: Duration = Duration::from_secs(2);
 
+/// A new transfer id for units or a debt moving to pay a debt: `move.lua`
+/// parks what of them lands where nothing is owed any more (while the part
+/// is marked), where a gathering's or rebalancing's units go on sale.
+pub(super) fn debt_tid() -> String {
+    format!("debt-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// Whether transfer `tid` is a debt's ([`debt_tid`]).
+pub(super) fn is_debt_tid(tid: &str) -> bool {
+    tid.starts_with("debt-")
+}
+
+/// The lease under which `sku`'s debt is handed between its parts (a
+/// payment's hand-off, a feed's spreading).
+fn debt_lease(sku: &str) -> String {
+    format!("debts:{sku}")
+}
+
 impl Engine {
     /// Marks every part of `sku` `hold_back` before a feed lowers it: from
     /// here, units coming back to a part or arriving at it are parked, not
@@ -90,8 +108,9 @@ impl Engine {
     /// part meanwhile (a transfer that was on its way, units parked there)
     /// come to part 0, paying its debt first (a few rounds, until no other
     /// part has any and nothing is moving); the debt left goes to the parts
-    /// whose holds will pay it back; units on sale or parked anywhere pay
-    /// the debts; and the marks are cleared if nothing is owed.
+    /// whose holds will pay it back (under the SKU's debt lease, see
+    /// [`Engine::paying_judged`]); units on sale or parked anywhere pay the
+    /// debts; and the marks are cleared if nothing is owed.
     pub(crate) async fn after_feed(
         &self,
         sku: &str,
@@ -110,7 +129,14 @@ impl Engine {
             }
             self.gather_all(sku, parts).await?;
         }
-        self.spread_owed(sku, parts).await?;
+        // Under the SKU's debt lease, as a payment's hand-off is: a payment
+        // meanwhile finds the debt where the feed left it, not half handed.
+        let lease = self.wait_for_lease(&debt_lease(sku)).await?;
+        let spread = self.spread_owed(sku, parts).await;
+        if let Some(lease) = &lease {
+            self.release_lock(lease).await?;
+        }
+        spread?;
         self.settle_debts(sku, parts, token).await?;
         Ok(())
     }
@@ -125,7 +151,9 @@ impl Engine {
         parts: u16,
         own: Option<i64>,
     ) -> Result<i64, EngineError> {
-        let moved = self.route_parked(sku, parts).await? + self.pay_debts(sku, parts).await?;
+        // Units on sale first: what of them lands where nothing is owed is
+        // parked, and routed next.
+        let moved = self.pay_debts(sku, parts).await? + self.route_parked(sku, parts).await?;
         let rows = self.read_full(sku, parts).await?;
         let present = || rows.iter().flatten();
         if present().any(|r| r.owed > 0) {
@@ -204,7 +232,7 @@ impl Engine {
                 return Ok(parked - left + reply.int(1).unwrap_or(0));
             };
             let to = part_name(sku, o as u16, parts);
-            let tid = uuid::Uuid::new_v4().simple().to_string();
+            let tid = debt_tid();
             let want = left.min(owed[o]);
             let reply = self.run_move(&from, "aim", &tid, want, &to, None).await?;
             let got = reply.int(1).unwrap_or(0);
@@ -254,10 +282,12 @@ impl Engine {
                     break;
                 };
                 let got = self
-                    .move_units(
+                    .move_units_with(
                         &part_name(sku, rich as u16, parts),
                         &part_name(sku, owing as u16, parts),
                         debt.min(available[rich]),
+                        None,
+                        &debt_tid(),
                     )
                     .await?;
                 if got < 1 {
@@ -327,7 +357,7 @@ impl Engine {
                 continue;
             }
             let name = part_name(sku, j as u16, parts);
-            let tid = uuid::Uuid::new_v4().simple().to_string();
+            let tid = debt_tid();
             let reply = self
                 .run_move(&name, "owe_out", &tid, debt.min(room), &from_name, None)
                 .await?;
@@ -395,7 +425,7 @@ impl Engine {
         }
         let mut leases = Vec::new();
         for (sku, _) in &skus {
-            if let Some(lease) = self.wait_for_lease(&format!("debts:{sku}")).await? {
+            if let Some(lease) = self.wait_for_lease(&debt_lease(sku)).await? {
                 leases.push(lease);
             }
         }
