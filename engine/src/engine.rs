@@ -889,7 +889,9 @@ impl Engine {
                 // A cart's parts commit without the check: its split lines'
                 // debts are judged for the whole SKU first (split.rs).
                 let lines: Vec<Line> = parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
-                self.paying_judged(&lines, || self.confirm_cart(rid, parts.clone()))
+                // A cart's commit does not check: handed on, then paid.
+                let unchecked = || async { Ok(None) };
+                self.paying_judged(&lines, unchecked, || self.confirm_cart(rid, parts.clone()))
                     .await?
             }
         };
@@ -971,17 +973,22 @@ impl Engine {
         hold: &Hold,
         fp: Option<&str>,
     ) -> Result<Reply, EngineError> {
-        self.paying_judged(&hold.lines, || {
+        let on_hold = |mode: ConfirmMode| {
             self.run_on_hold(
                 &self.scripts.confirm,
                 shard,
                 hold,
                 None,
-                Some(ConfirmMode::DirectJudged.as_str()),
+                Some(mode.as_str()),
                 fp,
             )
-        })
-        .await
+        };
+        let checked = || async {
+            let reply = on_hold(ConfirmMode::Direct).await?;
+            Ok((reply.tag()? != "indebted").then_some(reply))
+        };
+        self.paying_judged(&hold.lines, checked, || on_hold(ConfirmMode::DirectJudged))
+            .await
     }
 
     /// Runs `confirm.lua` in `mode` on one part.

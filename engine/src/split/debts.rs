@@ -56,6 +56,10 @@ const ROUTE_ROUNDS: usize = 4;
 /// few steps take.
 const DEBT_LEASE: Duration = Duration::from_secs(2);
 
+/// How many times a payment under the debt lease hands its debt on and
+/// tries again (see [`Engine::paying_judged`]) before it reports.
+const JUDGE_ROUNDS: usize = 4;
+
 /// How long a payment waits for that lease before going ahead without.
 const DEBT_WAIT: Duration = Duration::from_secs(2);
 
@@ -385,15 +389,19 @@ impl Engine {
     /// owes: one such payment per SKU at a time (a lease per SKU, taken in
     /// order), so no payment searches for room to hand a debt to while
     /// another is handing one, and none reports as oversold a unit another
-    /// payment's hand-off was about to back. A lease not had within
+    /// payment's hand-off was about to back. `attempt` pays only if no line
+    /// would owe beyond its part's holds (`None` otherwise); `pay` pays and
+    /// reports (see [`Engine::hand_then_pay`]). A lease not had within
     /// [`DEBT_WAIT`] (a stalled holder) is gone without: the payment is
     /// made, its report of an oversell may then be high.
-    pub(crate) async fn paying_judged<T, F>(
+    pub(crate) async fn paying_judged<T, A, F>(
         &self,
         lines: &[Line],
+        mut attempt: impl FnMut() -> A,
         pay: impl FnOnce() -> F,
     ) -> Result<T, EngineError>
     where
+        A: Future<Output = Result<Option<T>, EngineError>>,
         F: Future<Output = Result<T, EngineError>>,
     {
         // No lookup where nothing is split (a line on a part names it, even
@@ -429,14 +437,39 @@ impl Engine {
                 leases.push(lease);
             }
         }
-        let paid = match self.before_paying(lines).await {
-            Ok(()) => pay().await,
-            Err(e) => Err(e),
-        };
+        let paid = self.hand_then_pay(lines, &mut attempt, pay).await;
         for lease in &leases {
             self.release_lock(lease).await?;
         }
         paid
+    }
+
+    /// Under the debt leases: hands the lines' debts on, then `attempt`s
+    /// the payment, which answers `None` (changing nothing) while a line's
+    /// part would still owe beyond its holds: a payment made without the
+    /// lease (one with no such debt when it looked) can take the room a
+    /// hand-off counted on. Again while a round hands something on; then
+    /// `pay`, which reports what is still unbacked as oversold.
+    async fn hand_then_pay<T, A, F>(
+        &self,
+        lines: &[Line],
+        attempt: &mut impl FnMut() -> A,
+        pay: impl FnOnce() -> F,
+    ) -> Result<T, EngineError>
+    where
+        A: Future<Output = Result<Option<T>, EngineError>>,
+        F: Future<Output = Result<T, EngineError>>,
+    {
+        for _ in 0..JUDGE_ROUNDS {
+            let handed = self.before_paying(lines).await?;
+            if let Some(paid) = attempt().await? {
+                return Ok(paid);
+            }
+            if handed == 0 {
+                break;
+            }
+        }
+        pay().await
     }
 
     /// Lease `name`, waiting up to [`DEBT_WAIT`] for it; `None` if it stayed
@@ -463,16 +496,17 @@ impl Engine {
     /// would. Each part judging alone reported the sum of every part's excess
     /// (74 units where the SKU oversold 50). One pipelined read of the
     /// parts per line of a split SKU; nothing for any other line.
-    async fn before_paying(&self, lines: &[Line]) -> Result<(), EngineError> {
+    async fn before_paying(&self, lines: &[Line]) -> Result<i64, EngineError> {
+        let mut handed = 0;
         for line in lines {
             let (sku, part, parts) = match keys::parse_part(&line.sku) {
                 Some(named) => named,
                 None => (line.sku.as_str(), 0, self.splits.parts(&line.sku)),
             };
             if parts > 1 {
-                self.hand_debt(sku, parts, part, line.qty).await?;
+                handed += self.hand_debt(sku, parts, part, line.qty).await?;
             }
         }
-        Ok(())
+        Ok(handed)
     }
 }
