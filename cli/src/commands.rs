@@ -456,7 +456,7 @@ async fn reconcile(global: &GlobalArgs, args: ReconcileArgs) -> anyhow::Result<(
         ),
         ("corrected up (stranded)", thousands(r.corrected_up)),
         ("reported, left as is", thousands(r.reported)),
-        ("moved meanwhile (next run)", thousands(r.moved)),
+        ("left for the next run", thousands(r.moved)),
         ("not warmed", thousands(r.not_warmed)),
         ("time", format!("{} ms", took.as_millis())),
     ]);

@@ -72,12 +72,30 @@ impl Counters {
     /// do not exist are sellable; negative: units are stranded). `None` when not
     /// warmed.
     /// `None` too while the SKU's parts are being changed.
+    ///
+    /// It is [`Counters::conserved`] less what PostgreSQL's side of the
+    /// equation conserves (`on_hand + sold_recorded - fed_recorded`, which a
+    /// sale or a feed recorded keeps): no shopper's or feed's step changes it.
     pub fn drift(&self, pg: &Recorded) -> Option<i64> {
         if self.changing {
             return None;
         }
-        self.available
-            .map(|a| a - self.owed - self.expected_available(pg))
+        self.conserved()
+            .map(|c| c - (pg.on_hand + pg.sold_recorded - pg.fed_recorded))
+    }
+
+    /// What only a correction or a warm-up changes of the counters:
+    /// `available + moving + reserved + sold_pending - owed + settled - fed`.
+    /// A reservation, payment, release, expiry, settle, feed or late event
+    /// moves units between its terms and keeps the sum, so a drift measured
+    /// ([`Counters::drift`]) still holds while this is unchanged: a
+    /// correction checks it (`lua/correct.lua`), not the fields shoppers keep
+    /// moving. `None` when not warmed.
+    pub fn conserved(&self) -> Option<i64> {
+        self.available.map(|a| {
+            a + self.moving + self.reserved + self.sold_pending - self.owed + self.settled
+                - self.fed
+        })
     }
 }
 
@@ -166,6 +184,35 @@ mod tests {
             ..Counters::default()
         };
         assert_eq!(moving.drift(&pg(10, 0, 0)), Some(0));
+    }
+
+    #[test]
+    fn only_a_correction_changes_what_is_conserved() {
+        let start = Counters {
+            available: Some(10),
+            ..Counters::default()
+        };
+        let step = |f: &dyn Fn(&mut Counters)| {
+            let mut c = start;
+            f(&mut c);
+            c
+        };
+        let kept = [
+            // A reservation of 3, then its payment, then the write-behind's settle.
+            step(&|c| (c.available, c.reserved) = (Some(7), 3)),
+            step(&|c| (c.available, c.sold_pending) = (Some(7), 3)),
+            step(&|c| (c.available, c.settled) = (Some(7), 3)),
+            // A feed taking 12 off under 3 held units: 0 on sale, 2 owed.
+            step(&|c| (c.available, c.reserved, c.owed, c.fed) = (Some(0), 3, 5, -12)),
+            // Two units leaving for another part of a split SKU.
+            step(&|c| (c.available, c.moving) = (Some(8), 2)),
+        ];
+        for c in kept {
+            assert_eq!(c.conserved(), start.conserved(), "{c:?}");
+        }
+        let corrected = step(&|c| c.available = Some(9));
+        assert_eq!(corrected.conserved(), Some(9));
+        assert_eq!(Counters::default().conserved(), None);
     }
 
     #[test]

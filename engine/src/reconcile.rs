@@ -5,9 +5,12 @@
 //! (the last term is sales PostgreSQL has committed that Redis has not yet settled)
 //! and `drift = available - expected`. Positive drift means Redis could sell units
 //! that do not exist: it is corrected down at once. Negative drift means units are
-//! stranded: it is reported, and corrected up only when asked. Corrections are
-//! compare-and-set (`correct.lua`), so a SKU that moved meanwhile is left for the
-//! next run, and each is a ledger movement.
+//! stranded: it is reported, and corrected up only when asked. A correction
+//! applies while the counters' conserved sum (`Counters::conserved`, which no
+//! reservation, payment, release, settle or feed changes) is what was measured
+//! (`correct.lua`): a SKU selling all day is corrected between its sales; one
+//! rebuilt meanwhile (or, split, whose units kept moving between its parts) is
+//! left for the next run. Each correction is a ledger movement.
 //!
 //! The run holds the `reconcile` lock. Every PostgreSQL write carries its fencing
 //! token and is refused if a later holder has written (see [`crate::postgres::fence`]).
@@ -89,7 +92,8 @@ pub struct ReconcileReport {
     pub corrected_up: u64,
     /// Negative drift reported and left.
     pub reported: u64,
-    /// SKUs that moved between reading and correcting (left for the next run).
+    /// SKUs not corrected: rebuilt between reading and correcting, or split
+    /// with units moving between their parts (left for the next run).
     pub moved: u64,
     /// SKUs without a counter in Redis.
     pub not_warmed: u64,
@@ -104,8 +108,10 @@ struct Finding {
     available: i64,
     reserved: i64,
     sold_pending: i64,
-    owed: i64,
     drift: i64,
+    /// The counters' conserved sum (`Counters::conserved`) as measured: the
+    /// correction applies while it is unchanged (`lua/correct.lua`).
+    conserved: i64,
     target: Option<i64>,
     /// Parts of a split SKU (1: not split): its figures are theirs together.
     parts: u16,
@@ -241,8 +247,8 @@ async fn run(
                 available,
                 reserved: c.reserved,
                 sold_pending: c.sold_pending,
-                owed: c.owed,
                 drift,
+                conserved: c.conserved().unwrap_or(available),
                 target,
                 parts: c.parts,
             });
@@ -304,11 +310,8 @@ async fn record_page(
                     .key(engine.keys.sku(&f.sku))
                     .key(engine.keys.events(engine.keys.shard_of(&f.sku)))
                     .arg(&f.sku)
-                    .arg(f.available)
-                    .arg(f.reserved)
-                    .arg(f.sold_pending)
-                    .arg(f.owed)
-                    .arg(f.target.unwrap_or(0)),
+                    .arg(f.conserved)
+                    .arg(-f.drift),
             );
         }
         let replies: Vec<Vec<Value>> = pipe.query_async(&mut engine.conn.clone()).await?;
@@ -324,7 +327,9 @@ async fn record_page(
         outcomes.push(if f.parts < 2 {
             whole_outcomes.next().unwrap_or(false)
         } else {
-            engine.correct_split(&f.sku, f.parts, f.drift).await?
+            engine
+                .correct_split(&f.sku, f.parts, f.drift, f.conserved)
+                .await?
         });
     }
 

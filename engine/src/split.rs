@@ -39,6 +39,7 @@ use std::collections::HashMap;
 use std::sync::RwLock;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+use holdfast_domain::Counters;
 use redis::Value;
 
 use crate::engine::Engine;
@@ -224,6 +225,25 @@ impl PartFull {
     }
 }
 
+/// A split SKU's counters: its parts' (part 0 first), read at rest, summed.
+/// Feeds apply to part 0 alone, so its `fed` is the SKU's; `moving` is the
+/// units parked (nothing is in flight at rest), which exist and are not on
+/// sale.
+pub(crate) fn whole_of(rows: &[PartFull]) -> Counters {
+    let sum = |f: fn(&PartFull) -> i64| rows.iter().map(f).sum::<i64>();
+    Counters {
+        available: Some(sum(|r| r.available)),
+        reserved: sum(|r| r.reserved),
+        sold_pending: sum(|r| r.sold_pending),
+        settled: sum(|r| r.settled),
+        owed: sum(|r| r.owed),
+        moving: sum(|r| r.moving),
+        fed: rows.first().map_or(0, |r| r.fed),
+        parts: rows.len() as u16,
+        changing: false,
+    }
+}
+
 /// Every part of a split SKU read for a measure or a count
 /// ([`Engine::read_at_rest`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -239,6 +259,10 @@ pub(crate) struct PartsRead {
 
 /// How many times [`Engine::read_at_rest`] reads the parts for a moment at rest.
 const AT_REST_TRIES: usize = 20;
+
+/// How many times [`Engine::correct_split`] reads the parts at rest and
+/// tries its correction while units move to or from part 0.
+const CORRECT_TRIES: usize = 5;
 
 /// What gathering for a short part found.
 enum Gathered {
@@ -1406,39 +1430,64 @@ impl Engine {
     }
 
     /// Corrects a split SKU's drift (`available - owed` of all its parts
-    /// minus what the equation expects) on part 0, once every other part's
-    /// available units are there: as `correct.lua`'s compare-and-set, so a
-    /// SKU that moved meanwhile is left for the next run. Whether it wrote.
+    /// minus what the equation expects) on part 0, as `correct.lua` does an
+    /// unsplit SKU's: while the parts' conserved sum is still `conserved`
+    /// (read at rest, see [`Engine::read_at_rest`]) and no unit moved to or
+    /// from part 0 since, however busy its shoppers are. The parts are
+    /// marked `hold_back` first, as for a feed lowering stock: a correction
+    /// may leave part 0 owing units held elsewhere, and nothing may go on
+    /// sale on another part then (see [`debts`]); the debt goes where a
+    /// feed's goes. Whether it wrote (a SKU whose parts kept moving, or whose
+    /// sum changed, is left for the next run).
     pub(crate) async fn correct_split(
         &self,
         sku: &str,
         parts: u16,
         drift: i64,
+        conserved: i64,
     ) -> Result<bool, EngineError> {
-        self.gather_all(sku, parts).await?;
-        let rows = self.read_full(sku, 1).await?;
-        let Some(Some(home)) = rows.first().copied() else {
-            return Ok(false);
-        };
-        let mut inv = self.scripts.correct.prepare_invoke();
-        inv.key(self.keys.sku(sku))
-            .key(self.keys.events(self.keys.shard_of(sku)))
-            .arg(sku)
-            .arg(home.available)
-            .arg(home.reserved)
-            .arg(home.sold_pending)
-            .arg(home.owed)
-            .arg(home.available - home.owed - drift);
-        let reply = Reply::new(
-            inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
-                .await?,
-        );
-        let corrected = reply.tag()? == "corrected";
-        if corrected {
-            // Units it put on sale (or parked) pay the other parts' debts.
-            self.settle_debts(sku, parts, None).await?;
+        let token = self.hold_back(sku, parts).await?;
+        let mut owing = None;
+        for _ in 0..CORRECT_TRIES {
+            let read = self.read_at_rest(sku, parts).await?;
+            let Some(rows) = read.rows.iter().copied().collect::<Option<Vec<_>>>() else {
+                break;
+            };
+            if !read.exact {
+                continue;
+            }
+            if whole_of(&rows).conserved() != Some(conserved) {
+                // Not the SKU measured: the next run measures it again.
+                break;
+            }
+            let home = rows[0];
+            let mut inv = self.scripts.correct.prepare_invoke();
+            inv.key(self.keys.sku(sku))
+                .key(self.keys.events(self.keys.shard_of(sku)))
+                .arg(sku)
+                .arg(home.mark().0)
+                .arg(-drift)
+                .arg(format!("{}:{}", home.in_flight(), home.ins));
+            let reply = Reply::new(
+                inv.invoke_async::<Vec<Value>>(&mut self.conn.clone())
+                    .await?,
+            );
+            match reply.tag()?.as_str() {
+                "moved" => continue,
+                "corrected" => owing = Some(reply.int(2)? > 0),
+                _ => {}
+            }
+            break;
         }
-        Ok(corrected)
+        match owing {
+            // Units elsewhere pay part 0's debt, or it goes to the holds.
+            Some(true) => self.after_feed(sku, parts, Some(token)).await?,
+            // Units it put on sale (or parked) pay the other parts' debts.
+            _ => {
+                self.settle_debts(sku, parts, Some(token)).await?;
+            }
+        }
+        Ok(owing.is_some())
     }
 
     /// Evens out `sku`'s parts while stock is plentiful, so that a part runs

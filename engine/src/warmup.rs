@@ -194,14 +194,10 @@ pub(crate) async fn read_counters(
             continue;
         }
         let rows: Vec<_> = read.rows.into_iter().flatten().collect();
-        c.available = Some(rows.iter().map(|r| r.available).sum());
-        c.reserved = rows.iter().map(|r| r.reserved).sum();
-        c.sold_pending = rows.iter().map(|r| r.sold_pending).sum();
-        c.settled = rows.iter().map(|r| r.settled).sum();
-        c.owed = rows.iter().map(|r| r.owed).sum();
-        c.moving = 0;
-        // Feeds apply to part 0 alone: its `fed` is the SKU's.
-        c.fed = rows[0].fed;
+        *c = Counters {
+            parts: c.parts,
+            ..crate::split::whole_of(&rows)
+        };
     }
     Ok(counters)
 }
