@@ -201,6 +201,10 @@ pub(crate) async fn read_settings(
     engine: &Engine,
     skus: &[&str],
 ) -> Result<Vec<[i64; 3]>, EngineError> {
+    // Redis refuses an empty pipeline (a drop with no SKUs asks for none).
+    if skus.is_empty() {
+        return Ok(Vec::new());
+    }
     let mut pipe = redis::pipe();
     for sku in skus {
         pipe.cmd("HMGET")

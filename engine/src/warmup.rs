@@ -565,20 +565,28 @@ pub(crate) async fn restore_buyers(
     .bind(ttl_ms)
     .fetch_all(&mut *pg)
     .await?;
-    for chunk in rows.chunks(1_000) {
-        let mut pipe = redis::pipe();
-        for (sku, buyer, units, left_ms) in chunk {
+    // Only the buyers of the part being made, when one is: there may be none
+    // (and Redis refuses an empty pipeline).
+    let counts: Vec<(String, i64, i64)> = rows
+        .into_iter()
+        .filter_map(|(sku, buyer, units, left_ms)| {
             let parts = parts_of.get(sku.as_str()).copied().unwrap_or(1);
-            let part = crate::split::part_for(buyer, parts);
-            if only_part.is_some_and(|only| only != part) {
-                continue;
-            }
+            let part = crate::split::part_for(&buyer, parts);
+            (only_part.is_none_or(|only| only == part)).then(|| {
+                let key = engine.keys.buyer(&part_name(&sku, part, parts), &buyer);
+                (key, units, left_ms.max(1))
+            })
+        })
+        .collect();
+    for chunk in counts.chunks(1_000) {
+        let mut pipe = redis::pipe();
+        for (key, units, left_ms) in chunk {
             pipe.cmd("SET")
-                .arg(engine.keys.buyer(&part_name(sku, part, parts), buyer))
+                .arg(key)
                 .arg(units)
                 .arg("NX")
                 .arg("PX")
-                .arg((*left_ms).max(1))
+                .arg(left_ms)
                 .ignore();
         }
         pipe.query_async::<()>(&mut engine.conn.clone()).await?;

@@ -564,6 +564,58 @@ async fn buyers_limits_survive_a_loss_of_redis_data(pg: PgPool) {
     assert!(past.is_empty(), "after all of Redis was lost: {past:?}");
 }
 
+/// Invariant: a split SKU is warmed again after Redis lost its data however
+/// few its buyers: a part none of them buys on is made with no buyer counts.
+/// (With one buyer on 8 parts, warm-up sent the other parts an empty
+/// pipeline, Redis refused it, and every warm-up failed: the SKU sold
+/// nothing until its buyers' counts expired.)
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_split_sku_with_one_buyer_is_warmed_after_a_loss(pg: PgPool) {
+    let sku = "C3-FEW-BUYERS";
+    let (redis, b) = holdfast_engine::testkit::warmed_sku(&pg, sku, 10, 2).await;
+    let engine = b.engine.clone();
+    assert_eq!(
+        engine.set_parts(&pg, sku, 8).await.unwrap(),
+        SplitOutcome::Changed { from: 1, to: 8 }
+    );
+    let r = engine
+        .reserve(&ReserveRequest::single("few-1", sku, 2).for_buyer("b1"))
+        .await
+        .unwrap();
+    assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    assert_eq!(
+        engine.confirm("few-1").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+    drain(&redis, &engine, &pg).await;
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut engine.connection())
+        .await
+        .unwrap();
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    assert_eq!(engine.parts_of(sku).await.unwrap(), Some(8));
+    let (available, moving, reserved, pending, owed) = totals(&engine, sku).await;
+    assert_eq!((available + moving, reserved, pending, owed), (8, 0, 0, 0));
+    // The buyer's count came back with the SKU (limit 2, both bought).
+    let past =
+        holdfast_engine::testkit::past_their_limit(&engine, sku, &["b1".into()], "few").await;
+    assert!(past.is_empty(), "after all of Redis was lost: {past:?}");
+    let mut sold = 0;
+    for i in 0..12 {
+        let rid = format!("few-after-{i}");
+        let r = engine
+            .reserve(&ReserveRequest::single(&rid, sku, 1).for_buyer(format!("after-{i}")))
+            .await
+            .unwrap();
+        if let ReserveOutcome::Reserved { .. } = r {
+            sold += 1;
+        }
+    }
+    assert_eq!(sold, 8, "every unit left sells again, and no more");
+}
+
 /// Units PostgreSQL recorded as oversold in `sku`'s holds (what support's
 /// remediations ask to source or refund).
 async fn oversold_recorded(pg: &PgPool, sku: &str) -> i64 {
