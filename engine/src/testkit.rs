@@ -1111,6 +1111,18 @@ pub async fn past_their_limit(
     past
 }
 
+/// A runtime of `workers` threads of its own, for callers that must act
+/// truly at once with the test's own task (as concurrent HTTP requests do):
+/// on the test's single thread they would take turns at every await. Shut
+/// it down with `shutdown_background` (dropping it inside a runtime panics).
+pub fn threads_of_their_own(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("a test runtime")
+}
+
 /// Moves `field` of `sku`'s counters by `by` behind the engine's back (a drifted
 /// or corrupted counter, for tests of reconciliation and verification).
 pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i64) {

@@ -790,11 +790,7 @@ async fn reconciliation_corrects_a_sku_while_its_shoppers_buy(pg: PgPool) {
         .await
         .unwrap();
     // Shoppers on threads of their own: truly at once, as HTTP requests are.
-    let shoppers_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let shoppers_rt = holdfast_engine::testkit::threads_of_their_own(2);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut shoppers = Vec::new();
     for n in 0..8 {

@@ -462,11 +462,7 @@ async fn drift_is_found_and_corrected_while_shoppers_hold_and_release(pg: PgPool
     let engine = b.engine.clone();
     engine.set_parts(&pg, sku, 4).await.unwrap();
     // Shoppers on threads of their own: truly at once, as HTTP requests are.
-    let shoppers_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let shoppers_rt = holdfast_engine::testkit::threads_of_their_own(2);
     let stop = Arc::new(AtomicBool::new(false));
     let mut shoppers = Vec::new();
     for n in 0..8 {
@@ -512,6 +508,33 @@ async fn drift_is_found_and_corrected_while_shoppers_hold_and_release(pg: PgPool
     assert!(pending > 0, "the shoppers bought during the run");
 }
 
+/// `sku` with `on_hand` units and a per-buyer limit of 2, warmed, then
+/// split into `parts`.
+async fn split_with_limit(
+    pg: &PgPool,
+    sku: &str,
+    on_hand: i64,
+    parts: u16,
+) -> (TestRedis, Backends) {
+    let (redis, b) = holdfast_engine::testkit::warmed_sku(pg, sku, on_hand, 2).await;
+    assert_eq!(
+        b.engine.set_parts(pg, sku, parts).await.unwrap(),
+        SplitOutcome::Changed { from: 1, to: parts }
+    );
+    (redis, b)
+}
+
+/// All of Redis restarts empty, and warm-up rebuilds it from PostgreSQL.
+async fn lose_everything_and_warm(engine: &Engine, pg: &PgPool) {
+    redis::cmd("FLUSHALL")
+        .query_async::<()>(&mut engine.connection())
+        .await
+        .unwrap();
+    warm_all(engine, pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+}
+
 /// Invariant: the per-buyer limit is per SKU after Redis lost data, one
 /// part's shard or all of it: each buyer's count (PostgreSQL's confirmed
 /// holds) comes back on the part their requests go to. It came back on part
@@ -520,12 +543,8 @@ async fn drift_is_found_and_corrected_while_shoppers_hold_and_release(pg: PgPool
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn buyers_limits_survive_a_loss_of_redis_data(pg: PgPool) {
     let sku = "C3-LIMITS";
-    let (redis, b) = holdfast_engine::testkit::warmed_sku(&pg, sku, 400, 2).await;
+    let (redis, b) = split_with_limit(&pg, sku, 400, 4).await;
     let engine = b.engine.clone();
-    assert_eq!(
-        engine.set_parts(&pg, sku, 4).await.unwrap(),
-        SplitOutcome::Changed { from: 1, to: 4 }
-    );
     let buyers: Vec<String> = (0..40).map(|i| format!("lim-{i}")).collect();
     for (i, buyer) in buyers.iter().enumerate() {
         let rid = format!("buy-{i}");
@@ -552,13 +571,7 @@ async fn buyers_limits_survive_a_loss_of_redis_data(pg: PgPool) {
     assert!(past.is_empty(), "after part 3's shard was lost: {past:?}");
 
     // All of Redis restarts empty.
-    redis::cmd("FLUSHALL")
-        .query_async::<()>(&mut engine.connection())
-        .await
-        .unwrap();
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    lose_everything_and_warm(&engine, &pg).await;
     assert_eq!(engine.parts_of(sku).await.unwrap(), Some(4));
     let past = holdfast_engine::testkit::past_their_limit(&engine, sku, &buyers, "all-lost").await;
     assert!(past.is_empty(), "after all of Redis was lost: {past:?}");
@@ -572,12 +585,8 @@ async fn buyers_limits_survive_a_loss_of_redis_data(pg: PgPool) {
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn a_split_sku_with_one_buyer_is_warmed_after_a_loss(pg: PgPool) {
     let sku = "C3-FEW-BUYERS";
-    let (redis, b) = holdfast_engine::testkit::warmed_sku(&pg, sku, 10, 2).await;
+    let (redis, b) = split_with_limit(&pg, sku, 10, 8).await;
     let engine = b.engine.clone();
-    assert_eq!(
-        engine.set_parts(&pg, sku, 8).await.unwrap(),
-        SplitOutcome::Changed { from: 1, to: 8 }
-    );
     let r = engine
         .reserve(&ReserveRequest::single("few-1", sku, 2).for_buyer("b1"))
         .await
@@ -588,13 +597,7 @@ async fn a_split_sku_with_one_buyer_is_warmed_after_a_loss(pg: PgPool) {
         ConfirmOutcome::Confirmed
     );
     drain(&redis, &engine, &pg).await;
-    redis::cmd("FLUSHALL")
-        .query_async::<()>(&mut engine.connection())
-        .await
-        .unwrap();
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    lose_everything_and_warm(&engine, &pg).await;
     assert_eq!(engine.parts_of(sku).await.unwrap(), Some(8));
     let (available, moving, reserved, pending, owed) = totals(&engine, sku).await;
     assert_eq!((available + moving, reserved, pending, owed), (8, 0, 0, 0));
@@ -840,11 +843,7 @@ async fn payments_at_once_report_the_oversell_paid_one_by_one_would(pg: PgPool) 
     let engine = b.engine.clone();
     let skus = [("C3-PAY-1", 1u16), ("C3-PAY-4", 4), ("C3-PAY-8", 8)];
     // Payers on threads of their own: truly at once, as HTTP requests are.
-    let payers_rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
+    let payers_rt = holdfast_engine::testkit::threads_of_their_own(4);
     for (sku, parts) in skus {
         stocked(&engine, &pg, sku, 300, parts).await;
         let held = hold_each(&engine, sku, 200).await;
