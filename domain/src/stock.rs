@@ -72,30 +72,26 @@ impl Counters {
     /// do not exist are sellable; negative: units are stranded). `None` when not
     /// warmed.
     /// `None` too while the SKU's parts are being changed.
-    ///
-    /// It is [`Counters::conserved`] less what PostgreSQL's side of the
-    /// equation conserves (`on_hand + sold_recorded - fed_recorded`, which a
-    /// sale or a feed recorded keeps): no shopper's or feed's step changes it.
     pub fn drift(&self, pg: &Recorded) -> Option<i64> {
         if self.changing {
             return None;
         }
-        self.conserved()
-            .map(|c| c - (pg.on_hand + pg.sold_recorded - pg.fed_recorded))
+        self.available
+            .map(|a| a - self.owed - self.expected_available(pg))
     }
 
-    /// What only a correction or a warm-up changes of the counters:
+    /// What only a correction or a warm-up changes of the counters: their
+    /// drift against an empty record,
     /// `available + moving + reserved + sold_pending - owed + settled - fed`.
     /// A reservation, payment, release, expiry, settle, feed or late event
-    /// moves units between its terms and keeps the sum, so a drift measured
+    /// moves units between its terms and keeps the sum, as a sale or a feed
+    /// recorded keeps PostgreSQL's side of the equation; so a drift measured
     /// ([`Counters::drift`]) still holds while this is unchanged: a
     /// correction checks it (`lua/correct.lua`), not the fields shoppers keep
     /// moving. `None` when not warmed.
     pub fn conserved(&self) -> Option<i64> {
-        self.available.map(|a| {
-            a + self.moving + self.reserved + self.sold_pending - self.owed + self.settled
-                - self.fed
-        })
+        self.available
+            .map(|a| a - self.owed - self.expected_available(&Recorded::default()))
     }
 }
 

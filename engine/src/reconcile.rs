@@ -229,7 +229,7 @@ async fn run(
         let mut findings = Vec::new();
         for (row, c) in rows.iter().zip(&counters) {
             report.checked += 1;
-            let Some(available) = c.available else {
+            let (Some(available), Some(conserved)) = (c.available, c.conserved()) else {
                 report.not_warmed += 1;
                 continue;
             };
@@ -248,7 +248,7 @@ async fn run(
                 reserved: c.reserved,
                 sold_pending: c.sold_pending,
                 drift,
-                conserved: c.conserved().unwrap_or(available),
+                conserved,
                 target,
                 parts: c.parts,
             });

@@ -203,10 +203,9 @@ impl PartFull {
     /// read at one moment, however busy the shoppers are.
     pub(crate) fn mark(&self) -> (i64, i64, i64) {
         (
-            self.available + self.reserved + self.sold_pending - self.owed
-                + self.moving
-                + self.settled
-                - self.fed,
+            whole_of(std::slice::from_ref(self))
+                .conserved()
+                .unwrap_or_default(),
             self.in_flight(),
             self.ins,
         )
