@@ -192,7 +192,8 @@ say "the engine's and the live suites again, each test Redis a Redis Cluster of 
 HOLDFAST_TEST_CLUSTER=3 cargo test -p holdfast-engine \
     --test bounds --test carts --test catalog --test cluster --test honesty \
     --test lifecycle --test model --test outage --test record --test reservations \
-    --test resilience --test schedule --test split --test split_faults --test split_consistency --test verify --test drop_file
+    --test resilience --test schedule --test split --test split_faults --test split_consistency --test verify --test drop_file \
+    --test pacing
 # The server's suites for the webhook lanes, the badges and the dashboard's
 # live feed, the same way.
 HOLDFAST_TEST_CLUSTER=3 cargo test -p holdfast-server --test ingest --test badge --test dashboard

@@ -101,6 +101,8 @@ pub struct Engine {
     pub(crate) acks: Option<crate::replicas::ReplicaAcks>,
     /// Reservation attempts counted for drop reports ([`crate::attempts`]).
     attempts: Arc<crate::attempts::Attempts>,
+    /// Checkout calls served, which lanes yielding to checkout watch ([`crate::pace`]).
+    activity: Arc<crate::pace::CheckoutActivity>,
     /// The one-shard holds this process made ([`crate::hold_cache`]).
     holds: Arc<HoldCache>,
     /// The split SKUs this process has seen ([`crate::split`]).
@@ -199,6 +201,7 @@ impl Engine {
             config: Arc::new(config),
             acks: None,
             attempts: Arc::default(),
+            activity: Arc::default(),
             splits: Arc::default(),
         }
     }
@@ -263,6 +266,11 @@ impl Engine {
     /// This process's count of reservation attempts, for drop reports.
     pub fn attempts(&self) -> &crate::attempts::Attempts {
         &self.attempts
+    }
+
+    /// The checkout calls this process has served ([`crate::pace`]).
+    pub fn checkout_activity(&self) -> &crate::pace::CheckoutActivity {
+        &self.activity
     }
 
     /// The shards this process holds reservations back on after a failover.
@@ -339,6 +347,7 @@ impl Engine {
     /// otherwise one per shard with the successful ones released again when a later
     /// one fails (all or nothing either way).
     pub async fn reserve(&self, req: &ReserveRequest) -> Result<ReserveOutcome, EngineError> {
+        self.activity.note();
         let outcome = self.reserve_uncounted(req).await;
         if let Ok(outcome) = &outcome {
             self.telemetry.count_outcome(outcome.kind());
@@ -555,6 +564,7 @@ impl Engine {
         req: &ReserveRequest,
         sku: &str,
     ) -> Result<Option<ReserveOutcome>, EngineError> {
+        self.activity.note();
         if let Err(inv) = self.validate(req) {
             return Ok(Some(ReserveOutcome::Invalid(inv)));
         }
@@ -858,6 +868,7 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
+        self.activity.note();
         let direct = Some(ConfirmMode::Direct.as_str());
         if let Some((known, mut reply)) = self
             .run_remembered(rid, &self.scripts.confirm, None, direct)
@@ -1022,6 +1033,7 @@ impl Engine {
         &self,
         rid: &str,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
+        self.activity.note();
         let (outcome, shown) = self.release_parts(rid).await?;
         let after = match outcome {
             ReleaseOutcome::Released => Some(HoldState::Released),

@@ -1,7 +1,9 @@
 //! Ingestion lanes: signed webhooks land in a Redis Stream per lane (`orders` for
 //! marketplace order webhooks, `feeds` for bulk supplier and ERP syncs), and each
 //! lane has its own consumers, concurrency and rate, so a huge catalogue sync
-//! cannot slow checkout. A lane can be paused (bulk feeds during a drop); a lane
+//! cannot slow checkout: events are applied a few at a time at the lane's pace,
+//! and the feeds lane slows further while checkout is busy ([`crate::pace`]).
+//! A lane can be paused (bulk feeds during a drop); a lane
 //! over its cap refuses new payloads instead of growing without bound. Events are
 //! applied once per source and event id (the Lua guards); payloads and events that
 //! cannot be applied go to a dead-letter stream with the reason, and can be replayed.
@@ -21,6 +23,7 @@ use serde::Serialize;
 use crate::engine::Engine;
 use crate::error::EngineError;
 use crate::keys::Keyspace;
+use crate::pace::{Pacer, Yield};
 use crate::payload::{self, Change, FeedEvent};
 use crate::redis_conn;
 use crate::stock::{DeltaOutcome, SnapshotOutcome};
@@ -100,6 +103,9 @@ pub struct LaneConfig {
     pub concurrency: usize,
     /// Most events applied per second by the whole lane (0: unlimited).
     pub rate_per_sec: u32,
+    /// Whether and how the lane gives way to this process's checkout
+    /// ([`crate::pace`]); `None`: it keeps its rate whatever checkout does.
+    pub yields: Option<Yield>,
     /// Payloads read per consumer per call.
     pub batch: usize,
     /// Payloads pending this long on another consumer are taken over (it died
@@ -108,6 +114,27 @@ pub struct LaneConfig {
 }
 
 impl LaneConfig {
+    /// One consumer's share of the lane's rates (each of `concurrency`
+    /// consumers paces itself; 0 stays unlimited).
+    fn pace_share(&self) -> u32 {
+        let share = |rate: u32| {
+            if rate == 0 {
+                0
+            } else {
+                (rate / self.concurrency.max(1) as u32).max(1)
+            }
+        };
+        share(self.rate_per_sec)
+    }
+
+    /// [`LaneConfig::yields`] with its rate shared among the consumers.
+    fn yield_share(&self) -> Option<Yield> {
+        self.yields.map(|y| Yield {
+            rate: (y.rate / self.concurrency.max(1) as u32).max(1),
+            ..y
+        })
+    }
+
     /// The defaults for lane `name`: orders are small and urgent, feeds big and patient.
     pub fn default_for(name: Lane) -> Self {
         match name {
@@ -117,6 +144,7 @@ impl LaneConfig {
                 cap_bytes: 64 * 1024 * 1024,
                 concurrency: 2,
                 rate_per_sec: 0,
+                yields: None,
                 batch: 50,
                 claim_idle: CLAIM_IDLE,
             },
@@ -126,12 +154,24 @@ impl LaneConfig {
                 cap_bytes: 256 * 1024 * 1024,
                 concurrency: 1,
                 rate_per_sec: 5_000,
-                batch: 10,
+                yields: Some(FEEDS_YIELD),
+                // Feed payloads are big (up to 10,000 events, megabytes): one
+                // at a time, so a read never carries tens of megabytes and a
+                // consumer holds no more than the payload it works on.
+                batch: 1,
                 claim_idle: CLAIM_IDLE,
             },
         }
     }
 }
+
+/// How the `feeds` lane gives way to checkout by default: above 100 checkout
+/// calls a second on this process, it applies at most 500 events a second (a
+/// 10,000-line sync then takes 20 s instead of 2 s, and checkout keeps its CPU).
+pub const FEEDS_YIELD: Yield = Yield {
+    above: 100,
+    rate: 500,
+};
 
 /// The answer to a payload offered to a lane.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -428,6 +468,17 @@ pub struct LaneConsumer {
     group_ready: bool,
     last_claim: Instant,
     ledger: Option<sqlx::PgPool>,
+    pacer: Pacer,
+}
+
+/// What applying one payload came to.
+#[derive(Debug, Clone, Copy, Default)]
+struct Applied {
+    /// Events applied.
+    events: u64,
+    /// The lane was paused part-way: the payload's remaining events wait (its
+    /// applied ones are skipped by their guards when it is taken up again).
+    interrupted: bool,
 }
 
 /// The default for [`LaneConfig::claim_idle`]: longer than a healthy consumer
@@ -447,6 +498,11 @@ impl LaneConsumer {
         let last_claim = Instant::now()
             .checked_sub(lane.claim_idle)
             .unwrap_or_else(Instant::now);
+        let pacer = Pacer::new(
+            lane.pace_share(),
+            lane.yield_share(),
+            engine.checkout_activity(),
+        );
         Self {
             engine,
             conn,
@@ -456,6 +512,7 @@ impl LaneConsumer {
             group_ready: false,
             last_claim,
             ledger: None,
+            pacer,
         }
     }
 
@@ -552,9 +609,22 @@ impl LaneConsumer {
                     tries - 1
                 ))
             } else {
-                match self.apply(&source, &body).await {
-                    Ok(n) => {
-                        done.applied += n;
+                match self.apply(&id, &source, &body).await {
+                    Ok(Applied {
+                        events,
+                        interrupted: true,
+                    }) => {
+                        // Paused part-way: not an attempt that failed, and the
+                        // payload stays pending for when the lane runs again.
+                        done.applied += events;
+                        redis::cmd("DECR")
+                            .arg(&tries_key)
+                            .query_async::<()>(&mut self.conn)
+                            .await?;
+                        return Ok(done);
+                    }
+                    Ok(applied) => {
+                        done.applied += applied.events;
                         None
                     }
                     Err(e) if e.refused_input() => {
@@ -690,42 +760,83 @@ impl LaneConsumer {
         }
     }
 
-    /// Claims `event`'s id for its payload: the first payload with an id wins,
-    /// a redelivery of the same payload passes (the script's guard then skips it
-    /// if it was applied), and a different payload under the same id is refused
-    /// with the reason, as PostgreSQL's ledger would refuse it.
-    async fn claim(
+    /// Claims the ids of `events` for their payload, in one round trip: the
+    /// first payload with an id wins, a redelivery of the same payload passes
+    /// (the script's guard then skips an event that was applied), and a
+    /// different payload under the same id is refused with the reason, as
+    /// PostgreSQL's ledger would refuse it. One answer per event, in order.
+    async fn claim_step(
         &mut self,
         source: &str,
-        event: &FeedEvent,
-    ) -> Result<Option<String>, EngineError> {
-        let fingerprint = documented(event);
-        let key = Keyspace::feed_event(source, &event.event_id);
+        events: &[&FeedEvent],
+    ) -> Result<Vec<Option<String>>, EngineError> {
+        if events.is_empty() {
+            return Ok(Vec::new());
+        }
         let ttl = self.engine.config.guard_ttl.as_millis() as u64;
-        let first: Option<String> = redis::cmd("SET")
-            .arg(&key)
-            .arg(&fingerprint)
-            .arg("NX")
-            .arg("PX")
-            .arg(ttl)
-            .arg("GET")
-            .query_async(&mut self.conn)
-            .await?;
-        Ok(match first {
-            None => None,
-            Some(seen) if seen == fingerprint => None,
-            Some(seen) => Some(format!(
-                "event id {} of {source} was used before for a different event ({seen}); \
-                 an event id names one event: send a new id",
-                event.event_id
-            )),
-        })
+        let fingerprints: Vec<String> = events.iter().map(|e| documented(e)).collect();
+        let mut pipe = redis::pipe();
+        for (event, fingerprint) in events.iter().zip(&fingerprints) {
+            pipe.cmd("SET")
+                .arg(Keyspace::feed_event(source, &event.event_id))
+                .arg(fingerprint)
+                .arg("NX")
+                .arg("PX")
+                .arg(ttl)
+                .arg("GET");
+        }
+        let firsts: Vec<Option<String>> = pipe.query_async(&mut self.conn).await?;
+        Ok(events
+            .iter()
+            .zip(fingerprints)
+            .zip(firsts)
+            .map(|((event, fingerprint), first)| match first {
+                Some(seen) if seen != fingerprint => Some(format!(
+                    "event id {} of {source} was used before for a different event ({seen}); \
+                     an event id names one event: send a new id",
+                    event.event_id
+                )),
+                _ => None,
+            })
+            .collect())
     }
 
-    /// Applies one payload; returns how many events it applied.
-    async fn apply(&mut self, source: &str, body: &[u8]) -> Result<u64, EngineError> {
+    /// Keeps payload `id` this consumer's while it works through it: a payload
+    /// paced over longer than the lane's `claim_idle` would otherwise look
+    /// abandoned to the other consumers. Also answers whether the lane was
+    /// paused meanwhile.
+    async fn keep(&mut self, id: &str) -> Result<bool, EngineError> {
+        let lane = lane_key(self.lane.name);
+        let (_, paused): (Value, bool) = redis::pipe()
+            .cmd("XCLAIM")
+            .arg(&lane)
+            .arg(GROUP)
+            .arg(&self.name)
+            .arg(0)
+            .arg(id)
+            .arg("JUSTID")
+            .cmd("EXISTS")
+            .arg(paused_key(self.lane.name))
+            .query_async(&mut self.conn)
+            .await?;
+        Ok(paused)
+    }
+
+    /// Applies payload `id`, step by step at the lane's pace ([`crate::pace`]).
+    async fn apply(&mut self, id: &str, source: &str, body: &[u8]) -> Result<Applied, EngineError> {
         let lane = self.lane.name;
-        let events = match payload::parse(body, self.engine.config.max_payload_events) {
+        let max = self.engine.config.max_payload_events;
+        // Parsing megabytes of JSON takes milliseconds of CPU: off the runtime's
+        // workers, so the checkout requests queued on them are not held up.
+        let parsed = if body.len() > PARSE_ASIDE_ABOVE {
+            let owned = body.to_vec();
+            tokio::task::spawn_blocking(move || payload::parse(&owned, max))
+                .await
+                .map_err(|e| EngineError::UnexpectedReply(format!("payload parser failed: {e}")))?
+        } else {
+            payload::parse(body, max)
+        };
+        let events = match parsed {
             Ok(events) => events,
             Err(e) => {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);
@@ -737,91 +848,130 @@ impl LaneConsumer {
                     &e.to_string(),
                 )
                 .await?;
-                return Ok(0);
+                return Ok(Applied::default());
             }
         };
-        let mut applied = 0;
+        let mut applied = Applied::default();
         let recorded = self.recorded(source, &events).await;
-        for event in events {
-            if recorded.contains(&event.event_id) {
-                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                continue;
+        let mut kept = Instant::now();
+        for step in events.chunks(crate::pace::STEP) {
+            self.pacer
+                .take(step.len(), self.engine.checkout_activity())
+                .await;
+            if kept.elapsed() >= KEEP_EVERY.min(self.lane.claim_idle / 3) {
+                kept = Instant::now();
+                if self.keep(id).await? {
+                    applied.interrupted = true;
+                    return Ok(applied);
+                }
             }
-            if let Some(reason) = self.claim(source, &event).await? {
-                self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                bury(&mut self.conn, lane, source, &documented(&event), &reason).await?;
-                continue;
-            }
-            let refused = match event.change {
-                Change::Delta(delta) => match self
-                    .engine
-                    .apply_delta(&event.sku, delta, source, &event.event_id)
-                    .await?
-                {
-                    DeltaOutcome::Applied { owed, .. } => {
-                        self.note_owed(&event.sku, owed, source, &event.event_id);
-                        None
-                    }
-                    DeltaOutcome::Duplicate => {
+            let fresh: Vec<&FeedEvent> = step
+                .iter()
+                .filter(|e| {
+                    let seen = recorded.contains(&e.event_id);
+                    if seen {
                         self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                        continue;
                     }
-                    DeltaOutcome::NotWarmed => Some(format!(
-                        "{} has no stock counter (unknown SKU, or not warmed)",
-                        event.sku
-                    )),
-                },
-                Change::Snapshot { on_hand, version } => {
-                    match self
-                        .engine
-                        .apply_snapshot(&event.sku, on_hand, version, source, &event.event_id)
-                        .await?
-                    {
-                        SnapshotOutcome::Applied { owed, .. } => {
-                            self.note_owed(&event.sku, owed, source, &event.event_id);
-                            None
-                        }
-                        SnapshotOutcome::Duplicate => {
-                            self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                            continue;
-                        }
-                        SnapshotOutcome::Stale { current_version } => {
-                            self.stats.stale.fetch_add(1, Ordering::Relaxed);
-                            Some(format!(
-                                "stale snapshot: version {version} is not newer than {current_version}"
-                            ))
-                        }
-                        SnapshotOutcome::NotWarmed => Some(format!(
-                            "{} has no stock counter (unknown SKU, or not warmed)",
-                            event.sku
-                        )),
+                    !seen
+                })
+                .collect();
+            let conflicts = self.claim_step(source, &fresh).await?;
+            for (event, conflict) in fresh.into_iter().zip(conflicts) {
+                let refused = match conflict {
+                    Some(reason) => Some(reason),
+                    None => match self.apply_event(source, event).await? {
+                        Some(outcome) => outcome,
+                        None => continue,
+                    },
+                };
+                match refused {
+                    None => {
+                        applied.events += 1;
+                        self.stats.applied.fetch_add(1, Ordering::Relaxed);
                     }
-                }
-            };
-            match refused {
-                None => {
-                    applied += 1;
-                    self.stats.applied.fetch_add(1, Ordering::Relaxed);
-                }
-                Some(reason) => {
-                    self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                    bury(&mut self.conn, lane, source, &documented(&event), &reason).await?;
+                    Some(reason) => {
+                        self.stats.dead.fetch_add(1, Ordering::Relaxed);
+                        bury(&mut self.conn, lane, source, &documented(event), &reason).await?;
+                    }
                 }
             }
         }
         Ok(applied)
     }
+
+    /// Applies one event whose id is claimed. `None`: a duplicate (counted);
+    /// `Some(None)`: applied; `Some(Some(reason))`: refused, to be dead-lettered.
+    async fn apply_event(
+        &mut self,
+        source: &str,
+        event: &FeedEvent,
+    ) -> Result<Option<Option<String>>, EngineError> {
+        /// How an event landed, whichever kind it is.
+        enum Landed {
+            Applied(i64),
+            Duplicate,
+            NotWarmed,
+            Refused(String),
+        }
+        let landed = match event.change {
+            Change::Delta(delta) => match self
+                .engine
+                .apply_delta(&event.sku, delta, source, &event.event_id)
+                .await?
+            {
+                DeltaOutcome::Applied { owed, .. } => Landed::Applied(owed),
+                DeltaOutcome::Duplicate => Landed::Duplicate,
+                DeltaOutcome::NotWarmed => Landed::NotWarmed,
+            },
+            Change::Snapshot { on_hand, version } => match self
+                .engine
+                .apply_snapshot(&event.sku, on_hand, version, source, &event.event_id)
+                .await?
+            {
+                SnapshotOutcome::Applied { owed, .. } => Landed::Applied(owed),
+                SnapshotOutcome::Duplicate => Landed::Duplicate,
+                SnapshotOutcome::NotWarmed => Landed::NotWarmed,
+                SnapshotOutcome::Stale { current_version } => {
+                    self.stats.stale.fetch_add(1, Ordering::Relaxed);
+                    Landed::Refused(format!(
+                        "stale snapshot: version {version} is not newer than {current_version}"
+                    ))
+                }
+            },
+        };
+        Ok(match landed {
+            Landed::Applied(owed) => {
+                self.note_owed(&event.sku, owed, source, &event.event_id);
+                Some(None)
+            }
+            Landed::Duplicate => {
+                self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                None
+            }
+            Landed::NotWarmed => Some(Some(format!(
+                "{} has no stock counter (unknown SKU, or not warmed)",
+                event.sku
+            ))),
+            Landed::Refused(reason) => Some(Some(reason)),
+        })
+    }
 }
 
-/// Runs `consumer` until `shutdown`, keeping the lane under its rate, backing off on errors.
+/// Payloads larger than this are parsed on a blocking thread.
+const PARSE_ASIDE_ABOVE: usize = 64 * 1024;
+
+/// How often a consumer working through one payload renews its hold on it
+/// and looks whether its lane was paused (more often for a lane whose
+/// `claim_idle` is under three times this).
+const KEEP_EVERY: Duration = Duration::from_secs(1);
+
+/// Runs `consumer` until `shutdown`, backing off on errors (the lane's pace is
+/// kept step by step inside each batch: [`crate::pace`]).
 pub async fn run_consumer(mut consumer: LaneConsumer, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
-    let share =
-        (consumer.lane.rate_per_sec as f64 / consumer.lane.concurrency.max(1) as f64).max(0.0);
     let mut backoff = Duration::from_millis(100);
     let mut batches: u64 = 0;
     loop {
-        let started = Instant::now();
         batches += 1;
         // Each batch in its own span, so its log lines (and traces) group.
         let span = tracing::info_span!("lane_batch", lane = %consumer.lane.name, batch = batches);
@@ -832,27 +982,15 @@ pub async fn run_consumer(mut consumer: LaneConsumer, shutdown: impl Future<Outp
             () = &mut shutdown => return,
             r = step => r,
         };
-        let pause = match result {
-            Ok(done) => {
-                backoff = Duration::from_millis(100);
-                // Rate limit: this batch may take no less than applied / share seconds.
-                if share > 0.0 && done.applied > 0 {
-                    Duration::from_secs_f64(done.applied as f64 / share)
-                        .saturating_sub(started.elapsed())
-                } else {
-                    Duration::ZERO
-                }
-            }
+        match result {
+            Ok(_) => backoff = Duration::from_millis(100),
             Err(e) => {
                 tracing::warn!(lane = %consumer.lane.name, error = %e, "ingestion consumer failed; retrying");
                 backoff = (backoff * 2).min(Duration::from_secs(5));
-                backoff
-            }
-        };
-        if !pause.is_zero() {
-            tokio::select! {
-                () = &mut shutdown => return,
-                () = tokio::time::sleep(pause) => {}
+                tokio::select! {
+                    () = &mut shutdown => return,
+                    () = tokio::time::sleep(backoff) => {}
+                }
             }
         }
     }

@@ -108,6 +108,7 @@ pub mod locks;
 pub mod redis_conn;
 /// The reservation types and outcomes, from the domain crate (shared with the dashboard).
 pub use holdfast_domain::model;
+pub mod pace;
 pub mod payload;
 pub mod postgres;
 pub mod reaper;

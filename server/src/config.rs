@@ -295,6 +295,15 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_FEEDS_RATE", default_value_t = 5_000,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub feeds_rate: u32,
+    /// Checkout calls a second on this server above which the `feeds` lane
+    /// gives way to checkout (applies at most `--feeds-busy-rate` events a
+    /// second until checkout has been quiet for a second); 0: it never gives way.
+    #[arg(long, env = "HOLDFAST_FEEDS_YIELD_ABOVE", default_value_t = holdfast_engine::ingest::FEEDS_YIELD.above)]
+    pub feeds_yield_above: u32,
+    /// Most events a second the `feeds` lane applies while checkout is busy.
+    #[arg(long, env = "HOLDFAST_FEEDS_BUSY_RATE", default_value_t = holdfast_engine::ingest::FEEDS_YIELD.rate,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub feeds_busy_rate: u32,
     /// Host names this server answers for (`shop.example`), comma-separated in
     /// the environment. IP addresses and `localhost` always work; a request for
     /// any other name is refused (421), which defeats DNS rebinding.

@@ -17,6 +17,7 @@ use axum::response::Response;
 use holdfast_app::{App, shell};
 use holdfast_domain::Lane;
 use holdfast_engine::ingest::LaneConfig;
+use holdfast_engine::pace::Yield;
 use holdfast_engine::reaper::ReaperConfig;
 use holdfast_engine::record::WriteBehindConfig;
 use holdfast_engine::redis_conn::{self, EvictionCheck};
@@ -546,6 +547,7 @@ impl Application {
             },
             doctor: Some(Arc::new(args.doctor_config(global))),
             demo_shop_sells: args.demo,
+            intake_redis: Some(redis_conn::connect(&global.redis_url).await?),
             unknown_tokens_per_second: args.unknown_tokens_per_second,
             refused_tokens_remembered: args.refused_tokens_remembered,
             edge,
@@ -627,6 +629,10 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
                 cfg.claim_idle = Duration::from_secs(args.takeover_after_secs);
                 if *lane == Lane::Feeds {
                     cfg.rate_per_sec = args.feeds_rate;
+                    cfg.yields = (args.feeds_yield_above > 0).then_some(Yield {
+                        above: args.feeds_yield_above,
+                        rate: args.feeds_busy_rate,
+                    });
                 }
                 cfg
             })

@@ -55,6 +55,10 @@ pub struct StateOptions {
     pub demo_shop_sells: bool,
     /// The dashboard sockets' limits.
     pub live: LiveConfig,
+    /// A Redis connection of its own for webhook intake, so a payload of
+    /// megabytes is never written ahead of checkout calls on theirs (`None`:
+    /// intake shares the engine's connection, as tests may).
+    pub intake_redis: Option<holdfast_engine::RedisConn>,
 }
 
 impl Default for StateOptions {
@@ -72,6 +76,7 @@ impl Default for StateOptions {
             refused_tokens_remembered: holdfast_engine::tokens::REFUSED_REMEMBERED,
             doctor: None,
             demo_shop_sells: false,
+            intake_redis: None,
         }
     }
 }
@@ -161,7 +166,14 @@ impl AppState {
                     refused_remembered: options.refused_tokens_remembered,
                 },
             ),
-            ingest: IngestState::new(backends.redis.clone(), options.ingest, options.ingest_rate),
+            ingest: IngestState::new(
+                options
+                    .intake_redis
+                    .clone()
+                    .unwrap_or_else(|| backends.redis.clone()),
+                options.ingest,
+                options.ingest_rate,
+            ),
             feed: Feed::new(4_096),
             edge: Arc::new(options.edge),
             metrics: options.metrics,
