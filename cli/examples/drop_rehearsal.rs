@@ -139,6 +139,19 @@ async fn main() {
         .as_array()
         .map_or(0, |c| c.iter().filter(|c| c["passed"] == true).count());
     println!("| truth checks passed | {passed} of {checks} | all |");
+    println!("\nThe first two seconds, a tenth of a second at a time (by scheduled arrival):\n");
+    println!("| from ms | attempts | held | p50 ms | p99 ms |");
+    println!("|---|---|---|---|---|");
+    for slot in r["first_seconds"].as_array().into_iter().flatten() {
+        println!(
+            "| {} | {} | {} | {:.1} | {:.1} |",
+            slot["at_ms"],
+            slot["attempts"],
+            slot["held"],
+            slot["p50_ms"].as_f64().unwrap_or(0.0),
+            slot["p99_ms"].as_f64().unwrap_or(0.0)
+        );
+    }
     println!("\nplot: `{plot}`; report: `{json}`; simulate exited with {status}");
     println!(
         "{{\"bench\":\"drop_rehearsal\",\"connections\":{connections},\"first_second_p99_ms\":{},\"attempts\":{},\"sold\":{},\"decided_ms_after_last_arrival\":{decided},\"p99_ms\":{},\"passed\":{}}}",

@@ -99,6 +99,35 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
     );
     let sold = report["sold_units"].as_i64().unwrap();
     assert!(sold > 0 && sold <= 60);
+    // The first two seconds by tenths add up to the same attempts as the
+    // timeline's first two seconds (both by scheduled arrival).
+    let slots = report["first_seconds"].as_array().unwrap();
+    for second in 0..2 {
+        let in_slots: u64 = slots
+            .iter()
+            .filter(|s| s["at_ms"].as_u64().unwrap() / 1_000 == second)
+            .map(|s| s["attempts"].as_u64().unwrap())
+            .sum();
+        assert_eq!(
+            in_slots,
+            report["timeline"][second as usize]["attempts"]
+                .as_u64()
+                .unwrap(),
+            "{slots:?}"
+        );
+    }
+    let held: u64 = slots.iter().map(|s| s["held"].as_u64().unwrap()).sum();
+    assert!(held > 0 && held <= report["held"].as_u64().unwrap());
+    assert!(
+        slots
+            .windows(2)
+            .all(|w| w[0]["at_ms"].as_u64() < w[1]["at_ms"].as_u64())
+    );
+    assert!(
+        slots
+            .iter()
+            .all(|s| s["p50_ms"].as_f64() <= s["p99_ms"].as_f64())
+    );
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.starts_with("<svg") && svg.contains("attempts/s") && svg.contains("p99"));
     // The temporary token was revoked.

@@ -92,6 +92,26 @@ pub struct Second {
     pub p99_ms: f64,
 }
 
+/// A tenth of a second of the first two (by scheduled arrival time): the
+/// moment the units sell, seen closer than by the second.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Slot {
+    /// Milliseconds from the start.
+    pub at_ms: u64,
+    /// Reservation attempts due in this slot.
+    pub attempts: u64,
+    /// Of those, the ones granted a hold.
+    pub held: u64,
+    /// Median reserve latency of attempts due in this slot, ms.
+    pub p50_ms: f64,
+    /// 99th percentile, ms.
+    pub p99_ms: f64,
+}
+
+/// How long a [`Slot`] is, and how many the report has.
+const SLOT: Duration = Duration::from_millis(100);
+const SLOTS: usize = 20;
+
 /// Counters the shoppers update and the live view reads.
 #[derive(Debug, Default)]
 pub struct Tally {
@@ -125,6 +145,8 @@ pub struct Tally {
     pub errors: AtomicU64,
     /// Latencies (µs, from the scheduled time) per second.
     latencies: Mutex<Vec<Vec<u32>>>,
+    /// Latencies (µs) and holds granted per [`Slot`] of the first two seconds.
+    slots: Mutex<Vec<(Vec<u32>, u64)>>,
     /// Decisions per second (by answer time).
     decided_at: Mutex<Vec<u64>>,
     /// Units each buyer bought (the per-buyer limit counts held and bought
@@ -150,6 +172,47 @@ impl Tally {
             l.resize(second + 1, Vec::new());
         }
         l[second].push(us.min(u64::from(u32::MAX)) as u32);
+    }
+
+    /// Counts an attempt due `due` after the start, answered in `us`, in its
+    /// [`Slot`] when it is one of the first.
+    fn slot(&self, due: Duration, us: u64, held: bool) {
+        let slot = (due.as_millis() / SLOT.as_millis()) as usize;
+        if slot >= SLOTS {
+            return;
+        }
+        let mut s = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if s.len() < SLOTS {
+            s.resize(SLOTS, (Vec::new(), 0));
+        }
+        s[slot].0.push(us.min(u64::from(u32::MAX)) as u32);
+        s[slot].1 += u64::from(held);
+    }
+
+    /// The first two seconds, slot by slot (those with attempts).
+    pub fn slots(&self) -> Vec<Slot> {
+        let s = self
+            .slots
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        s.iter()
+            .enumerate()
+            .filter(|(_, (lat, _))| !lat.is_empty())
+            .map(|(i, (lat, held))| {
+                let mut lat = lat.clone();
+                lat.sort_unstable();
+                Slot {
+                    at_ms: i as u64 * SLOT.as_millis() as u64,
+                    attempts: lat.len() as u64,
+                    held: *held,
+                    p50_ms: percentile(&lat, 0.50),
+                    p99_ms: percentile(&lat, 0.99),
+                }
+            })
+            .collect()
     }
 
     fn decided_in(&self, second: usize) {
@@ -410,6 +473,11 @@ async fn shopper(
         let (answer, raw) = ask(turn).await;
         let elapsed = due.elapsed();
         tally.latency(second, elapsed.as_micros() as u64);
+        tally.slot(
+            due - started,
+            elapsed.as_micros() as u64,
+            matches!(answer, Answer::Held(_)),
+        );
         let decided = started.elapsed().as_secs() as usize;
         tally
             .last_decided_us

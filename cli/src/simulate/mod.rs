@@ -21,7 +21,7 @@ use holdfast_engine::tokens::{self, Scope};
 use serde::Serialize;
 
 use crate::config::{GlobalArgs, SimulateArgs};
-use load::{Behaviour, Second, Tally, Target};
+use load::{Behaviour, Second, Slot, Tally, Target};
 
 /// The drop simulated SKUs belong to.
 pub const DROP: &str = "rehearsal";
@@ -68,6 +68,8 @@ pub struct Report {
     pub decided_ms_after_last_arrival: u64,
     /// Second by second.
     pub timeline: Vec<Second>,
+    /// The first two seconds, a tenth of a second at a time.
+    pub first_seconds: Vec<Slot>,
     /// The truth checks.
     pub checks: Vec<checks::Check>,
     /// Whether every check passed.
@@ -207,6 +209,7 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
         arrival_secs,
         decided_ms_after_last_arrival: decided_ms,
         timeline: tally.seconds(),
+        first_seconds: tally.slots(),
         passed: outcome.iter().all(|c| c.passed),
         checks: outcome,
     };
