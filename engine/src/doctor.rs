@@ -131,6 +131,8 @@ pub struct RedisConnections {
 ///
 /// - one multiplexed connection shared by the API, the reaper, scheduled
 ///   reconciliation and verification, badges and the dashboard;
+/// - one for webhook intake, so a payload of megabytes is never written
+///   ahead of checkout calls on the shared one;
 /// - one per write-behind part (`write_behind_workers`, two by default) and
 ///   one for the event feed, whose blocking stream reads would stall a shared
 ///   connection;
@@ -156,6 +158,7 @@ pub fn redis_connections_per_server(write_behind_workers: usize) -> RedisConnect
     let write_behind = write_behind_workers.max(1) as u64;
     let held = vec![
         ("shared".to_owned(), 1),
+        ("webhook intake".to_owned(), 1),
         (format!("write-behind ({write_behind} parts)"), write_behind),
         ("event feed".to_owned(), 1),
         (
