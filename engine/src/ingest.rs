@@ -469,7 +469,29 @@ pub struct LaneConsumer {
     last_claim: Instant,
     ledger: Option<sqlx::PgPool>,
     pacer: Pacer,
+    /// Entries this consumer has read and not finished (the rest of its
+    /// batch, or what a pause left): all renewed together ([`LaneConsumer::keep`]).
+    holding: Vec<String>,
+    /// When `holding` was last renewed.
+    kept_at: Instant,
+    /// The attempt counter of the payload being applied, given back when the
+    /// work stops for a pause or a shutdown rather than a failure.
+    trying: Option<String>,
 }
+
+/// What a step's claim said of one event.
+enum Claimed {
+    /// Claimed for this payload (or its redelivery): apply it.
+    Now,
+    /// The ledger recorded it, as this same event: nothing to do.
+    Before,
+    /// The id was used before for a different event.
+    Conflict(String),
+}
+
+/// `lua/give_back.lua`: lowers a payload's attempt counter if it still exists.
+static GIVE_BACK: std::sync::LazyLock<redis::Script> =
+    std::sync::LazyLock::new(|| redis::Script::new(include_str!("../../lua/give_back.lua")));
 
 /// What applying one payload came to.
 #[derive(Debug, Clone, Copy, Default)]
@@ -513,6 +535,9 @@ impl LaneConsumer {
             last_claim,
             ledger: None,
             pacer,
+            holding: Vec::new(),
+            kept_at: Instant::now(),
+            trying: None,
         }
     }
 
@@ -576,7 +601,11 @@ impl LaneConsumer {
             .query_async(&mut self.conn)
             .await?;
         if paused {
-            tokio::time::sleep(block).await;
+            // What a pause left part-way stays this consumer's meanwhile.
+            if !self.holding.is_empty() && self.kept_at.elapsed() >= self.keep_every() {
+                self.keep().await?;
+            }
+            tokio::time::sleep(block.min(self.keep_every())).await;
             return Ok(Processed::default());
         }
         let mut entries = self.read("0", None).await?;
@@ -587,6 +616,8 @@ impl LaneConsumer {
         if entries.is_empty() {
             entries = self.read(">", Some(block)).await?;
         }
+        self.holding = entries.iter().map(|(id, _, _)| id.clone()).collect();
+        self.kept_at = Instant::now();
         let mut done = Processed::default();
         for (id, source, body) in entries {
             done.payloads += 1;
@@ -603,24 +634,23 @@ impl LaneConsumer {
                 .ignore()
                 .query_async(&mut self.conn)
                 .await?;
+            self.trying = Some(tries_key.clone());
             let failed = if tries > MAX_ATTEMPTS {
                 Some(format!(
                     "failed or stopped its consumer {} times",
                     tries - 1
                 ))
             } else {
-                match self.apply(&id, &source, &body).await {
+                match self.apply(&source, &body).await {
                     Ok(Applied {
                         events,
                         interrupted: true,
                     }) => {
                         // Paused part-way: not an attempt that failed, and the
-                        // payload stays pending for when the lane runs again.
+                        // payload stays pending (and this consumer's) for when
+                        // the lane runs again.
                         done.applied += events;
-                        redis::cmd("DECR")
-                            .arg(&tries_key)
-                            .query_async::<()>(&mut self.conn)
-                            .await?;
+                        self.give_back().await?;
                         return Ok(done);
                     }
                     Ok(applied) => {
@@ -635,10 +665,7 @@ impl LaneConsumer {
                     }
                     Err(e) => {
                         // An outage is not the payload's fault: not counted.
-                        let _ = redis::cmd("DECR")
-                            .arg(&tries_key)
-                            .query_async::<()>(&mut self.conn)
-                            .await;
+                        let _ = self.give_back().await;
                         return Err(e);
                     }
                 }
@@ -662,9 +689,30 @@ impl LaneConsumer {
                 .arg(&tries_key)
                 .query_async::<()>(&mut self.conn)
                 .await?;
+            self.trying = None;
             self.finish(&id, body.len()).await?;
+            self.holding.retain(|held| *held != id);
         }
         Ok(done)
+    }
+
+    /// Gives back the attempt counted for the payload in progress: its work
+    /// stopped for a pause, an outage or a shutdown, not because it failed.
+    /// Only a counter that still exists is lowered (another consumer may have
+    /// finished the payload and deleted it meanwhile).
+    pub async fn give_back(&mut self) -> Result<(), EngineError> {
+        if let Some(key) = self.trying.take() {
+            GIVE_BACK
+                .key(key)
+                .invoke_async::<()>(&mut self.conn)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// How often the entries held are renewed: well inside `claim_idle`.
+    fn keep_every(&self) -> Duration {
+        KEEP_EVERY.min(self.lane.claim_idle / 3)
     }
 
     /// Acknowledges and deletes a handled payload, counting its bytes out of
@@ -763,27 +811,32 @@ impl LaneConsumer {
     /// Claims the ids of `events` for their payload, in one round trip: the
     /// first payload with an id wins, a redelivery of the same payload passes
     /// (the script's guard then skips an event that was applied), and a
-    /// different payload under the same id is refused with the reason, as
-    /// PostgreSQL's ledger would refuse it. One answer per event, in order.
+    /// different event under an id used before is refused with the reason, as
+    /// PostgreSQL's ledger would refuse it. An id the ledger has `recorded` is
+    /// only compared (its event is not applied again): with the claim it left,
+    /// or, once that lapsed, taken as the same event. One answer per event.
     async fn claim_step(
         &mut self,
         source: &str,
-        events: &[&FeedEvent],
-    ) -> Result<Vec<Option<String>>, EngineError> {
-        if events.is_empty() {
-            return Ok(Vec::new());
-        }
+        events: &[FeedEvent],
+        recorded: &std::collections::HashSet<String>,
+    ) -> Result<Vec<Claimed>, EngineError> {
         let ttl = self.engine.config.guard_ttl.as_millis() as u64;
-        let fingerprints: Vec<String> = events.iter().map(|e| documented(e)).collect();
+        let fingerprints: Vec<String> = events.iter().map(documented).collect();
         let mut pipe = redis::pipe();
         for (event, fingerprint) in events.iter().zip(&fingerprints) {
-            pipe.cmd("SET")
-                .arg(Keyspace::feed_event(source, &event.event_id))
-                .arg(fingerprint)
-                .arg("NX")
-                .arg("PX")
-                .arg(ttl)
-                .arg("GET");
+            let key = Keyspace::feed_event(source, &event.event_id);
+            if recorded.contains(&event.event_id) {
+                pipe.cmd("GET").arg(key);
+            } else {
+                pipe.cmd("SET")
+                    .arg(key)
+                    .arg(fingerprint)
+                    .arg("NX")
+                    .arg("PX")
+                    .arg(ttl)
+                    .arg("GET");
+            }
         }
         let firsts: Vec<Option<String>> = pipe.query_async(&mut self.conn).await?;
         Ok(events
@@ -791,39 +844,58 @@ impl LaneConsumer {
             .zip(fingerprints)
             .zip(firsts)
             .map(|((event, fingerprint), first)| match first {
-                Some(seen) if seen != fingerprint => Some(format!(
+                Some(seen) if seen != fingerprint => Claimed::Conflict(format!(
                     "event id {} of {source} was used before for a different event ({seen}); \
                      an event id names one event: send a new id",
                     event.event_id
                 )),
-                _ => None,
+                _ if recorded.contains(&event.event_id) => Claimed::Before,
+                _ => Claimed::Now,
             })
             .collect())
     }
 
-    /// Keeps payload `id` this consumer's while it works through it: a payload
-    /// paced over longer than the lane's `claim_idle` would otherwise look
-    /// abandoned to the other consumers. Also answers whether the lane was
-    /// paused meanwhile.
-    async fn keep(&mut self, id: &str) -> Result<bool, EngineError> {
+    /// Keeps the entries this consumer holds its own (the payload it works
+    /// through and the rest of its batch): a payload paced over longer than
+    /// the lane's `claim_idle` would otherwise look abandoned to the other
+    /// consumers. Also answers whether the lane was paused meanwhile.
+    async fn keep(&mut self) -> Result<bool, EngineError> {
         let lane = lane_key(self.lane.name);
-        let (_, paused): (Value, bool) = redis::pipe()
-            .cmd("XCLAIM")
-            .arg(&lane)
-            .arg(GROUP)
-            .arg(&self.name)
-            .arg(0)
-            .arg(id)
-            .arg("JUSTID")
-            .cmd("EXISTS")
-            .arg(paused_key(self.lane.name))
-            .query_async(&mut self.conn)
-            .await?;
+        let mut pipe = redis::pipe();
+        if !self.holding.is_empty() {
+            pipe.cmd("XCLAIM")
+                .arg(&lane)
+                .arg(GROUP)
+                .arg(&self.name)
+                .arg(0)
+                .arg(&self.holding)
+                .arg("JUSTID")
+                .ignore();
+        }
+        pipe.cmd("EXISTS").arg(paused_key(self.lane.name));
+        let (paused,): (bool,) = pipe.query_async(&mut self.conn).await?;
+        self.kept_at = Instant::now();
         Ok(paused)
     }
 
+    /// Waits until the pacer lets `events` more be applied, renewing the
+    /// entries held meanwhile; `true` when the lane was paused instead.
+    async fn wait_for_pace(&mut self, events: usize) -> Result<bool, EngineError> {
+        let ready = self.pacer.book(events, self.engine.checkout_activity());
+        loop {
+            if self.kept_at.elapsed() >= self.keep_every() && self.keep().await? {
+                return Ok(true);
+            }
+            if tokio::time::Instant::now() >= ready {
+                return Ok(false);
+            }
+            let renew_at = tokio::time::Instant::from_std(self.kept_at + self.keep_every());
+            tokio::time::sleep_until(ready.min(renew_at)).await;
+        }
+    }
+
     /// Applies payload `id`, step by step at the lane's pace ([`crate::pace`]).
-    async fn apply(&mut self, id: &str, source: &str, body: &[u8]) -> Result<Applied, EngineError> {
+    async fn apply(&mut self, source: &str, body: &[u8]) -> Result<Applied, EngineError> {
         let lane = self.lane.name;
         let max = self.engine.config.max_payload_events;
         // Parsing megabytes of JSON takes milliseconds of CPU: off the runtime's
@@ -853,33 +925,26 @@ impl LaneConsumer {
         };
         let mut applied = Applied::default();
         let recorded = self.recorded(source, &events).await;
-        let mut kept = Instant::now();
         for step in events.chunks(crate::pace::STEP) {
-            self.pacer
-                .take(step.len(), self.engine.checkout_activity())
-                .await;
-            if kept.elapsed() >= KEEP_EVERY.min(self.lane.claim_idle / 3) {
-                kept = Instant::now();
-                if self.keep(id).await? {
-                    applied.interrupted = true;
-                    return Ok(applied);
-                }
-            }
-            let fresh: Vec<&FeedEvent> = step
+            // The pace is for work: events the ledger has (a payload taken up
+            // again after a pause, or sent twice) cost a look, not a turn.
+            let fresh = step
                 .iter()
-                .filter(|e| {
-                    let seen = recorded.contains(&e.event_id);
-                    if seen {
+                .filter(|e| !recorded.contains(&e.event_id))
+                .count();
+            if self.wait_for_pace(fresh).await? {
+                applied.interrupted = true;
+                return Ok(applied);
+            }
+            let claims = self.claim_step(source, step, &recorded).await?;
+            for (event, claim) in step.iter().zip(claims) {
+                let refused = match claim {
+                    Claimed::Before => {
                         self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
+                        continue;
                     }
-                    !seen
-                })
-                .collect();
-            let conflicts = self.claim_step(source, &fresh).await?;
-            for (event, conflict) in fresh.into_iter().zip(conflicts) {
-                let refused = match conflict {
-                    Some(reason) => Some(reason),
-                    None => match self.apply_event(source, event).await? {
+                    Claimed::Conflict(reason) => Some(reason),
+                    Claimed::Now => match self.apply_event(source, event).await? {
                         Some(outcome) => outcome,
                         None => continue,
                     },
@@ -979,8 +1044,17 @@ pub async fn run_consumer(mut consumer: LaneConsumer, shutdown: impl Future<Outp
             .process_once(Duration::from_millis(500))
             .instrument(span);
         let result = tokio::select! {
-            () = &mut shutdown => return,
-            r = step => r,
+            () = &mut shutdown => None,
+            r = step => Some(r),
+        };
+        let Some(result) = result else {
+            // Stopped mid-payload by a shutdown (a restart, a deploy): not an
+            // attempt that failed. The payload stays pending; another
+            // consumer takes it over once it has been idle long enough.
+            if let Err(e) = consumer.give_back().await {
+                tracing::warn!(lane = %consumer.lane.name, error = %e, "could not give back a payload's attempt");
+            }
+            return;
         };
         match result {
             Ok(_) => backoff = Duration::from_millis(100),

@@ -128,23 +128,29 @@ impl Pacer {
         }
     }
 
-    /// Waits until `events` more events may be applied, then books them.
-    pub async fn take(&mut self, events: usize, activity: &CheckoutActivity) {
+    /// Books `events` more events; answers when they may be applied (now or
+    /// in the past: at once).
+    pub fn book(&mut self, events: usize, activity: &CheckoutActivity) -> Instant {
         let rate = self.rate_now(activity);
-        if rate == 0 || events == 0 {
-            return;
-        }
         let now = Instant::now();
+        if rate == 0 || events == 0 {
+            return now;
+        }
         // A lane that sat idle banks no more than a short burst of credit.
         if let Some(floor) = now.checked_sub(MAX_BURST)
             && self.next_at < floor
         {
             self.next_at = floor;
         }
-        if self.next_at > now {
-            tokio::time::sleep_until(self.next_at).await;
-        }
+        let at = self.next_at;
         self.next_at += Duration::from_secs_f64(events as f64 / f64::from(rate));
+        at
+    }
+
+    /// Waits until `events` more events may be applied, having booked them.
+    pub async fn take(&mut self, events: usize, activity: &CheckoutActivity) {
+        let at = self.book(events, activity);
+        tokio::time::sleep_until(at).await;
     }
 }
 

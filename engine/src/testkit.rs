@@ -1123,6 +1123,30 @@ pub fn threads_of_their_own(workers: usize) -> tokio::runtime::Runtime {
         .expect("a test runtime")
 }
 
+/// Writes everything in the streams behind to PostgreSQL with a write-behind
+/// of its own over `redis_url`; panics if it cannot catch up.
+pub async fn drain_write_behind(b: &crate::Backends, redis_url: &str) {
+    use crate::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
+    let conn = crate::redis_conn::connect(redis_url)
+        .await
+        .expect("connect to the test Redis");
+    let mut w = WriteBehind::new(
+        b.engine.clone(),
+        b.pg.clone(),
+        conn,
+        WriteBehindConfig::default(),
+        std::sync::Arc::new(WriteBehindStats::default()),
+    );
+    w.ensure_groups().await.expect("write-behind groups");
+    for _ in 0..200 {
+        w.run_once().await.expect("a write-behind batch");
+        if b.engine.write_behind_lag().await.expect("lag").entries == 0 {
+            return;
+        }
+    }
+    panic!("write-behind did not drain");
+}
+
 /// Moves `field` of `sku`'s counters by `by` behind the engine's back (a drifted
 /// or corrupted counter, for tests of reconciliation and verification).
 pub async fn nudge_counter(engine: &crate::Engine, sku: &str, field: &str, by: i64) {

@@ -3,12 +3,9 @@
 //! applied once through the feed's delta path under open holds and recorded in
 //! the ledger, and a change cut short by a Redis outage applied afterwards.
 
-use std::sync::Arc;
-
 use holdfast_domain::sheet::{DropSheet, ImportReport};
 use holdfast_domain::{ConfirmOutcome, ReserveOutcome, ReserveRequest};
 use holdfast_engine::drop_file::{self, Format, ImportOptions, ImportOutcome};
-use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats};
 use holdfast_engine::schedule::{self, DropSchedule, ScheduleOutcome};
 use holdfast_engine::testkit::{TestRedis, backends};
 use holdfast_engine::verify::{VerifyOptions, verify};
@@ -63,21 +60,7 @@ async fn export(b: &Backends) -> DropSheet {
 }
 
 async fn drain(b: &Backends, redis: &TestRedis) {
-    let mut w = WriteBehind::new(
-        b.engine.clone(),
-        b.pg.clone(),
-        redis.connection().await,
-        WriteBehindConfig::default(),
-        Arc::new(WriteBehindStats::default()),
-    );
-    w.ensure_groups().await.unwrap();
-    for _ in 0..200 {
-        w.run_once().await.unwrap();
-        if b.engine.write_behind_lag().await.unwrap().entries == 0 {
-            return;
-        }
-    }
-    panic!("write-behind did not drain");
+    holdfast_engine::testkit::drain_write_behind(b, &redis.url()).await;
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

@@ -1,9 +1,10 @@
 //! A bulk feed gives way to checkout: the `feeds` lane applies its events step
 //! by step at its pace, slows to its yield rate while checkout is busy and
-//! catches up once checkout is quiet, keeps a payload it is slowly working
-//! through from being taken over as abandoned, and stops part-way when the lane
-//! is paused without counting that as a failed attempt. Real Redis, real
-//! PostgreSQL.
+//! catches up once checkout is quiet, keeps the payloads it is slowly working
+//! through (or was paused on) from being taken over as abandoned, and stops
+//! part-way for a pause or a restart without counting that as a failed
+//! attempt. An event id the ledger has is still checked against its event.
+//! Real Redis, real PostgreSQL.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -179,39 +180,181 @@ async fn a_bulk_feed_gives_way_to_busy_checkout_and_catches_up_after(pg: PgPool)
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
-async fn a_payload_worked_through_slowly_is_not_taken_over(pg: PgPool) {
-    const EVENTS: usize = 300;
-    let (redis, b) = setup(&pg, EVENTS as i64).await;
-    // Paced to 1.5 s, five times the time after which another consumer would
-    // take a payload over as abandoned.
+async fn payloads_worked_through_slowly_or_paused_stay_their_consumers(pg: PgPool) {
+    const EACH: usize = 20;
+    let (redis, b) = setup(&pg, 3 * EACH as i64).await;
+    // A batch of three payloads at 20 events a second: a step of 20 events
+    // takes a second, more than three times the 300 ms after which another
+    // consumer would take an idle entry over as abandoned; the rest of the
+    // batch waits its turn for longer still, and a pause of a second comes
+    // in between.
     let lane = LaneConfig {
         claim_idle: Duration::from_millis(300),
-        ..feeds_lane(200, None)
+        batch: 3,
+        ..feeds_lane(20, None)
     };
-    let (mut slow, slow_stats) =
-        consumer_with_payload(&b, &redis, lane.clone(), EVENTS, "slow").await;
+    let (mut slow, slow_stats) = consumer(&b, redis.connection().await, lane.clone(), "feeds-1");
+    slow.process_once(Duration::from_millis(10)).await.unwrap();
+    let mut conn = redis.connection().await;
+    for p in 0..3 {
+        let events: Vec<serde_json::Value> = (p * EACH..(p + 1) * EACH)
+            .map(|i| {
+                serde_json::json!({"event_id": format!("slow-{i}"), "type": "delta",
+                                   "sku": format!("CAT-{i:04}"), "delta": 5})
+            })
+            .collect();
+        let body = serde_json::json!({ "events": events }).to_string();
+        queue_payload(&mut conn, Lane::Feeds, "erp", body.as_bytes()).await;
+    }
     let (mut other, other_stats) = consumer(&b, redis.connection().await, lane, "feeds-2");
-    let slow_task =
-        tokio::spawn(async move { slow.process_once(Duration::from_millis(10)).await.unwrap() });
     let started = Instant::now();
+    let slow_task = tokio::spawn(async move {
+        let mut applied = 0;
+        while applied < 3 * EACH as u64 {
+            applied += slow
+                .process_once(Duration::from_millis(10))
+                .await
+                .unwrap()
+                .applied;
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "only {applied} applied by their consumer in 30 s"
+            );
+        }
+        applied
+    });
+    let (mut paused, mut resumed) = (false, false);
     while !slow_task.is_finished() {
         other.process_once(Duration::from_millis(50)).await.unwrap();
+        let at = started.elapsed();
+        if !paused && at > Duration::from_millis(1_200) {
+            ingest::pause(&mut conn, Lane::Feeds).await.unwrap();
+            paused = true;
+        }
+        if paused && !resumed && at > Duration::from_millis(2_200) {
+            ingest::resume(&mut conn, Lane::Feeds).await.unwrap();
+            resumed = true;
+        }
     }
-    let done = slow_task.await.unwrap();
-    assert!(
-        started.elapsed() > Duration::from_millis(1_000),
-        "the payload was paced ({:?})",
-        started.elapsed()
-    );
-    assert_eq!(done.applied, EVENTS as u64);
+    assert!(resumed, "the pause came while the payloads were worked on");
+    assert_eq!(slow_task.await.unwrap(), 3 * EACH as u64);
     assert_eq!(
         other_stats.applied.load(Ordering::Relaxed)
-            + other_stats.duplicates.load(Ordering::Relaxed),
+            + other_stats.duplicates.load(Ordering::Relaxed)
+            + other_stats.dead.load(Ordering::Relaxed),
         0,
-        "the other consumer never took the payload over"
+        "the other consumer never took a payload over"
     );
-    assert_eq!(slow_stats.duplicates.load(Ordering::Relaxed), 0);
+    assert_eq!(slow_stats.dead.load(Ordering::Relaxed), 0);
+    every_delta_applied_once(&b, 3 * EACH).await;
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn restarts_mid_payload_never_dead_letter_it(pg: PgPool) {
+    const EVENTS: usize = 200;
+    let (redis, b) = setup(&pg, EVENTS as i64).await;
+    // 100 events a second: each consumer stops (as its server would on a
+    // restart) a third of a second in, and the next takes the payload over.
+    let lane = LaneConfig {
+        claim_idle: Duration::from_millis(200),
+        ..feeds_lane(100, None)
+    };
+    // The group made and the payload queued; its consumers come and go below.
+    drop(consumer_with_payload(&b, &redis, lane.clone(), EVENTS, "restart").await);
+    let mut applied = 0;
+    for restart in 0..5 {
+        let (next, stats) = consumer(
+            &b,
+            redis.connection().await,
+            lane.clone(),
+            &format!("feeds-r{restart}"),
+        );
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let run = tokio::spawn(ingest::run_consumer(next, async {
+            let _ = stopped.await;
+        }));
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        let _ = stop.send(());
+        run.await.unwrap();
+        let now = stats.applied.load(Ordering::Relaxed);
+        // Taken up again from its start: what the one before applied is skipped
+        // by the events' guards (counted as duplicates).
+        assert!(
+            now + stats.duplicates.load(Ordering::Relaxed) > 0,
+            "consumer {restart} took the payload up"
+        );
+        applied += now;
+        assert_eq!(stats.dead.load(Ordering::Relaxed), 0, "restart {restart}");
+        // Idle long enough for the next one to take it over.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    assert!(
+        applied < EVENTS as u64,
+        "the restarts came mid-payload: {applied}"
+    );
+    // The last one finishes it.
+    let (mut last, stats) = consumer(&b, redis.connection().await, lane, "feeds-last");
+    let mut conn = redis.connection().await;
+    while ingest::status(&mut conn, Lane::Feeds)
+        .await
+        .unwrap()
+        .pending
+        > 0
+    {
+        last.process_once(Duration::from_millis(10)).await.unwrap();
+    }
+    assert_eq!(stats.dead.load(Ordering::Relaxed), 0);
+    assert_eq!(ingest::dead_letter_count(&mut conn).await.unwrap(), 0);
     every_delta_applied_once(&b, EVENTS).await;
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn an_id_reused_after_the_ledger_recorded_it_is_dead_lettered(pg: PgPool) {
+    let (redis, b) = setup(&pg, 3).await;
+    let stats = Arc::new(LaneStats::default());
+    let mut feeds = LaneConsumer::new(
+        b.engine.clone(),
+        redis.connection().await,
+        feeds_lane(0, None),
+        "feeds-1".into(),
+        stats.clone(),
+    )
+    .with_ledger(pg.clone());
+    let mut conn = redis.connection().await;
+    let mut send = async |body: &str| {
+        queue_payload(&mut conn, Lane::Feeds, "erp", body.as_bytes()).await;
+    };
+    send(r#"{"event_id":"x","type":"delta","sku":"CAT-0000","delta":5}"#).await;
+    feeds.process_once(Duration::from_millis(10)).await.unwrap();
+    holdfast_engine::testkit::drain_write_behind(&b, &redis.url()).await;
+    // The ledger has `x` now. The same id for another event, beside a new one,
+    // then the first event again.
+    send(
+        r#"{"events":[{"event_id":"x","type":"delta","sku":"CAT-0001","delta":50},
+                       {"event_id":"y","type":"delta","sku":"CAT-0001","delta":5}]}"#,
+    )
+    .await;
+    send(r#"{"event_id":"x","type":"delta","sku":"CAT-0000","delta":5}"#).await;
+    for _ in 0..3 {
+        feeds.process_once(Duration::from_millis(10)).await.unwrap();
+    }
+    let available = async |sku: &str| b.engine.figures(sku).await.unwrap().unwrap().available;
+    assert_eq!(available("CAT-0000").await, 105, "applied once");
+    assert_eq!(
+        available("CAT-0001").await,
+        105,
+        "y applied, the reused x not"
+    );
+    let mut conn = redis.connection().await;
+    let letters = ingest::dead_letters(&mut conn, 10).await.unwrap();
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert!(letters[0].reason.contains("used before"), "{letters:?}");
+    assert!(letters[0].body.contains("CAT-0001"), "{letters:?}");
+    assert_eq!(
+        stats.duplicates.load(Ordering::Relaxed),
+        1,
+        "the resend of x"
+    );
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
