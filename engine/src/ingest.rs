@@ -117,14 +117,11 @@ impl LaneConfig {
     /// One consumer's share of the lane's rates (each of `concurrency`
     /// consumers paces itself; 0 stays unlimited).
     fn pace_share(&self) -> u32 {
-        let share = |rate: u32| {
-            if rate == 0 {
-                0
-            } else {
-                (rate / self.concurrency.max(1) as u32).max(1)
-            }
-        };
-        share(self.rate_per_sec)
+        if self.rate_per_sec == 0 {
+            0
+        } else {
+            (self.rate_per_sec / self.concurrency.max(1) as u32).max(1)
+        }
     }
 
     /// [`LaneConfig::yields`] with its rate shared among the consumers.
@@ -487,6 +484,16 @@ enum Claimed {
     Before,
     /// The id was used before for a different event.
     Conflict(String),
+}
+
+/// What became of one claimed event.
+enum Verdict {
+    /// Applied to its counter.
+    Applied,
+    /// Redis had already applied it (counted as a duplicate).
+    Duplicate,
+    /// Refused, with the reason it is dead-lettered under.
+    Refused(String),
 }
 
 /// `lua/give_back.lua`: lowers a payload's attempt counter if it still exists.
@@ -945,8 +952,9 @@ impl LaneConsumer {
                     }
                     Claimed::Conflict(reason) => Some(reason),
                     Claimed::Now => match self.apply_event(source, event).await? {
-                        Some(outcome) => outcome,
-                        None => continue,
+                        Verdict::Applied => None,
+                        Verdict::Duplicate => continue,
+                        Verdict::Refused(reason) => Some(reason),
                     },
                 };
                 match refused {
@@ -964,13 +972,12 @@ impl LaneConsumer {
         Ok(applied)
     }
 
-    /// Applies one event whose id is claimed. `None`: a duplicate (counted);
-    /// `Some(None)`: applied; `Some(Some(reason))`: refused, to be dead-lettered.
+    /// Applies one event whose id is claimed (a duplicate is counted here).
     async fn apply_event(
         &mut self,
         source: &str,
         event: &FeedEvent,
-    ) -> Result<Option<Option<String>>, EngineError> {
+    ) -> Result<Verdict, EngineError> {
         /// How an event landed, whichever kind it is.
         enum Landed {
             Applied(i64),
@@ -1007,17 +1014,17 @@ impl LaneConsumer {
         Ok(match landed {
             Landed::Applied(owed) => {
                 self.note_owed(&event.sku, owed, source, &event.event_id);
-                Some(None)
+                Verdict::Applied
             }
             Landed::Duplicate => {
                 self.stats.duplicates.fetch_add(1, Ordering::Relaxed);
-                None
+                Verdict::Duplicate
             }
-            Landed::NotWarmed => Some(Some(format!(
+            Landed::NotWarmed => Verdict::Refused(format!(
                 "{} has no stock counter (unknown SKU, or not warmed)",
                 event.sku
-            ))),
-            Landed::Refused(reason) => Some(Some(reason)),
+            )),
+            Landed::Refused(reason) => Verdict::Refused(reason),
         })
     }
 }

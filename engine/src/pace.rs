@@ -146,12 +146,6 @@ impl Pacer {
         self.next_at += Duration::from_secs_f64(events as f64 / f64::from(rate));
         at
     }
-
-    /// Waits until `events` more events may be applied, having booked them.
-    pub async fn take(&mut self, events: usize, activity: &CheckoutActivity) {
-        let at = self.book(events, activity);
-        tokio::time::sleep_until(at).await;
-    }
 }
 
 #[cfg(test)]
@@ -164,7 +158,7 @@ mod tests {
         let mut pacer = Pacer::new(2_000, None, &activity);
         let started = Instant::now();
         for _ in 0..40 {
-            pacer.take(10, &activity).await;
+            tokio::time::sleep_until(pacer.book(10, &activity)).await;
         }
         // 400 events at 2,000/s: the last step starts 195 ms after the first
         // (a burst of MAX_BURST at most was banked at the start).
