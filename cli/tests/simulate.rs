@@ -80,7 +80,7 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
     assert_eq!(report["passed"], true);
     // The rehearsal's own checks and the operators' truth check (`holdfast verify`).
     let checks = report["checks"].as_array().unwrap();
-    assert_eq!(checks.len(), 18, "{checks:?}");
+    assert_eq!(checks.len(), 19, "{checks:?}");
     assert!(checks.iter().any(|c| {
         c["name"]
             .as_str()

@@ -19,6 +19,11 @@ use holdfast_engine::testkit::{TestRedis, flag};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{ConfirmOutcome, Engine, EngineConfig, ReserveOutcome, ReserveRequest};
 
+/// The server's allocator (see `cli/src/main.rs`): the write-behind measured
+/// here runs inside the server, and glibc's allocator costs it noticeably more.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Runs `n` reserve+confirm pairs over `clients` tasks on `sku_count` SKUs.
 async fn drop_sales(engine: &Engine, n: u64, clients: u64, sku_count: u64, prefix: &str) {
     let mut tasks = tokio::task::JoinSet::new();
@@ -150,7 +155,11 @@ async fn main() {
     };
     let (warm_backlog, warm_drain) = drain_backlog(&mut parts).await;
     drop_sales(&engine, sales, 50, skus.min(2_000), "tp").await;
+    let started = Instant::now();
     let (backlog, drain) = drain_backlog(&mut parts).await;
+    // On the monotonic clock, for a profile of the drain alone
+    // (`perf record -k mono`, then `perf report --time from,to`).
+    eprintln!("sales drained between {started:?} and {:?}", Instant::now());
     let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM ledger WHERE kind = 'sale'")
         .fetch_one(&pg)
         .await

@@ -393,6 +393,7 @@ async fn record_page(
             "INSERT INTO ledger (sku, kind, qty, source, event_id, fencing_token, note)
              SELECT t.sku, 'correction', t.qty, 'reconcile', t.eid, $5, t.note
                FROM UNNEST($1::text[], $2::bigint[], $3::text[], $4::text[]) AS t(sku, qty, eid, note)
+               JOIN skus s ON s.sku = t.sku
              ON CONFLICT (source, event_id) DO NOTHING",
         )
         .bind(&l_sku)

@@ -61,8 +61,33 @@ async fn an_honest_store_passes_and_each_lie_is_named(pg: PgPool) {
         .await
         .unwrap();
 
+    // An order line of an order never recorded, and a ledger row of no SKU
+    // (nothing in the schema refuses them: their writers keep this).
+    sqlx::query(
+        "INSERT INTO order_lines (reservation_id, sku, qty) VALUES ('v-ghost', 'VER-1', 1)",
+    )
+    .execute(&pg)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO ledger (sku, kind, qty, source, event_id) VALUES ('NO-SUCH', 'receipt', 1, 'erp', 'g-1')",
+    )
+    .execute(&pg)
+    .await
+    .unwrap();
+
     let report = verify(&b.engine, &pg, &options).await.unwrap();
     let failed = failed(&report);
+    let orphans = report
+        .checks
+        .iter()
+        .find(|c| c.name == "every ledger row and order line has its SKU and order")
+        .expect("the check runs");
+    assert!(!orphans.passed);
+    assert!(
+        orphans.detail.contains("1 ledger row(s)") && orphans.detail.contains("1 order line(s)"),
+        "{orphans:?}"
+    );
     assert!(
         failed.iter().any(|f| f.starts_with("stock conserved")),
         "{failed:?}"
