@@ -63,8 +63,9 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
         "1",
         "--hold-ttl-secs",
         "1",
+        // Longer than the hold's life: some payments and releases come late.
         "--think-ms",
-        "300",
+        "2500",
         "--settle-secs",
         "30",
         "--json",
@@ -92,6 +93,17 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
     assert!(
         report["abandoned"].as_u64().unwrap() > 0,
         "some holds were left to expire"
+    );
+    // A release that reaches an expired hold is answered 200 with the hold
+    // shown expired, and counted as an expiry, not a release (the check "every
+    // hold ended exactly once" compares these with the event stream).
+    assert!(
+        report["late_releases"].as_u64().unwrap() > 0,
+        "some releases came after the hold expired: {report}"
+    );
+    assert!(
+        report["late_payments"].as_u64().unwrap() > 0,
+        "some payments came after the hold expired: {report}"
     );
     assert!(
         report["rejected_sold_out"].as_u64().unwrap() > 0,

@@ -133,6 +133,8 @@ pub struct Tally {
     pub abandoned: AtomicU64,
     /// Payments that came after the hold had expired (410).
     pub late: AtomicU64,
+    /// Releases that came after the hold had expired (200, the hold shown expired).
+    pub late_releases: AtomicU64,
     /// Refused: sold out.
     pub sold_out: AtomicU64,
     /// Refused: per-buyer limit.
@@ -542,8 +544,12 @@ async fn shopper(
             .send()
             .await;
         drop(place);
-        match res.map(|r| r.status().as_u16()) {
-            Ok(200) if ending == "confirm" => {
+        let answer = match res {
+            Ok(r) => Ok((r.status().as_u16(), r.text().await.unwrap_or_default())),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok((200, _)) if ending == "confirm" => {
                 tally.confirmed.fetch_add(1, Ordering::Relaxed);
                 tally.sold_units.fetch_add(qty as u64, Ordering::Relaxed);
                 *tally
@@ -553,16 +559,30 @@ async fn shopper(
                     .entry(buyer.clone())
                     .or_default() += qty;
             }
-            Ok(200) => {
-                tally.released.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(410) if ending == "confirm" => {
+            // A release answers 200 whether it ended the hold or found it
+            // already ended; the hold it shows says which.
+            Ok((200, body)) => match shown_state(&body).as_deref() {
+                Some("released") => {
+                    tally.released.fetch_add(1, Ordering::Relaxed);
+                }
+                Some("expired") => {
+                    tally.late_releases.fetch_add(1, Ordering::Relaxed);
+                }
+                _ => tally.error(format!("release answered 200: {body}")),
+            },
+            Ok((410, _)) if ending == "confirm" => {
                 tally.late.fetch_add(1, Ordering::Relaxed);
             }
-            Ok(status) => tally.error(format!("{ending} answered {status}")),
+            Ok((status, _)) => tally.error(format!("{ending} answered {status}")),
             Err(e) => tally.error(format!("{ending}: {e}")),
         }
     }
+}
+
+/// The state of the hold an answer shows (`held`, `released`, `expired`, …).
+fn shown_state(body: &str) -> Option<String> {
+    let view: serde_json::Value = serde_json::from_str(body).ok()?;
+    view.get("state")?.as_str().map(str::to_owned)
 }
 
 #[cfg(test)]

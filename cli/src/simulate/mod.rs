@@ -49,6 +49,8 @@ pub struct Report {
     pub abandoned: u64,
     /// Payments refused because the hold had expired.
     pub late_payments: u64,
+    /// Releases that found the hold already expired.
+    pub late_releases: u64,
     /// Refusals: sold out, per-buyer limit.
     pub rejected_sold_out: u64,
     /// Refusals for the per-buyer limit.
@@ -200,6 +202,7 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
         released: tally.released.load(Ordering::Relaxed),
         abandoned: tally.abandoned.load(Ordering::Relaxed),
         late_payments: tally.late.load(Ordering::Relaxed),
+        late_releases: tally.late_releases.load(Ordering::Relaxed),
         rejected_sold_out: tally.sold_out.load(Ordering::Relaxed),
         rejected_limit: tally.limited.load(Ordering::Relaxed),
         retries: tally.retries.load(Ordering::Relaxed),
@@ -285,8 +288,14 @@ fn print_report(r: &Report, tally: &Tally) {
         r.shoppers, r.attempts, r.retries
     );
     println!(
-        "  held {}, sold {} units ({} paid, {} late payments), {} released, {} abandoned",
-        r.held, r.sold_units, r.confirmed, r.late_payments, r.released, r.abandoned
+        "  held {}, sold {} units ({} paid, {} late payments), {} released ({} more too late: expired), {} abandoned",
+        r.held,
+        r.sold_units,
+        r.confirmed,
+        r.late_payments,
+        r.released,
+        r.late_releases,
+        r.abandoned
     );
     println!(
         "  refused: {} sold out, {} over the per-buyer limit; {} errors",
