@@ -70,7 +70,8 @@ async fn an_honest_store_passes_and_each_lie_is_named(pg: PgPool) {
     .await
     .unwrap();
     sqlx::query(
-        "INSERT INTO ledger (sku, kind, qty, source, event_id) VALUES ('NO-SUCH', 'receipt', 1, 'erp', 'g-1')",
+        "INSERT INTO ledger (sku, kind, qty, source, event_id)
+         VALUES ('NO-SUCH', 'receipt', 1, 'erp', 'g-1'), ('NO-SUCH', 'receipt', 2, 'erp', 'g-2')",
     )
     .execute(&pg)
     .await
@@ -85,8 +86,29 @@ async fn an_honest_store_passes_and_each_lie_is_named(pg: PgPool) {
         .expect("the check runs");
     assert!(!orphans.passed);
     assert!(
-        orphans.detail.contains("1 ledger row(s)") && orphans.detail.contains("1 order line(s)"),
+        orphans.detail.contains("2 ledger row(s)") && orphans.detail.contains("1 order line(s)"),
         "{orphans:?}"
+    );
+    // The same pass over the ledger finds both: the SKU whose totals differ
+    // (VER-1), and the rows of no SKU, which are not a SKU's disagreement.
+    let agree = report
+        .checks
+        .iter()
+        .find(|c| c.name == "ledger and on_hand agree")
+        .expect("the check runs");
+    assert!(agree.detail.starts_with("1 SKU(s)"), "{agree:?}");
+    assert!(
+        report
+            .skus
+            .iter()
+            .any(|v| v.sku == "VER-1" && v.check == "ledger and on_hand agree"),
+        "{:?}",
+        report.skus
+    );
+    assert!(
+        !report.skus.iter().any(|v| v.sku == "NO-SUCH"),
+        "{:?}",
+        report.skus
     );
     assert!(
         failed.iter().any(|f| f.starts_with("stock conserved")),
