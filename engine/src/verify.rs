@@ -444,6 +444,10 @@ async fn holds_and_due_sets(engine: &Engine, report: &mut VerifyReport) -> Resul
     Ok(())
 }
 
+/// A SKU's recorded totals (none for a SKU only the ledger names) and the
+/// ledger's: sold, fed, and its row count.
+type LedgerTotals = (String, Option<i64>, Option<i64>, i64, i64, i64);
+
 /// Check 5: the ledger explains `sold_recorded` and `fed_recorded`, and
 /// every row of it and every order line belongs to a SKU (and an order).
 async fn ledger_agrees(pg: &PgPool, report: &mut VerifyReport) -> Result<(), EngineError> {
@@ -452,7 +456,7 @@ async fn ledger_agrees(pg: &PgPool, report: &mut VerifyReport) -> Result<(), Eng
     // no known SKU (the tables' writers keep that, not foreign keys, which cost
     // a query per row on the write-behind's path; see migrations/0016) come
     // from the same scan.
-    let rows: Vec<(String, Option<i64>, Option<i64>, i64, i64, i64)> = sqlx::query_as(
+    let rows: Vec<LedgerTotals> = sqlx::query_as(
         "WITH l AS (
               SELECT sku, count(*) AS n,
                      coalesce(sum(-qty) FILTER (WHERE kind = 'sale'), 0)::bigint AS sold,
