@@ -1350,3 +1350,98 @@ async fn a_batch_settles_every_sale_once_with_one_event_per_sku_and_call(pg: PgP
         );
     }
 }
+
+/// Waits (up to `within`) until the write-behind has nothing left; says whether it got there.
+async fn drained_within(engine: &Engine, within: Duration) -> bool {
+    let until = std::time::Instant::now() + within;
+    while std::time::Instant::now() < until {
+        if engine.write_behind_lag().await.unwrap().entries == 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_trickle_is_recorded_in_gathered_batches_and_a_backlog_without_waiting(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pg, "GA-1", 1_000).await;
+    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+
+    // A steady trickle: a sale (two events) every 25 ms for about a second,
+    // while a write-behind that gathers for 400 ms runs.
+    let stats = Arc::new(WriteBehindStats::default());
+    let w = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            gather: Duration::from_millis(400),
+            ..config("trickle")
+        },
+        stats.clone(),
+    );
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run_write_behind(w, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    assert!(drained_within(&engine, Duration::from_secs(10)).await);
+    let before = stats.batches.load(std::sync::atomic::Ordering::Relaxed);
+    let started = std::time::Instant::now();
+    for i in 0..40 {
+        sell(&engine, &format!("t{i}"), "GA-1", 1).await;
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let spent = started.elapsed();
+    assert!(drained_within(&engine, Duration::from_secs(10)).await);
+    let batches = stats.batches.load(std::sync::atomic::Ordering::Relaxed) - before;
+    // One batch at the first event, then one per 400 ms at most (a batch per
+    // sale without gathering: about forty).
+    let most = 2 + (spent.as_millis() / 400) as u64 + 1;
+    assert!(
+        batches <= most,
+        "{batches} batches for 40 sales over {spent:?} (at most {most})"
+    );
+    assert_eq!(counts(&pg, "GA-1").await, (40, 40, 960, 40));
+    // Shutting down while it waits to gather is prompt.
+    tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("shutdown does not wait out the gathering")
+        .unwrap();
+
+    // A backlog: 30 sales waiting, reads of 10 entries, a gathering of 5 s.
+    // Each full read goes on at once, so it drains long before one wait.
+    sell(&engine, "b", "GA-1", 30).await;
+    let stats = Arc::new(WriteBehindStats::default());
+    let w = WriteBehind::new(
+        engine.clone(),
+        pg.clone(),
+        redis.connection().await,
+        WriteBehindConfig {
+            gather: Duration::from_secs(5),
+            batch_max: 10,
+            ..config("backlog")
+        },
+        stats.clone(),
+    );
+    let (tx, mut rx) = tokio::sync::watch::channel(false);
+    let task = tokio::spawn(run_write_behind(w, async move {
+        let _ = rx.wait_for(|s| *s).await;
+    }));
+    assert!(
+        drained_within(&engine, Duration::from_secs(4)).await,
+        "a backlog is recorded without gathering between full reads"
+    );
+    assert!(stats.batches.load(std::sync::atomic::Ordering::Relaxed) >= 6);
+    assert_eq!(counts(&pg, "GA-1").await, (70, 70, 930, 70));
+    tx.send(true).unwrap();
+    tokio::time::timeout(Duration::from_secs(2), task)
+        .await
+        .expect("shutdown is prompt")
+        .unwrap();
+}

@@ -614,6 +614,7 @@ fn worker_config(args: &ServeArgs) -> WorkerConfig {
         write_behind: WriteBehindConfig {
             batch_max: args.write_behind_batch,
             workers: args.write_behind_workers,
+            gather: Duration::from_millis(args.write_behind_gather_ms),
             claim_idle: Duration::from_secs(args.takeover_after_secs),
             ..WriteBehindConfig::default()
         },
