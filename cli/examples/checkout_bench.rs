@@ -5,10 +5,16 @@
 //! Starts a private `redis-server`, a fresh database `holdfast_bench_api` on the
 //! PostgreSQL of `DATABASE_URL`, and the release `holdfast` binary; then drives it
 //! open-loop (latency counts from each request's scheduled time, so a stall cannot
-//! hide behind fewer requests).
+//! hide behind fewer requests). Requests are released by a thread of its own
+//! that wakes every 250 µs and sends what is due; tokio's timer (`--tokio-timer
+//! 1`, as before) wakes on whole milliseconds, which sent every request up to a
+//! millisecond late, five at a time at 5,000/s, and counted that as the
+//! server's latency. The table shows how late the generator sent, and how busy
+//! the machine was (steadier arrivals batch less on the way through, so the
+//! same load costs more CPU than millisecond bursts).
 //!
 //! ```sh
-//! cargo build --release -p holdfast-server --bin holdfast --examples
+//! cargo build --release -p holdfast-cli --bin holdfast --examples
 //! target/release/examples/checkout_bench --rate 2000 --seconds 10
 //! target/release/examples/checkout_bench --rate 2000 --seconds 10 --pause-feeds 1
 //! ```
@@ -24,53 +30,143 @@ mod common;
 
 const SECRET: &str = "bench-feed-secret-0123";
 
-/// Fires `rate` reservations per second for `seconds`; returns sorted latencies
-/// (µs), failures and each second's p99 (ms, by the second each request was due).
-async fn drive(
-    base: &str,
-    token: &str,
-    rate: u64,
-    seconds: u64,
-    tag: &str,
-) -> (Vec<u64>, u64, Vec<f64>) {
+/// What one load phase measured.
+struct Phase {
+    /// Latencies from each request's scheduled time (µs), sorted.
+    lat: Vec<u64>,
+    /// How late the generator sent each request (µs), sorted.
+    late: Vec<u64>,
+    /// Requests not answered 201.
+    failed: u64,
+    /// Each second's p99 (ms, by the second each request was due).
+    p99s: Vec<f64>,
+    /// The machine's CPU over the phase (everything on it: generator, server,
+    /// Redis, PostgreSQL).
+    cpu: Cpu,
+}
+
+/// Jiffies of all CPUs from `/proc/stat`: busy (user, nice, system, irq,
+/// softirq) and stolen by the hypervisor, of a total.
+#[derive(Clone, Copy, Default)]
+struct Cpu {
+    busy: u64,
+    steal: u64,
+    total: u64,
+}
+
+impl Cpu {
+    fn now() -> Self {
+        let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+        let f: Vec<u64> = stat
+            .lines()
+            .next()
+            .unwrap_or_default()
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        let at = |i: usize| f.get(i).copied().unwrap_or(0);
+        Self {
+            busy: at(0) + at(1) + at(2) + at(5) + at(6),
+            steal: at(7),
+            total: (0..8).map(at).sum(),
+        }
+    }
+
+    fn since(self, start: Self) -> Self {
+        Self {
+            busy: self.busy - start.busy,
+            steal: self.steal - start.steal,
+            total: self.total - start.total,
+        }
+    }
+
+    /// Busy and stolen shares of the machine, in percent.
+    fn shares(self) -> (f64, f64) {
+        let t = self.total.max(1) as f64;
+        (100.0 * self.busy as f64 / t, 100.0 * self.steal as f64 / t)
+    }
+}
+
+/// Fires `rate` reservations per second for `seconds`.
+async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> Phase {
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
         .build()
         .unwrap();
-    let started = Instant::now();
     let total = rate * seconds;
-    let mut tasks = tokio::task::JoinSet::new();
-    for i in 0..total {
-        let due = started + Duration::from_secs_f64(i as f64 / rate as f64);
-        tokio::time::sleep_until(due.into()).await;
-        let (http, url, token, key) = (
-            http.clone(),
-            format!("{base}/api/v1/reservations"),
-            token.to_owned(),
-            format!("{tag}-{i}"),
-        );
-        tasks.spawn(async move {
-            let res = http
-                .post(url)
-                .bearer_auth(token)
-                .header("Idempotency-Key", key)
-                .header("content-type", "application/json")
-                .body(r#"{"sku":"HOT-1","qty":1,"ttl_ms":600000}"#)
-                .send()
-                .await;
-            let ok = matches!(&res, Ok(r) if r.status() == 201);
-            (i / rate, due.elapsed().as_micros() as u64, ok)
+    let cpu = Cpu::now();
+    let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel();
+    let started = Instant::now();
+    let when = move |i: u64| started + Duration::from_secs_f64(i as f64 / rate as f64);
+    if flag("--tokio-timer", 0) == 1 {
+        tokio::spawn(async move {
+            for i in 0..total {
+                tokio::time::sleep_until(when(i).into()).await;
+                let _ = due_tx.send(vec![i]);
+            }
+        });
+    } else {
+        // Wakes at most every 250 µs and sends everything due at once.
+        let tick = Duration::from_micros(250);
+        std::thread::spawn(move || {
+            let mut next = 0;
+            while next < total {
+                let now = Instant::now();
+                let mut due = Vec::new();
+                while next < total && when(next) <= now {
+                    due.push(next);
+                    next += 1;
+                }
+                if !due.is_empty() && due_tx.send(due).is_err() {
+                    return;
+                }
+                if next < total {
+                    std::thread::sleep(when(next).saturating_duration_since(now).max(tick));
+                }
+            }
         });
     }
+    let mut tasks = tokio::task::JoinSet::new();
+    while let Some(batch) = due_rx.recv().await {
+        for i in batch {
+            let due = when(i);
+            let (http, url, token, key) = (
+                http.clone(),
+                format!("{base}/api/v1/reservations"),
+                token.to_owned(),
+                format!("{tag}-{i}"),
+            );
+            tasks.spawn(async move {
+                // How late the generator itself sends: part of the latency measured
+                // from `due`, but none of it the server's.
+                let late = due.elapsed().as_micros() as u64;
+                let res = http
+                    .post(url)
+                    .bearer_auth(token)
+                    .header("Idempotency-Key", key)
+                    .header("content-type", "application/json")
+                    .body(r#"{"sku":"HOT-1","qty":1,"ttl_ms":600000}"#)
+                    .send()
+                    .await;
+                let ok = matches!(&res, Ok(r) if r.status() == 201);
+                (i / rate, due.elapsed().as_micros() as u64, late, ok)
+            });
+        }
+    }
     let (mut lat, mut failed) = (Vec::with_capacity(total as usize), 0);
+    let mut lateness = Vec::with_capacity(total as usize);
     let mut by_second = vec![Vec::new(); seconds as usize];
     while let Some(r) = tasks.join_next().await {
-        let (second, us, ok) = r.unwrap();
+        let (second, us, late, ok) = r.unwrap();
         lat.push(us);
+        lateness.push(late);
         by_second[second as usize].push(us);
         failed += u64::from(!ok);
     }
+    let cpu = Cpu::now().since(cpu);
     lat.sort_unstable();
+    lateness.sort_unstable();
     let p99s = by_second
         .into_iter()
         .map(|mut s| {
@@ -78,7 +174,13 @@ async fn drive(
             pct(&s, 0.99)
         })
         .collect();
-    (lat, failed, p99s)
+    Phase {
+        lat,
+        late: lateness,
+        failed,
+        p99s,
+        cpu,
+    }
 }
 
 fn pct(sorted: &[u64], p: f64) -> f64 {
@@ -146,7 +248,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let (alone, failed_alone, alone_by_second) = drive(&base, &token, rate, seconds, "alone").await;
+    let alone = drive(&base, &token, rate, seconds, "alone").await;
 
     if pause_feeds {
         holdfast_engine::ingest::pause(&mut redis.connection().await, holdfast_domain::Lane::Feeds)
@@ -193,7 +295,7 @@ async fn main() {
             .unwrap();
     }
     let feed_started = Instant::now();
-    let (busy, failed_busy, busy_by_second) = drive(&base, &token, rate, seconds, "busy").await;
+    let busy = drive(&base, &token, rate, seconds, "busy").await;
     let pages = feed.await.unwrap();
     let applied: i64 = {
         let mut n = 0;
@@ -209,25 +311,30 @@ async fn main() {
     };
 
     println!(
-        "| checkout load ({rate} reserves/s for {seconds} s) | p50 ms | p99 ms | max ms | failed |"
+        "| checkout load ({rate} reserves/s for {seconds} s) | p50 ms | p99 ms | max ms | failed | sent late p50 / p99 ms | machine CPU busy / stolen % |"
     );
-    println!("|---|---|---|---|---|");
-    println!(
-        "| alone | {:.2} | {:.2} | {:.2} | {failed_alone} |",
-        pct(&alone, 0.5),
-        pct(&alone, 0.99),
-        pct(&alone, 1.0)
-    );
+    println!("|---|---|---|---|---|---|---|");
+    let row = |name: &str, p: &Phase| {
+        let (busy, stolen) = p.cpu.shares();
+        println!(
+            "| {name} | {:.2} | {:.2} | {:.2} | {} | {:.2} / {:.2} | {busy:.0} / {stolen:.1} |",
+            pct(&p.lat, 0.5),
+            pct(&p.lat, 0.99),
+            pct(&p.lat, 1.0),
+            p.failed,
+            pct(&p.late, 0.5),
+            pct(&p.late, 0.99)
+        );
+    };
+    row("alone", &alone);
     let during = if pause_feeds {
         "received (lane paused)"
     } else {
         "ingested"
     };
-    println!(
-        "| with a {feed_lines}-line bulk feed {during} meanwhile | {:.2} | {:.2} | {:.2} | {failed_busy} |",
-        pct(&busy, 0.5),
-        pct(&busy, 0.99),
-        pct(&busy, 1.0)
+    row(
+        &format!("with a {feed_lines}-line bulk feed {during} meanwhile"),
+        &busy,
     );
     let seconds_of = |p99s: &[f64]| {
         p99s.iter()
@@ -237,8 +344,8 @@ async fn main() {
     };
     println!(
         "\np99 ms by second: alone {}; with the feed {}",
-        seconds_of(&alone_by_second),
-        seconds_of(&busy_by_second)
+        seconds_of(&alone.p99s),
+        seconds_of(&busy.p99s)
     );
     println!(
         "\nfeed: {pages} pages of 10,000 lines accepted (202); after {:.1} s, {applied}% of sampled SKUs had their delta applied (the feeds lane applies at most HOLDFAST_FEEDS_RATE = 5,000 events/s by default, and HOLDFAST_FEEDS_BUSY_RATE = 500 while checkout is busy)",
