@@ -75,9 +75,9 @@ impl Cpu {
 
     fn since(self, start: Self) -> Self {
         Self {
-            busy: self.busy - start.busy,
-            steal: self.steal - start.steal,
-            total: self.total - start.total,
+            busy: self.busy.saturating_sub(start.busy),
+            steal: self.steal.saturating_sub(start.steal),
+            total: self.total.saturating_sub(start.total),
         }
     }
 
