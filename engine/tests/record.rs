@@ -34,13 +34,30 @@ fn worker(
     conn: holdfast_engine::RedisConn,
     config: WriteBehindConfig,
 ) -> WriteBehind {
-    WriteBehind::new(
-        engine.clone(),
-        pg.clone(),
-        conn,
-        config,
-        Arc::new(WriteBehindStats::default()),
-    )
+    counted(engine, pg, conn, config).0
+}
+
+/// A worker and the stats it keeps.
+fn counted(
+    engine: &Engine,
+    pg: &PgPool,
+    conn: holdfast_engine::RedisConn,
+    config: WriteBehindConfig,
+) -> (WriteBehind, Arc<WriteBehindStats>) {
+    let stats = Arc::new(WriteBehindStats::default());
+    let w = WriteBehind::new(engine.clone(), pg.clone(), conn, config, stats.clone());
+    (w, stats)
+}
+
+/// Runs `w` (as `serve` does) until `stop` turns true.
+fn until_stopped(
+    w: WriteBehind,
+    stop: &tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<()> {
+    let mut stop = stop.clone();
+    tokio::spawn(run_write_behind(w, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    }))
 }
 
 fn config(name: &str) -> WriteBehindConfig {
@@ -336,10 +353,7 @@ async fn two_consumers_record_each_sale_once(pg: PgPool) {
     let mut workers = Vec::new();
     for name in ["x", "y"] {
         let w = worker(&engine, &pg, redis.connection().await, config(name));
-        let mut rx = rx.clone();
-        workers.push(tokio::spawn(run_write_behind(w, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        })));
+        workers.push(until_stopped(w, &rx));
     }
     seller.await.unwrap();
     for _ in 0..100 {
@@ -401,10 +415,7 @@ async fn parts_share_the_shards_and_a_dead_part_is_taken_over(pg: PgPool) {
         (2, config("p")),
     ] {
         let w = worker(&engine, &pg, redis.connection().await, config).part(part, 3);
-        let mut rx = rx.clone();
-        running.push(tokio::spawn(run_write_behind(w, async move {
-            let _ = rx.wait_for(|s| *s).await;
-        })));
+        running.push(until_stopped(w, &rx));
     }
     let on_part = |part: u16| -> Vec<&String> {
         skus.iter()
@@ -493,21 +504,17 @@ async fn postgres_stopped_mid_sale_loses_nothing() {
         .await
         .unwrap();
 
-    let stats = Arc::new(WriteBehindStats::default());
-    let w = WriteBehind::new(
-        engine.clone(),
-        pg.clone(),
+    let (w, stats) = counted(
+        &engine,
+        &pg,
         redis.connection().await,
         WriteBehindConfig {
             max_backoff: Duration::from_millis(200),
             ..config("pgdown")
         },
-        stats.clone(),
     );
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run_write_behind(w, async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = until_stopped(w, &rx);
 
     sell(&engine, "before", "PG-1", 30).await;
     postgres.stop();
@@ -856,14 +863,7 @@ async fn an_event_postgresql_refuses_is_set_aside_and_recording_goes_on(pool: Pg
     warm_all(&engine, &pool, WarmOptions::default(), |_| {})
         .await
         .unwrap();
-    let stats = Arc::new(WriteBehindStats::default());
-    let mut w = WriteBehind::new(
-        engine.clone(),
-        pool.clone(),
-        redis.connection().await,
-        config("poison"),
-        stats.clone(),
-    );
+    let (mut w, stats) = counted(&engine, &pool, redis.connection().await, config("poison"));
     w.ensure_groups().await.unwrap();
     sell(&engine, "before", "OK-1", 2).await;
     // An entry whose event id PostgreSQL cannot store (a NUL byte is not valid
@@ -1374,21 +1374,17 @@ async fn a_trickle_is_recorded_in_gathered_batches_and_a_backlog_without_waiting
 
     // A steady trickle: a sale (two events) every 25 ms for about a second,
     // while a write-behind that gathers for 400 ms runs.
-    let stats = Arc::new(WriteBehindStats::default());
-    let w = WriteBehind::new(
-        engine.clone(),
-        pg.clone(),
+    let (w, stats) = counted(
+        &engine,
+        &pg,
         redis.connection().await,
         WriteBehindConfig {
             gather: Duration::from_millis(400),
             ..config("trickle")
         },
-        stats.clone(),
     );
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run_write_behind(w, async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = until_stopped(w, &rx);
     // Its groups made and the warm-up's events recorded (the lag counts only
     // groups that exist), before counting.
     for _ in 0..500 {
@@ -1425,22 +1421,18 @@ async fn a_trickle_is_recorded_in_gathered_batches_and_a_backlog_without_waiting
     // A backlog: 30 sales waiting, reads of 10 entries, a gathering of 5 s.
     // Each full read goes on at once, so it drains long before one wait.
     sell(&engine, "b", "GA-1", 30).await;
-    let stats = Arc::new(WriteBehindStats::default());
-    let w = WriteBehind::new(
-        engine.clone(),
-        pg.clone(),
+    let (w, stats) = counted(
+        &engine,
+        &pg,
         redis.connection().await,
         WriteBehindConfig {
             gather: Duration::from_secs(5),
             batch_max: 10,
             ..config("backlog")
         },
-        stats.clone(),
     );
-    let (tx, mut rx) = tokio::sync::watch::channel(false);
-    let task = tokio::spawn(run_write_behind(w, async move {
-        let _ = rx.wait_for(|s| *s).await;
-    }));
+    let (tx, rx) = tokio::sync::watch::channel(false);
+    let task = until_stopped(w, &rx);
     assert!(
         drained_within(&engine, Duration::from_secs(4)).await,
         "a backlog is recorded without gathering between full reads"

@@ -207,10 +207,10 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_BATCH", default_value_t = 2_000,
           value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=100_000))]
     pub write_behind_batch: usize,
-    /// Milliseconds the write-behind lets events gather between two batches
-    /// while there is no backlog (a full batch goes on at once): fewer,
-    /// larger PostgreSQL transactions under a steady load, for at most this
-    /// much more lag; 0 records every handful at once.
+    /// While there is no backlog, the shortest time in milliseconds from one
+    /// write-behind read to the next (after a full batch it reads at once):
+    /// events gather into fewer, larger PostgreSQL transactions under a
+    /// steady load, for at most this much more lag; 0: never wait.
     #[arg(long, env = "HOLDFAST_WRITE_BEHIND_GATHER_MS",
           default_value_t = holdfast_engine::record::DEFAULT_GATHER.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000))]

@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use holdfast_domain::HoldState;
 use serde::Serialize;
 
 /// How the shoppers behave.
@@ -561,11 +562,11 @@ async fn shopper(
             }
             // A release answers 200 whether it ended the hold or found it
             // already ended; the hold it shows says which.
-            Ok((200, body)) => match shown_state(&body).as_deref() {
-                Some("released") => {
+            Ok((200, body)) => match shown_state(&body) {
+                Some(HoldState::Released) => {
                     tally.released.fetch_add(1, Ordering::Relaxed);
                 }
-                Some("expired") => {
+                Some(HoldState::Expired) => {
                     tally.late_releases.fetch_add(1, Ordering::Relaxed);
                 }
                 _ => tally.error(format!("release answered 200: {body}")),
@@ -579,10 +580,10 @@ async fn shopper(
     }
 }
 
-/// The state of the hold an answer shows (`held`, `released`, `expired`, …).
-fn shown_state(body: &str) -> Option<String> {
+/// The state of the hold an answer shows.
+fn shown_state(body: &str) -> Option<HoldState> {
     let view: serde_json::Value = serde_json::from_str(body).ok()?;
-    view.get("state")?.as_str().map(str::to_owned)
+    HoldState::parse(view.get("state")?.as_str()?)
 }
 
 #[cfg(test)]
