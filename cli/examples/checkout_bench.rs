@@ -9,9 +9,10 @@
 //! that wakes every 250 µs and sends what is due; tokio's timer (`--tokio-timer
 //! 1`, as before) wakes on whole milliseconds, which sent every request up to a
 //! millisecond late, five at a time at 5,000/s, and counted that as the
-//! server's latency. The table shows how late the generator sent, and how busy
+//! server's latency. The table shows how late the generator sent, how busy
 //! the machine was (steadier arrivals batch less on the way through, so the
-//! same load costs more CPU than millisecond bursts).
+//! same load costs more CPU than millisecond bursts), and how much of a core
+//! Redis and the server each used.
 //!
 //! ```sh
 //! cargo build --release -p holdfast-cli --bin holdfast --examples
@@ -19,6 +20,7 @@
 //! target/release/examples/checkout_bench --rate 2000 --seconds 10 --pause-feeds 1
 //! ```
 
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use holdfast_engine::testkit::{TestRedis, flag};
@@ -29,6 +31,9 @@ use sqlx::Executor;
 mod common;
 
 const SECRET: &str = "bench-feed-secret-0123";
+
+/// The server's process id, once it runs (for its CPU time).
+static SERVER_PID: AtomicU32 = AtomicU32::new(0);
 
 /// What one load phase measured.
 struct Phase {
@@ -43,19 +48,59 @@ struct Phase {
     /// The machine's CPU over the phase (everything on it: generator, server,
     /// Redis, PostgreSQL).
     cpu: Cpu,
+    /// Redis' own time by command over the phase: (command, calls, µs), the
+    /// costliest first.
+    redis: Vec<(String, u64, u64)>,
+}
+
+/// Redis' `INFO commandstats`: calls and µs by command.
+async fn commandstats(redis: &TestRedis) -> std::collections::HashMap<String, (u64, u64)> {
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap_or_default();
+    info.lines()
+        .filter_map(|l| {
+            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
+            let field = |k: &str| -> u64 {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            Some((name.to_owned(), (field("calls="), field("usec="))))
+        })
+        .collect()
 }
 
 /// Jiffies of all CPUs from `/proc/stat`: busy (user, nice, system, irq,
-/// softirq) and stolen by the hypervisor, of a total.
+/// softirq) and stolen by the hypervisor, of a total; and of Redis and the
+/// server alone (user and system, from `/proc/<pid>/stat`).
 #[derive(Clone, Copy, Default)]
 struct Cpu {
     busy: u64,
     steal: u64,
     total: u64,
+    procs: [u64; 2],
+}
+
+/// User and system jiffies of process `pid` (0 when unreadable).
+fn proc_jiffies(pid: u32) -> u64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command name (which may hold spaces) in parentheses,
+    // counted from the state (some are not numbers, e.g. -1); utime and stime
+    // are the 14th and 15th of the line.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<u64> = rest
+        .split_whitespace()
+        .map(|v| v.parse().unwrap_or(0))
+        .collect();
+    f.get(11).copied().unwrap_or(0) + f.get(12).copied().unwrap_or(0)
 }
 
 impl Cpu {
-    fn now() -> Self {
+    fn now(pids: [u32; 2]) -> Self {
         let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
         let f: Vec<u64> = stat
             .lines()
@@ -70,6 +115,7 @@ impl Cpu {
             busy: at(0) + at(1) + at(2) + at(5) + at(6),
             steal: at(7),
             total: (0..8).map(at).sum(),
+            procs: pids.map(proc_jiffies),
         }
     }
 
@@ -78,7 +124,16 @@ impl Cpu {
             busy: self.busy.saturating_sub(start.busy),
             steal: self.steal.saturating_sub(start.steal),
             total: self.total.saturating_sub(start.total),
+            procs: [0, 1].map(|i| self.procs[i].saturating_sub(start.procs[i])),
         }
+    }
+
+    /// Redis' and the server's CPU, in percent of one core.
+    fn processes(self) -> [f64; 2] {
+        // Each CPU's jiffies count in `total`: two cores tick twice as fast.
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get()) as f64;
+        self.procs
+            .map(|p| 100.0 * p as f64 * cores / self.total.max(1) as f64)
     }
 
     /// Busy and stolen shares of the machine, in percent.
@@ -89,13 +144,21 @@ impl Cpu {
 }
 
 /// Fires `rate` reservations per second for `seconds`.
-async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> Phase {
+async fn drive(
+    base: &str,
+    token: &str,
+    (rate, seconds): (u64, u64),
+    tag: &str,
+    redis: &TestRedis,
+) -> Phase {
+    let pids = [redis.pid().unwrap_or(0), SERVER_PID.load(Ordering::Relaxed)];
+    let stats = commandstats(redis).await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
         .build()
         .unwrap();
     let total = rate * seconds;
-    let cpu = Cpu::now();
+    let cpu = Cpu::now(pids);
     let (due_tx, mut due_rx) = tokio::sync::mpsc::unbounded_channel();
     let started = Instant::now();
     let when = move |i: u64| started + Duration::from_secs_f64(i as f64 / rate as f64);
@@ -164,7 +227,17 @@ async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> P
         by_second[second as usize].push(us);
         failed += u64::from(!ok);
     }
-    let cpu = Cpu::now().since(cpu);
+    let cpu = Cpu::now(pids).since(cpu);
+    let mut by_command: Vec<(String, u64, u64)> = commandstats(redis)
+        .await
+        .into_iter()
+        .map(|(name, (calls, us))| {
+            let (c0, u0) = stats.get(&name).copied().unwrap_or_default();
+            (name, calls.saturating_sub(c0), us.saturating_sub(u0))
+        })
+        .filter(|(_, calls, _)| *calls > 0)
+        .collect();
+    by_command.sort_by_key(|(_, _, us)| std::cmp::Reverse(*us));
     lat.sort_unstable();
     lateness.sort_unstable();
     let p99s = by_second
@@ -180,6 +253,7 @@ async fn drive(base: &str, token: &str, rate: u64, seconds: u64, tag: &str) -> P
         failed,
         p99s,
         cpu,
+        redis: by_command,
     }
 }
 
@@ -234,7 +308,8 @@ async fn main() {
     let base = format!("http://{}", server.addr);
     // Warm the connection pool and the server, then let the write-behind finish the
     // warm-up's events so they do not land in the measurement.
-    drive(&base, &token, 500, 1, "warmup").await;
+    SERVER_PID.store(server.pid(), Ordering::Relaxed);
+    drive(&base, &token, (500, 1), "warmup", &redis).await;
     for _ in 0..600 {
         let ready: serde_json::Value = reqwest::get(format!("{base}/readyz"))
             .await
@@ -248,7 +323,7 @@ async fn main() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 
-    let alone = drive(&base, &token, rate, seconds, "alone").await;
+    let alone = drive(&base, &token, (rate, seconds), "alone", &redis).await;
 
     if pause_feeds {
         holdfast_engine::ingest::pause(&mut redis.connection().await, holdfast_domain::Lane::Feeds)
@@ -295,7 +370,7 @@ async fn main() {
             .unwrap();
     }
     let feed_started = Instant::now();
-    let busy = drive(&base, &token, rate, seconds, "busy").await;
+    let busy = drive(&base, &token, (rate, seconds), "busy", &redis).await;
     let pages = feed.await.unwrap();
     let applied: i64 = {
         let mut n = 0;
@@ -311,13 +386,14 @@ async fn main() {
     };
 
     println!(
-        "| checkout load ({rate} reserves/s for {seconds} s) | p50 ms | p99 ms | max ms | failed | sent late p50 / p99 ms | machine CPU busy / stolen % |"
+        "| checkout load ({rate} reserves/s for {seconds} s) | p50 ms | p99 ms | max ms | failed | sent late p50 / p99 ms | machine CPU busy / stolen % | Redis / server CPU % of a core |"
     );
-    println!("|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|");
     let row = |name: &str, p: &Phase| {
         let (busy, stolen) = p.cpu.shares();
+        let [redis_cpu, server_cpu] = p.cpu.processes();
         println!(
-            "| {name} | {:.2} | {:.2} | {:.2} | {} | {:.2} / {:.2} | {busy:.0} / {stolen:.1} |",
+            "| {name} | {:.2} | {:.2} | {:.2} | {} | {:.2} / {:.2} | {busy:.0} / {stolen:.1} | {redis_cpu:.0} / {server_cpu:.0} |",
             pct(&p.lat, 0.5),
             pct(&p.lat, 0.99),
             pct(&p.lat, 1.0),
@@ -346,6 +422,25 @@ async fn main() {
         "\np99 ms by second: alone {}; with the feed {}",
         seconds_of(&alone.p99s),
         seconds_of(&busy.p99s)
+    );
+    let top = |p: &Phase| {
+        p.redis
+            .iter()
+            .take(6)
+            .map(|(name, calls, us)| {
+                format!(
+                    "{name} {calls} calls, {:.0} ms ({:.1} µs each)",
+                    *us as f64 / 1000.0,
+                    *us as f64 / (*calls).max(1) as f64
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
+    println!(
+        "\nRedis' time by command, alone: {}\nwith the feed: {}",
+        top(&alone),
+        top(&busy)
     );
     println!(
         "\nfeed: {pages} pages of 10,000 lines accepted (202); after {:.1} s, {applied}% of sampled SKUs had their delta applied (the feeds lane applies at most HOLDFAST_FEEDS_RATE = 5,000 events/s by default, and HOLDFAST_FEEDS_BUSY_RATE = 500 while checkout is busy)",

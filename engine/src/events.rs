@@ -354,6 +354,11 @@ pub struct EventReader {
     /// SKUs whose counter said they were not split when their first event
     /// came (bounded: forgotten all at once past [`UNSPLIT_REMEMBERED`]).
     unsplit: std::collections::HashSet<String>,
+    /// Every shard's stream key, in shard order (made once: a busy reader
+    /// reads hundreds of times a second).
+    streams: Vec<String>,
+    /// Whether the last read stopped at its count on some stream.
+    backlog: bool,
 }
 
 /// How many SKUs an [`EventReader`] remembers as not split before it forgets
@@ -374,10 +379,18 @@ impl EventReader {
     pub fn new(conn: RedisConn, keys: Keyspace) -> Self {
         Self {
             conn,
+            streams: keys.all_events(),
             keys,
             parts: HashMap::new(),
             unsplit: std::collections::HashSet::new(),
+            backlog: false,
         }
+    }
+
+    /// Whether the last [`EventReader::read`] returned its whole `count` from
+    /// some stream, so more may be waiting there now.
+    pub fn backlog(&self) -> bool {
+        self.backlog
     }
 
     /// `event` as the whole SKU's when it is about a part of a split SKU (or
@@ -487,17 +500,19 @@ impl EventReader {
         block: Option<Duration>,
     ) -> Result<Vec<Event>, EngineError> {
         let mut head = redis::cmd("XREAD");
-        head.arg("COUNT").arg(count.max(1));
+        let count = count.max(1);
+        head.arg("COUNT").arg(count);
         let streams = self
             .conn
-            .read_streams(&head, &self.keys.all_events(), &cursor.ids, block)
+            .read_streams(&head, &self.streams, &cursor.ids, block)
             .await?;
+        self.backlog = streams.iter().any(|s| s.ids.len() >= count);
         let mut events = Vec::new();
         for stream in streams {
-            let Some(shard) = (0..self.keys.shards()).find(|s| self.keys.events(*s) == stream.key)
-            else {
+            let Some(shard) = self.streams.iter().position(|k| *k == stream.key) else {
                 continue;
             };
+            let shard = shard as u16;
             for entry in stream.ids {
                 cursor.ids[usize::from(shard)] = entry.id.clone();
                 if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {

@@ -515,6 +515,7 @@ impl Application {
             api_rate: args.api_rate,
             ingest_rate: args.ingest_rate,
             sold_out_ttl: Duration::from_millis(args.sold_out_cache_ms),
+            feed_gather: Duration::from_millis(args.feed_gather_ms),
             ingest: args.ingest().map_err(anyhow::Error::msg)?,
             badge: BadgeConfig {
                 origins: args

@@ -36,6 +36,9 @@ pub struct StateOptions {
     pub ingest_rate: u32,
     /// How long a sell-out is answered from memory (zero: off).
     pub sold_out_ttl: Duration,
+    /// The shortest time between two reads of the event feed while events
+    /// keep coming ([`Feed::gather`]).
+    pub feed_gather: Duration,
     /// Webhook sources and lane caps.
     pub ingest: IngestConfig,
     /// Badge limits and origins.
@@ -67,6 +70,7 @@ impl Default for StateOptions {
             api_rate: DEFAULT_TOKEN_RATE,
             ingest_rate: DEFAULT_SOURCE_RATE,
             sold_out_ttl: Duration::from_secs(2),
+            feed_gather: crate::feed::DEFAULT_GATHER,
             ingest: IngestConfig::parse(&[]).unwrap_or_default(),
             badge: BadgeConfig::default(),
             edge: EdgeConfig::default(),
@@ -174,7 +178,7 @@ impl AppState {
                 options.ingest,
                 options.ingest_rate,
             ),
-            feed: Feed::new(4_096),
+            feed: Feed::new(4_096, options.feed_gather),
             edge: Arc::new(options.edge),
             metrics: options.metrics,
             http_metrics: HttpMetrics::default(),
@@ -251,6 +255,7 @@ impl FromRef<AppState> for MetricsSources {
             access: state.metrics.clone(),
             http: state.http_metrics.clone(),
             sold_out: state.api.sold_out.clone(),
+            feed: state.feed.clone(),
             ingest: state.ingest.clone(),
             live: state.live.clone(),
             badges: state.badges.clone(),

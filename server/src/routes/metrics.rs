@@ -98,6 +98,8 @@ pub struct MetricsSources {
     pub http: HttpMetrics,
     /// Sell-outs answered from memory.
     pub sold_out: Arc<SoldOutCache>,
+    /// The event feed's reads.
+    pub feed: crate::feed::Feed,
     /// Webhooks received.
     pub ingest: IngestState,
     /// Dashboard tabs and the drops' live figures.
@@ -239,6 +241,11 @@ async fn metrics(
         "holdfast_sold_out_cache_hits",
         "Reservation attempts answered sold out from memory, without the reserve script",
         src.sold_out.hits.clone(),
+    );
+    out.0.register(
+        "holdfast_feed_reads",
+        "Reads of the event streams by this process' live feed that brought events",
+        src.feed.reads.clone(),
     );
     out.0.register(
         "holdfast_ingest_received_payloads",
