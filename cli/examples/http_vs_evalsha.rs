@@ -37,8 +37,14 @@ async fn main() {
     let top = profile.map(|p| p.top(25)).unwrap_or_default();
     drop(server);
     let requests = (http.rps.max(wrk.rps) * seconds as f64).max(50_000.0) as u64;
-    let (r_rps, r_p50, r_p99) =
+    let (r_rps, r_p50, r_p99, held) =
         redis_benchmark_reserve(redis.port(), &engine, SKU, clients, requests);
+    // Each call holds a unit under a fresh id (a repeated random id is a
+    // retry, which holds nothing): fewer means the script did not reserve.
+    assert!(
+        held * 100 >= requests * 99,
+        "redis-benchmark's calls held {held} units of {requests}: the script is not reserving"
+    );
     let ratio = http.rps / r_rps;
     let wrk_ratio = wrk.rps / r_rps;
     println!("| path | clients | reserves/s | p50 ms | p99 ms |");
@@ -52,7 +58,7 @@ async fn main() {
         wrk.rps, wrk.p50, wrk.p99
     );
     println!(
-        "| redis-benchmark EVALSHA reserve.lua | {clients} | {r_rps:.0} | {r_p50:.2} | {r_p99:.2} |"
+        "| redis-benchmark EVALSHA reserve.lua ({held} units held by {requests} calls) | {clients} | {r_rps:.0} | {r_p50:.2} | {r_p99:.2} |"
     );
     println!(
         "\nratio HTTP / raw EVALSHA (budget: at least 0.6): reqwest **{ratio:.2}**, wrk **{wrk_ratio:.2}**; reqwest's answers: {:?}; wrk's answers other than 2xx: {}",

@@ -41,8 +41,14 @@ async fn main() {
         .await
         .unwrap();
     let requests = (e_rps * seconds as f64).max(50_000.0) as u64;
-    let (r_rps, r_p50, r_p99) =
+    let (r_rps, r_p50, r_p99, held) =
         redis_benchmark_reserve(redis.port(), &engine, SKU, clients, requests);
+    // Each call holds a unit under a fresh id (a repeated random id is a
+    // retry, which holds nothing): fewer means the script did not reserve.
+    assert!(
+        held * 100 >= requests * 99,
+        "redis-benchmark's calls held {held} units of {requests}: the script is not reserving"
+    );
     let ratio = e_rps / r_rps;
 
     println!("| path | clients | reserves/s | p50 ms | p99 ms |");
@@ -52,7 +58,7 @@ async fn main() {
         clients, e_rps, e_p50, e_p99
     );
     println!(
-        "| redis-benchmark EVALSHA reserve.lua | {} | {:.0} | {:.3} | {:.3} |",
+        "| redis-benchmark EVALSHA reserve.lua ({held} units held by {requests} calls) | {} | {:.0} | {:.3} | {:.3} |",
         clients, r_rps, r_p50, r_p99
     );
     println!("\nratio engine / raw EVALSHA: {ratio:.2}");

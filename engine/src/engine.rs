@@ -679,6 +679,45 @@ impl Engine {
         inv
     }
 
+    /// The command words (`EVALSHA`, the script's hash, its keys and
+    /// arguments) this engine sends to hold `req`, a request in one shard
+    /// (valid, not split), without the claim that shares its round trip: what
+    /// a raw-Redis benchmark replays, so it runs the script exactly as checkout
+    /// does.
+    #[cfg(feature = "testkit")]
+    pub fn reserve_words(&self, req: &ReserveRequest) -> Result<Vec<String>, EngineError> {
+        let ttl = self
+            .validate(req)
+            .map_err(|inv| EngineError::UnexpectedReply(format!("not a valid request: {inv:?}")))?;
+        let fp = fingerprint(req);
+        let groups = self.group_by_shard(&req.lines);
+        let [(shard, lines)] = groups.as_slice() else {
+            return Err(EngineError::UnexpectedReply(
+                "the request spans shards".into(),
+            ));
+        };
+        let call = PartCall {
+            shard: *shard,
+            req,
+            lines,
+            ttl,
+            fp: &fp,
+            deadline_ms: 0,
+            cart: "",
+        };
+        let mut pipe = redis::pipe();
+        pipe.invoke_script(&self.reserve_invocation(&call));
+        Ok(pipe
+            .cmd_iter()
+            .flat_map(|cmd| cmd.args_iter())
+            .map(|arg| match arg {
+                redis::Arg::Simple(word) => String::from_utf8_lossy(word).into_owned(),
+                // Only a SCAN-style cursor is not a plain word: never in a script call.
+                _ => String::new(),
+            })
+            .collect())
+    }
+
     /// Reads `reserve.lua`'s reply for `lines` of `req` (`replayed`: a refusal
     /// kept from an earlier attempt, see [`Reply::unwrap_replay`]).
     fn reserve_outcome(

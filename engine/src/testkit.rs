@@ -973,22 +973,45 @@ pub fn flag(name: &str, default: u64) -> u64 {
 
 /// Runs `redis-benchmark` with `clients` connections calling `EVALSHA` of
 /// `reserve.lua` `requests` times on the Redis at `port` (one unit of `sku` per
-/// call, a fresh reservation id each), the same script and key layout as
-/// [`crate::Engine::reserve`]; returns (calls/s, p50 ms, p99 ms). The script must
-/// be loaded (reserve once through the engine first). Needs `redis-benchmark` on
+/// call, a fresh reservation id each): the words [`crate::Engine::reserve`]
+/// sends for such a request ([`crate::Engine::reserve_words`]), so the script
+/// does the same work as a checkout call. Returns (calls/s, p50 ms, p99 ms,
+/// units held): the counter is read before and after, so a run whose calls
+/// held nothing (a script refusing its arguments) shows it. The script must be
+/// loaded (reserve once through the engine first). Needs `redis-benchmark` on
 /// `PATH` (Debian package redis-tools).
+///
+/// # Panics
+/// When `redis-benchmark` fails or the counter cannot be read.
 pub fn redis_benchmark_reserve(
     port: u16,
     engine: &crate::Engine,
     sku: &str,
     clients: usize,
     requests: u64,
-) -> (f64, f64, f64) {
-    let ks = engine.keyspace();
-    let shard = ks.shard_of(sku);
-    let sha = engine.scripts().reserve_sha().to_owned();
-    let mut cmd = Command::new("redis-benchmark");
-    cmd.args(["-h", "127.0.0.1", "-p", &port.to_string()])
+) -> (f64, f64, f64, u64) {
+    // redis-benchmark puts a fresh 12-digit number in place of each
+    // `__rand_int__`: the reservation id, in its key and its argument.
+    let words = engine
+        .reserve_words(&crate::model::ReserveRequest {
+            ttl_ms: Some(600_000),
+            ..crate::model::ReserveRequest::single("rb-__rand_int__", sku, 1)
+        })
+        .expect("the words of a reservation");
+    let counter = engine.keyspace().sku(sku);
+    let mut redis = redis::Client::open(format!("redis://127.0.0.1:{port}"))
+        .and_then(|c| c.get_connection())
+        .expect("a connection to the benchmark's Redis");
+    let mut available = || -> i64 {
+        redis::cmd("HGET")
+            .arg(&counter)
+            .arg("available")
+            .query(&mut redis)
+            .expect("the counter's available units")
+    };
+    let before = available();
+    let out = Command::new("redis-benchmark")
+        .args(["-h", "127.0.0.1", "-p", &port.to_string()])
         .args([
             "-c",
             &clients.to_string(),
@@ -998,17 +1021,7 @@ pub fn redis_benchmark_reserve(
             "1000000000",
             "--csv",
         ])
-        .args(["EVALSHA", &sha, "6"])
-        .arg(ks.hold(shard, "rb-__rand_int__"))
-        .arg(ks.due(shard))
-        .arg(ks.events(shard))
-        .arg(ks.sku(sku))
-        .arg(ks.sku_holds(sku))
-        .arg(ks.buyer(sku, ""))
-        .args(["rb-__rand_int__", "600000", ""])
-        .arg(format!("|{sku}=1"))
-        .args(["1000000", "604800000", sku, "1"]);
-    let out = cmd
+        .args(&words)
         .output()
         .expect("run redis-benchmark (package redis-tools)");
     assert!(
@@ -1016,6 +1029,7 @@ pub fn redis_benchmark_reserve(
         "redis-benchmark failed: {}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let held = u64::try_from(before - available()).unwrap_or(0);
     let csv = String::from_utf8_lossy(&out.stdout);
     let row = csv
         .lines()
@@ -1027,7 +1041,7 @@ pub fn redis_benchmark_reserve(
         .map(|c| c.trim_matches('"').parse().unwrap_or(0.0))
         .collect();
     // "test","rps","avg_latency_ms","min_latency_ms","p50_latency_ms","p95_latency_ms","p99_latency_ms","max_latency_ms"
-    (cols[0], cols[3], cols[5])
+    (cols[0], cols[3], cols[5], held)
 }
 
 /// A `postgres://` URL for the database `opts` points at (`sqlx::test` hands out

@@ -894,3 +894,47 @@ async fn what_another_request_left_under_an_id_is_not_part_of_the_owners_hold() 
         holdfast_engine::ConfirmOutcome::Confirmed
     );
 }
+
+/// The words a raw-Redis benchmark replays (`Engine::reserve_words`) hold a
+/// unit exactly as the engine does: a fresh id is held, the same id again is a
+/// retry that holds nothing more (a benchmark whose words the script refused
+/// once measured a script that did no work).
+#[tokio::test]
+async fn the_words_a_benchmark_replays_reserve_like_the_engine() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "WORDS-1", 10).await;
+    // Loads the script, as a benchmark does before it replays the words.
+    engine
+        .reserve(&ReserveRequest::single("words-0", "WORDS-1", 1))
+        .await
+        .unwrap();
+    let mut conn = redis.connection().await;
+    let mut replay = async |rid: &str| -> Vec<redis::Value> {
+        let words = engine
+            .reserve_words(&ReserveRequest::single(rid, "WORDS-1", 2))
+            .unwrap();
+        assert_eq!(words[0], "EVALSHA");
+        let mut cmd = redis::cmd(&words[0]);
+        for w in &words[1..] {
+            cmd.arg(w);
+        }
+        cmd.query_async(&mut conn).await.unwrap()
+    };
+    let first = replay("words-1").await;
+    assert_eq!(
+        redis::from_redis_value_ref::<String>(&first[0]).unwrap(),
+        "reserved",
+        "{first:?}"
+    );
+    let again = replay("words-1").await;
+    assert_eq!(
+        redis::from_redis_value_ref::<String>(&again[0]).unwrap(),
+        "retry",
+        "{again:?}"
+    );
+    let f = engine.figures("WORDS-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (7, 3));
+    let hold = engine.hold("words-1").await.unwrap().unwrap();
+    assert_eq!(hold.state, HoldState::Held);
+}
