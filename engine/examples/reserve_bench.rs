@@ -43,8 +43,8 @@ async fn main() {
     let requests = (e_rps * seconds as f64).max(50_000.0) as u64;
     let (r_rps, r_p50, r_p99, held) =
         redis_benchmark_reserve(redis.port(), &engine, SKU, clients, requests);
-    // Each call holds a unit under a fresh id (a repeated random id is a
-    // retry, which holds nothing): fewer means the script did not reserve.
+    // Each call holds a unit under a fresh hold key (a repeated random key
+    // is a retry, which holds nothing): fewer means the script did not reserve.
     assert!(
         held * 100 >= requests * 99,
         "redis-benchmark's calls held {held} units of {requests}: the script is not reserving"

@@ -508,13 +508,19 @@ impl EventReader {
             .await?;
         self.backlog = streams.iter().any(|s| s.ids.len() >= count);
         let mut events = Vec::new();
+        // Where each stream's read ended: the cursor moves there only once
+        // every event is ready, so a failure on the way (a split SKU's parts
+        // read from Redis) reads them all again rather than dropping them.
+        let mut ends = Vec::new();
         for stream in streams {
             let Some(shard) = self.streams.iter().position(|k| *k == stream.key) else {
                 continue;
             };
             let shard = shard as u16;
+            if let Some(last) = stream.ids.last() {
+                ends.push((usize::from(shard), last.id.clone()));
+            }
             for entry in stream.ids {
-                cursor.ids[usize::from(shard)] = entry.id.clone();
                 if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {
                     events.push(event);
                 }
@@ -523,6 +529,9 @@ impl EventReader {
         let mut whole = Vec::with_capacity(events.len());
         for event in events {
             whole.push(self.whole(event).await?);
+        }
+        for (shard, id) in ends {
+            cursor.ids[shard] = id;
         }
         Ok(whole)
     }

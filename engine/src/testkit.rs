@@ -379,6 +379,28 @@ impl TestRedis {
         self.engine_with(crate::EngineConfig::default()).await
     }
 
+    /// How many times Redis has run `command` (its lower-case name, e.g.
+    /// `evalsha`), from `INFO commandstats`, summed over a cluster's masters.
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        let infos: Vec<String> = self
+            .connection()
+            .await
+            .query_masters(redis::cmd("INFO").arg("commandstats"))
+            .await
+            .expect("INFO commandstats on the test redis-server");
+        let prefix = format!("cmdstat_{command}:");
+        infos
+            .iter()
+            .filter_map(|info| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(prefix.as_str()))
+                    .and_then(|l| l.split("calls=").nth(1))
+                    .and_then(|v| v.split(',').next())
+                    .and_then(|v| v.parse::<u64>().ok())
+            })
+            .sum()
+    }
+
     /// This server's clock (`TIME`), Unix milliseconds: the one the scripts use.
     pub async fn now_ms(&self) -> i64 {
         let (secs, micros): (i64, i64) = redis::cmd("TIME")
@@ -973,9 +995,12 @@ pub fn flag(name: &str, default: u64) -> u64 {
 
 /// Runs `redis-benchmark` with `clients` connections calling `EVALSHA` of
 /// `reserve.lua` `requests` times on the Redis at `port` (one unit of `sku` per
-/// call, a fresh reservation id each): the words [`crate::Engine::reserve`]
-/// sends for such a request ([`crate::Engine::reserve_words`]), so the script
-/// does the same work as a checkout call. Returns (calls/s, p50 ms, p99 ms,
+/// call): the words [`crate::Engine::reserve`] sends for such a request
+/// ([`crate::Engine::reserve_words`]), so the script does the same work as a
+/// checkout call. redis-benchmark draws a fresh random number for each
+/// `__rand_int__` on its own, so the hold's key and the id written into the
+/// SKU's holds, the due set and the event differ within a call (the work is
+/// the same; the records are a benchmark's, not a consistent hold). Returns (calls/s, p50 ms, p99 ms,
 /// units held): the counter is read before and after, so a run whose calls
 /// held nothing (a script refusing its arguments) shows it. The script must be
 /// loaded (reserve once through the engine first). Needs `redis-benchmark` on
@@ -991,7 +1016,8 @@ pub fn redis_benchmark_reserve(
     requests: u64,
 ) -> (f64, f64, f64, u64) {
     // redis-benchmark puts a fresh 12-digit number in place of each
-    // `__rand_int__`: the reservation id, in its key and its argument.
+    // `__rand_int__` (in the hold's key and in the id argument, each drawn
+    // on its own).
     let words = engine
         .reserve_words(&crate::model::ReserveRequest {
             ttl_ms: Some(600_000),

@@ -247,8 +247,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub ingest_rate: u32,
     /// How long a sell-out is remembered in memory, answering further attempts
-    /// without Redis (cleared when the event feed shows stock coming back,
-    /// within --feed-gather-ms); 0 turns it off.
+    /// without Redis (cleared when the event feed shows stock coming back: the
+    /// event's way there, plus up to --feed-gather-ms); 0 turns it off.
     #[arg(long, env = "HOLDFAST_SOLD_OUT_CACHE_MS", default_value_t = 2_000,
           value_parser = clap::value_parser!(u64).range(0..=60_000))]
     pub sold_out_cache_ms: u64,
@@ -259,7 +259,7 @@ pub struct ServeArgs {
     /// events on at most this much later; 0: never wait.
     #[arg(long, env = "HOLDFAST_FEED_GATHER_MS",
           default_value_t = crate::feed::DEFAULT_GATHER.as_millis() as u64,
-          value_parser = clap::value_parser!(u64).range(0..=200))]
+          value_parser = clap::value_parser!(u64).range(0..=50))]
     pub feed_gather_ms: u64,
     /// Origins (`https://shop.example`) whose pages may embed live stock badges,
     /// comma-separated in the environment. This server's own pages always may.

@@ -410,24 +410,7 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
         .await;
     assert_eq!(s, 409);
 
-    let mut admin = redis.connection().await;
-    let evalsha_calls = |info: String| -> u64 {
-        info.lines()
-            .find(|l| l.starts_with("cmdstat_evalsha:"))
-            .and_then(|l| l.split("calls=").nth(1))
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0)
-    };
-    let before = evalsha_calls(
-        // One node's, also when it is a one-node cluster (whose client
-        // answers INFO per master).
-        admin
-            .query_masters::<String>(redis::cmd("INFO").arg("commandstats"))
-            .await
-            .unwrap()
-            .remove(0),
-    );
+    let before = redis.command_calls("evalsha").await;
     for i in 0..20 {
         let (s, e, _) = api
             .post(
@@ -441,15 +424,7 @@ async fn the_sold_out_cache_sheds_load_and_clears_when_stock_returns(pool: PgPoo
             (StatusCode::CONFLICT, Some(0))
         );
     }
-    let after = evalsha_calls(
-        // One node's, also when it is a one-node cluster (whose client
-        // answers INFO per master).
-        admin
-            .query_masters::<String>(redis::cmd("INFO").arg("commandstats"))
-            .await
-            .unwrap()
-            .remove(0),
-    );
+    let after = redis.command_calls("evalsha").await;
     assert_eq!(
         after, before,
         "rejections after a sell-out never reached Redis' scripts"

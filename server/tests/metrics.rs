@@ -165,6 +165,7 @@ async fn after_a_short_sale_every_metric_is_exported_with_its_type(pool: PgPool)
         ("holdfast_redis_command_duration_seconds", "histogram"),
         ("holdfast_reservations", "counter"),
         ("holdfast_sold_out_cache_hits", "counter"),
+        ("holdfast_feed_reads", "counter"),
         ("holdfast_split_gathers", "counter"),
         ("holdfast_split_moves", "counter"),
         ("holdfast_split_moved_units", "counter"),
@@ -212,6 +213,13 @@ async fn after_a_short_sale_every_metric_is_exported_with_its_type(pool: PgPool)
             "the rules or dashboard query `{name}`, which /metrics does not export:\n{text}"
         );
     }
+    // The live feed read the sale's events (the live hub saw them).
+    let feed_reads: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("holdfast_feed_reads_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0);
+    assert!(feed_reads > 0, "the feed's reads are counted:\n{text}");
     for line in [
         "holdfast_reservations_total{outcome=\"reserved\"}",
         "holdfast_reservations_total{outcome=\"sold_out\"} 1",
