@@ -53,27 +53,6 @@ struct Phase {
     redis: Vec<(String, u64, u64)>,
 }
 
-/// Redis' `INFO commandstats`: calls and µs by command.
-async fn commandstats(redis: &TestRedis) -> std::collections::HashMap<String, (u64, u64)> {
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut redis.connection().await)
-        .await
-        .unwrap_or_default();
-    info.lines()
-        .filter_map(|l| {
-            let (name, rest) = l.strip_prefix("cmdstat_")?.split_once(':')?;
-            let field = |k: &str| -> u64 {
-                rest.split(',')
-                    .find_map(|kv| kv.strip_prefix(k))
-                    .and_then(|v| v.parse().ok())
-                    .unwrap_or(0)
-            };
-            Some((name.to_owned(), (field("calls="), field("usec="))))
-        })
-        .collect()
-}
-
 /// Jiffies of all CPUs from `/proc/stat`: busy (user, nice, system, irq,
 /// softirq) and stolen by the hypervisor, of a total; and of Redis and the
 /// server alone (user and system, from `/proc/<pid>/stat`).
@@ -152,7 +131,7 @@ async fn drive(
     redis: &TestRedis,
 ) -> Phase {
     let pids = [redis.pid().unwrap_or(0), SERVER_PID.load(Ordering::Relaxed)];
-    let stats = commandstats(redis).await;
+    let stats = redis.command_stats().await;
     let http = reqwest::Client::builder()
         .pool_max_idle_per_host(512)
         .build()
@@ -228,7 +207,8 @@ async fn drive(
         failed += u64::from(!ok);
     }
     let cpu = Cpu::now(pids).since(cpu);
-    let mut by_command: Vec<(String, u64, u64)> = commandstats(redis)
+    let mut by_command: Vec<(String, u64, u64)> = redis
+        .command_stats()
         .await
         .into_iter()
         .map(|(name, (calls, us))| {

@@ -22,6 +22,21 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
+/// When a reader that gathers (the write-behind, a server's live feed) may
+/// read again: after a read that brought entries without stopping at its count
+/// on any stream, once `gather` has passed since that read began, so what
+/// arrives meanwhile is read (and handled) together; after an empty read or a
+/// backlog, or with a zero `gather`, at once (`None`). A stream read costs
+/// about the same for one entry as for hundreds.
+pub fn gathered_until(
+    began: Instant,
+    gather: Duration,
+    brought: bool,
+    backlog: bool,
+) -> Option<Instant> {
+    (brought && !backlog && !gather.is_zero()).then(|| began + gather)
+}
+
 /// Events a lane applies between two looks at its pace: small enough that a
 /// step is a few milliseconds of Redis work, large enough to batch the step's
 /// event-id claims into one round trip.

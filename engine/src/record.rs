@@ -1062,7 +1062,7 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
     let mut batches: u64 = 0;
     loop {
         batches += 1;
-        let began = Instant::now();
+        let began = tokio::time::Instant::now();
         // Each batch in its own span, so its log lines (and traces) group.
         let step = async {
             if last_claim.elapsed() >= worker.config.claim_idle {
@@ -1097,10 +1097,16 @@ pub async fn run_write_behind(mut worker: WriteBehind, shutdown: impl Future<Out
                     );
                 }
                 // No backlog: let the next batch gather (see `gather`).
-                if report.entries > 0 && !report.full {
+                let gathered = crate::pace::gathered_until(
+                    began,
+                    worker.config.gather,
+                    report.entries > 0,
+                    report.full,
+                );
+                if let Some(until) = gathered {
                     tokio::select! {
                         () = &mut shutdown => break,
-                        () = tokio::time::sleep_until((began + worker.config.gather).into()) => {}
+                        () = tokio::time::sleep_until(until) => {}
                     }
                 }
             }

@@ -379,26 +379,42 @@ impl TestRedis {
         self.engine_with(crate::EngineConfig::default()).await
     }
 
-    /// How many times Redis has run `command` (its lower-case name, e.g.
-    /// `evalsha`), from `INFO commandstats`, summed over a cluster's masters.
-    pub async fn command_calls(&self, command: &str) -> u64 {
+    /// Redis' own count of calls and time in µs by command (lower-case names,
+    /// e.g. `evalsha`), from `INFO commandstats`, summed over a cluster's masters.
+    pub async fn command_stats(&self) -> std::collections::HashMap<String, (u64, u64)> {
         let infos: Vec<String> = self
             .connection()
             .await
             .query_masters(redis::cmd("INFO").arg("commandstats"))
             .await
             .expect("INFO commandstats on the test redis-server");
-        let prefix = format!("cmdstat_{command}:");
-        infos
-            .iter()
-            .filter_map(|info| {
-                info.lines()
-                    .find_map(|l| l.strip_prefix(prefix.as_str()))
-                    .and_then(|l| l.split("calls=").nth(1))
-                    .and_then(|v| v.split(',').next())
-                    .and_then(|v| v.parse::<u64>().ok())
-            })
-            .sum()
+        let mut stats = std::collections::HashMap::new();
+        for line in infos.iter().flat_map(|info| info.lines()) {
+            let Some((name, rest)) = line
+                .strip_prefix("cmdstat_")
+                .and_then(|l| l.split_once(':'))
+            else {
+                continue;
+            };
+            let field = |k: &str| -> u64 {
+                rest.split(',')
+                    .find_map(|kv| kv.strip_prefix(k))
+                    .and_then(|v| v.parse().ok())
+                    .unwrap_or(0)
+            };
+            let entry: &mut (u64, u64) = stats.entry(name.to_owned()).or_default();
+            entry.0 += field("calls=");
+            entry.1 += field("usec=");
+        }
+        stats
+    }
+
+    /// How many times Redis has run `command` ([`TestRedis::command_stats`]).
+    pub async fn command_calls(&self, command: &str) -> u64 {
+        self.command_stats()
+            .await
+            .get(command)
+            .map_or(0, |(calls, _)| *calls)
     }
 
     /// This server's clock (`TIME`), Unix milliseconds: the one the scripts use.

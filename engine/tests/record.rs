@@ -117,14 +117,21 @@ async fn drain(engine: &Engine, w: &mut WriteBehind) {
     panic!("write-behind did not drain");
 }
 
+/// Adds each `(sku, on_hand)` to PostgreSQL and warms every counter from it.
+async fn stocked(engine: &Engine, pg: &PgPool, skus: &[(&str, i64)]) {
+    for (sku, on_hand) in skus {
+        add_sku(pg, sku, *on_hand).await;
+    }
+    warm_all(engine, pg, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+}
+
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn a_consumer_dying_after_commit_changes_nothing_twice(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "WB-1", 100).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("WB-1", 100)]).await;
     sell(&engine, "o", "WB-1", 20).await;
     assert_eq!(
         engine.figures("WB-1").await.unwrap().unwrap().sold_pending,
@@ -217,10 +224,7 @@ async fn settled(redis: &TestRedis, engine: &Engine, sku: &str) -> i64 {
 async fn sales_from_before_a_rebuilt_counter_are_settled_once(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "RB-1", 50).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("RB-1", 50)]).await;
     let rebuild = || async {
         redis::cmd("DEL")
             .arg(engine.keyspace().sku("RB-1"))
@@ -275,10 +279,7 @@ async fn sales_from_before_a_rebuilt_counter_are_settled_once(pg: PgPool) {
 async fn a_hold_ended_before_it_is_recorded_is_recorded_with_its_end(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "OO-1", 50).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("OO-1", 50)]).await;
     let mut w = worker(&engine, &pg, redis.connection().await, config("first"));
     drain(&engine, &mut w).await;
     for i in 0..4 {
@@ -341,10 +342,7 @@ async fn a_hold_ended_before_it_is_recorded_is_recorded_with_its_end(pg: PgPool)
 async fn two_consumers_record_each_sale_once(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "WB-2", 500).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("WB-2", 500)]).await;
     let seller = {
         let engine = engine.clone();
         tokio::spawn(async move { sell(&engine, "two", "WB-2", 150).await })
@@ -499,10 +497,7 @@ async fn postgres_stopped_mid_sale_loses_nothing() {
     let pg = postgres::connect_and_migrate(&postgres.url("holdfast"), 4)
         .await
         .unwrap();
-    add_sku(&pg, "PG-1", 300).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("PG-1", 300)]).await;
 
     let (w, stats) = counted(
         &engine,
@@ -792,10 +787,7 @@ async fn reconciliation_corrects_a_sku_while_its_shoppers_buy(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
     let sku = "RC-BUSY";
-    add_sku(&pg, sku, 400).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[(sku, 400)]).await;
     // Shoppers on threads of their own: truly at once, as HTTP requests are.
     let shoppers_rt = holdfast_engine::testkit::threads_of_their_own(2);
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -1296,11 +1288,7 @@ async fn settled_events(redis: &TestRedis, engine: &Engine, sku: &str) -> Vec<i6
 async fn a_batch_settles_every_sale_once_with_one_event_per_sku_and_call(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "ST-1", 200).await;
-    add_sku(&pg, "ST-2", 20).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("ST-1", 200), ("ST-2", 20)]).await;
     // More sales of one SKU than one call takes.
     sell(&engine, "many", "ST-1", 150).await;
     sell(&engine, "few", "ST-2", 10).await;
@@ -1367,10 +1355,7 @@ async fn drained_within(engine: &Engine, within: Duration) -> bool {
 async fn a_trickle_is_recorded_in_gathered_batches_and_a_backlog_without_waiting(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    add_sku(&pg, "GA-1", 1_000).await;
-    warm_all(&engine, &pg, WarmOptions::default(), |_| {})
-        .await
-        .unwrap();
+    stocked(&engine, &pg, &[("GA-1", 1_000)]).await;
 
     // A steady trickle: a sale (two events) every 25 ms for about a second,
     // while a write-behind that gathers for 400 ms runs.

@@ -4,7 +4,8 @@
 //! listeners.
 //!
 //! Under a steady load the reader gathers: after a read that brought events it
-//! waits until [`Feed::gather`] has passed since that read began. One `XREAD`
+//! waits until its gather time has passed since that read began
+//! ([`gathered_until`], the write-behind's rule too). One `XREAD`
 //! over every shard's stream costs Redis about the same whether it finds one
 //! event or hundreds, and at 5,000 checkout calls a second reading as fast as
 //! events came made the reader one of Redis' largest costs (765 reads a second,
@@ -15,10 +16,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use holdfast_engine::events::{Event, EventReader, StreamCursor};
+use holdfast_engine::pace::gathered_until;
 use holdfast_engine::{EngineError, redis_conn};
 use tokio::sync::broadcast;
 
-/// Default for [`Feed::gather`]: well inside what its listeners need (the
+/// Default for a feed's gather time ([`Feed::new`]): well inside what its listeners need (the
 /// dashboards flush every 200 ms, badges promise a second), and a sold-out
 /// SKU whose stock comes back is served from Redis again at most this much
 /// later.
@@ -50,12 +52,6 @@ impl Feed {
             gather,
             reads: Default::default(),
         }
-    }
-
-    /// The shortest time from one read to the next while events keep coming
-    /// and there is no backlog (zero: read again at once).
-    pub fn gather(&self) -> Duration {
-        self.gather
     }
 
     /// A receiver of every event published after this call.
@@ -118,13 +114,13 @@ impl Feed {
             if !events.is_empty() {
                 self.reads.inc();
             }
-            let gather = !events.is_empty() && !reader.backlog();
+            let gathered = gathered_until(began, self.gather, !events.is_empty(), reader.backlog());
             for event in events {
                 // No listeners is fine: nothing to deliver.
                 let _ = self.tx.send(Arc::new(event));
             }
-            if gather && !self.gather.is_zero() {
-                tokio::time::sleep_until(began + self.gather).await;
+            if let Some(until) = gathered {
+                tokio::time::sleep_until(until).await;
             }
         }
     }

@@ -37,7 +37,7 @@ pub struct StateOptions {
     /// How long a sell-out is answered from memory (zero: off).
     pub sold_out_ttl: Duration,
     /// The shortest time between two reads of the event feed while events
-    /// keep coming ([`Feed::gather`]).
+    /// keep coming ([`crate::feed::Feed::new`]).
     pub feed_gather: Duration,
     /// Webhook sources and lane caps.
     pub ingest: IngestConfig,
