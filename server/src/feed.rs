@@ -138,6 +138,81 @@ mod tests {
         tokio::time::timeout(within, rx.recv()).await.ok()?.ok()
     }
 
+    /// `feed` running on `redis` until the returned sender says stop.
+    fn started(
+        feed: &Feed,
+        redis: &TestRedis,
+        engine: &holdfast_engine::Engine,
+    ) -> (
+        tokio::sync::watch::Sender<bool>,
+        tokio::task::JoinHandle<()>,
+    ) {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let running = tokio::spawn(
+            feed.clone()
+                .run(redis.url(), engine.keyspace(), async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                }),
+        );
+        (stop, running)
+    }
+
+    /// Holds (made by `hold`) until one reaches `rx`: a feed starts at the
+    /// streams' end, and after a reconnect it reads on from where it was.
+    async fn until_passed_on(
+        engine: &holdfast_engine::Engine,
+        rx: &mut Receiver<Arc<Event>>,
+        hold: &mut impl FnMut() -> ReserveRequest,
+    ) {
+        for _ in 0..100 {
+            let req = hold();
+            // Refused while Redis comes back: the next one may pass.
+            if engine.reserve(&req).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            while let Some(e) = next(rx, Duration::from_millis(100)).await {
+                if e.reservation_id.as_deref() == Some(req.reservation_id.as_str()) {
+                    return;
+                }
+            }
+        }
+        panic!("the feed never passed a hold on");
+    }
+
+    /// Redis killed while the feed runs, and back empty: the feed reconnects
+    /// and passes on the holds made afterwards.
+    #[tokio::test]
+    async fn the_feed_comes_back_after_redis_is_killed_and_restarted_empty() {
+        let mut redis = TestRedis::start();
+        let engine = redis.engine().await;
+        stock(&engine, "FEED-2", 1_000).await;
+        let feed = Feed::new(4_096, DEFAULT_GATHER);
+        let mut rx = feed.subscribe();
+        let (stop, running) = started(&feed, &redis, &engine);
+        let mut n = 0;
+        let mut hold = || {
+            n += 1;
+            ReserveRequest::single(format!("back-{n}"), "FEED-2", 1)
+        };
+        until_passed_on(&engine, &mut rx, &mut hold).await;
+        redis.kill();
+        // The feed meets the closed connection and waits to reconnect.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        redis.restart();
+        // The engine's connection comes back on its own; then warm again.
+        for _ in 0..100 {
+            if engine.figures("FEED-2").await.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        stock(&engine, "FEED-2", 1_000).await;
+        until_passed_on(&engine, &mut rx, &mut hold).await;
+        let _ = stop.send(true);
+        running.await.unwrap();
+    }
+
     /// While events keep coming the feed reads at most once per gather time
     /// (a steady trickle of 300 holds, one every 5 ms, is read in a handful of
     /// reads rather than one per hold) and loses none; after a quiet spell the
@@ -152,29 +227,13 @@ mod tests {
         stock(&engine, "FEED-1", 10_000).await;
         let feed = Feed::new(16_384, GATHER);
         let mut rx = feed.subscribe();
-        let (stop, stopped) = tokio::sync::watch::channel(false);
-        let running = tokio::spawn(
-            feed.clone()
-                .run(redis.url(), engine.keyspace(), async move {
-                    let mut stopped = stopped;
-                    let _ = stopped.wait_for(|s| *s).await;
-                }),
-        );
+        let (stop, running) = started(&feed, &redis, &engine);
         let mut n = 0;
         let mut hold = || {
             n += 1;
             ReserveRequest::single(format!("feed-{n}"), "FEED-1", 1)
         };
-        // The feed starts at the streams' end: hold until one reaches it.
-        let mut tailing = false;
-        for _ in 0..100 {
-            engine.reserve(&hold()).await.unwrap();
-            if next(&mut rx, Duration::from_millis(100)).await.is_some() {
-                tailing = true;
-                break;
-            }
-        }
-        assert!(tailing, "the feed never passed an event on");
+        until_passed_on(&engine, &mut rx, &mut hold).await;
         while next(&mut rx, GATHER * 2).await.is_some() {}
 
         // A quiet spell, then two holds one after the other: each passed on
