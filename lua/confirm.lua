@@ -49,6 +49,13 @@
 --   {'indebted'}                (direct) see ARGV[3]: nothing moved
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
+-- Numbers go to Redis as text made here with the integer format: Redis would
+-- otherwise format each with the floating-point one ('%.17g'), a tenth of a
+-- script's time (see reserve.lua).
+local function text(x)
+  if type(x) == 'number' then return string.format('%d', x) end
+  return x
+end
 local rid, tomb, mode = ARGV[1], tonumber(ARGV[2]), ARGV[3]
 local judged = mode ~= 'direct'
 if mode == 'direct_judged' then mode = 'direct' end
@@ -65,6 +72,7 @@ if h[1] == 'confirmed' then return {'already_confirmed'} end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_s = text(now)
 local overdue = tonumber(h[2]) <= now
 
 if mode == 'prepare' then
@@ -72,7 +80,7 @@ if mode == 'prepare' then
   if h[1] ~= 'held' then return {'expired', h[1]} end
   -- Overdue: the cart expires whole (the engine ends every part together).
   if overdue then return {'expired', 'expired'} end
-  redis.call('HSET', KEYS[1], 'state', 'confirming', 'preparing', now)
+  redis.call('HSET', KEYS[1], 'state', 'confirming', 'preparing', now_s)
   return {'prepared'}
 end
 if mode == 'rollback' then
@@ -152,11 +160,12 @@ for j = 1, i do
     if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
   end
   redis.call('XADD', KEYS[3], '*', 'kind', kind, 'sku', sku,
-    'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'owed', owed, 'oversold', oversold, 'epoch', epoch, 'ts', now)
+    'qty', text(qty), 'rid', rid, 'available', text(available), 'reserved', text(reserved),
+    'sold_pending', text(pending), 'owed', text(owed), 'oversold', text(oversold),
+    'epoch', epoch, 'ts', now_s)
 end
 redis.call('ZREM', KEYS[2], rid)
-redis.call('HSET', KEYS[1], 'state', kind, 'ended', now)
-redis.call('PEXPIRE', KEYS[1], tomb)
+redis.call('HSET', KEYS[1], 'state', kind, 'ended', now_s)
+redis.call('PEXPIRE', KEYS[1], text(tomb))
 if overdue then return {'expired', 'expired', parked} end
 return reply

@@ -32,6 +32,11 @@
 --   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
 --   {'mismatch'}           the keys given do not match the hold's lines
 --   {'busy'}               a cart's confirmation is deciding this part: nothing moves
+-- Numbers go to Redis as text made here with the integer format (see reserve.lua).
+local function text(x)
+  if type(x) == 'number' then return string.format('%d', x) end
+  return x
+end
 local rid, reason, tomb = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local undo = reason == 'undo'
 if undo then reason = 'released' end
@@ -99,14 +104,14 @@ for j = 1, i do
     if left <= 0 then redis.call('DEL', KEYS[b + 3]) end
   end
   redis.call('XADD', KEYS[3], '*', 'kind', reason, 'sku', sku,
-    'qty', qty, 'rid', rid, 'available', available, 'reserved', reserved,
-    'sold_pending', pending, 'owed', owed, 'ts', now)
+    'qty', text(qty), 'rid', rid, 'available', text(available), 'reserved', text(reserved),
+    'sold_pending', text(pending), 'owed', text(owed), 'ts', text(now))
 end
 redis.call('ZREM', KEYS[2], rid)
 if undo then
   redis.call('DEL', KEYS[1])
 else
-  redis.call('HSET', KEYS[1], 'state', reason, 'ended', now)
-  redis.call('PEXPIRE', KEYS[1], tomb)
+  redis.call('HSET', KEYS[1], 'state', reason, 'ended', text(now))
+  redis.call('PEXPIRE', KEYS[1], text(tomb))
 end
 return {'released', reason, parked}

@@ -19,6 +19,8 @@
 -- Each SKU whose sold_pending fell gets one `settled` event after its last line:
 -- qty the units settled in this call, the figures as they then are, and the
 -- reservation id when it was one line.
+-- Numbers go to Redis as text made here with the integer format (see reserve.lua).
+local function int(x) return string.format('%d', x) end
 local lines = #ARGV / 4
 local tags, fell, order = {}, {}, {}
 for i = 1, lines do
@@ -35,9 +37,9 @@ for i = 1, lines do
   elseif (redis.call('HGET', counter, 'epoch') or '') ~= epoch then
     tag = 'rebuilt'
   else
-    redis.call('HINCRBY', counter, 'settled', qty)
-    if redis.call('HINCRBY', counter, 'sold_pending', -qty) < 0 then
-      redis.call('HSET', counter, 'sold_pending', 0)
+    redis.call('HINCRBY', counter, 'settled', int(qty))
+    if redis.call('HINCRBY', counter, 'sold_pending', int(-qty)) < 0 then
+      redis.call('HSET', counter, 'sold_pending', '0')
     end
     local f = fell[counter]
     if f then
@@ -51,12 +53,12 @@ for i = 1, lines do
 end
 if #order > 0 then
   local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  local now = int(tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000))
   for _, counter in ipairs(order) do
     local f = fell[counter]
     local c = redis.call('HMGET', counter, 'available', 'reserved', 'sold_pending')
     redis.call('XADD', KEYS[1], '*', 'kind', 'settled', 'sku', f.sku,
-      'qty', f.qty, 'rid', f.rid, 'available', c[1], 'reserved', c[2], 'sold_pending', c[3], 'ts', now)
+      'qty', int(f.qty), 'rid', f.rid, 'available', c[1], 'reserved', c[2], 'sold_pending', c[3], 'ts', now)
   end
 end
 return tags

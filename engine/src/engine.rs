@@ -406,8 +406,8 @@ impl Engine {
     }
 
     /// A one-shard hold in one round trip: a pipeline that claims the id for this
-    /// request (`SET NX` of its fingerprint, then reads who owns it) and runs the
-    /// script. The claim is where every attempt under the id meets, whichever
+    /// request (`SET NX GET` of its fingerprint: who owned it before, if anyone)
+    /// and runs the script. The claim is where every attempt under the id meets, whichever
     /// shard its lines are in: when another request owns it, whatever this call
     /// wrote (a hold, a refusal's record) is undone and the answer is a conflict.
     /// Only a request that does not own the id ever undoes, so a hold once
@@ -433,10 +433,8 @@ impl Engine {
         let inv = self.reserve_invocation(&call);
         let mut pipe = redis::pipe();
         self.claim_into(&mut pipe, rid, fp);
-        // How long the claim has left: memory of the hold must not outlive it.
-        pipe.cmd("PTTL").arg(self.keys.claim(rid));
         pipe.invoke_script(&inv);
-        let (owner, claim_ms, script_reply): (Option<String>, i64, Vec<Value>) = match pipe
+        let (owner, script_reply): (Option<String>, Vec<Value>) = match pipe
             .query_async(&mut self.conn.clone())
             .await
         {
@@ -450,6 +448,8 @@ impl Engine {
         };
         let (reply, replayed) = Reply::new(script_reply).unwrap_replay();
         let outcome = self.reserve_outcome(req, lines, &reply, replayed)?;
+        // No owner before: this call claimed the id, for the claim's whole life.
+        let claimed_now = owner.is_none();
         let claim = owner.as_deref().map(Claim::parse);
         // Another request owns the id: a conflict. This request was answered
         // from memory before: that answer stands. Otherwise the script's does.
@@ -463,26 +463,34 @@ impl Engine {
                 ..
             }) => Some(sku),
             _ => {
-                if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome
-                    && claim_ms > 0
-                {
-                    let created_at_ms = expires_at_ms - ttl.as_millis() as i64;
-                    self.holds.remember(Known {
-                        shard,
-                        // Only while the claim lasts, which the look-up path
-                        // checks the hold against (an earlier attempt under
-                        // the id may have set it long before); a minute's
-                        // margin.
-                        until_ms: chrono::Utc::now().timestamp_millis() + claim_ms - 60_000,
-                        hold: Hold {
-                            reservation_id: rid.clone(),
-                            state: HoldState::Held,
-                            lines: lines.to_vec(),
-                            buyer: req.buyer.clone(),
-                            expires_at_ms: *expires_at_ms,
-                            created_at_ms,
-                        },
-                    });
+                // Memory of the hold must not outlive the claim, which the
+                // look-up path checks the hold against: a claim made now has
+                // its whole life; one made earlier under this request (a
+                // retry, a split SKU's second round, a resend after Redis
+                // forgot the script) has what Redis says is left, asked only
+                // then. Not known: not remembered (looked up instead).
+                if let ReserveOutcome::Reserved { expires_at_ms, .. } = &outcome {
+                    let claim_ms = if claimed_now {
+                        self.claim_ttl_ms() as i64
+                    } else {
+                        self.claim_left_ms(rid).await.unwrap_or(0)
+                    };
+                    if claim_ms > 0 {
+                        let created_at_ms = expires_at_ms - ttl.as_millis() as i64;
+                        self.holds.remember(Known {
+                            shard,
+                            // A minute's margin before the claim ends.
+                            until_ms: chrono::Utc::now().timestamp_millis() + claim_ms - 60_000,
+                            hold: Hold {
+                                reservation_id: rid.clone(),
+                                state: HoldState::Held,
+                                lines: lines.to_vec(),
+                                buyer: req.buyer.clone(),
+                                expires_at_ms: *expires_at_ms,
+                                created_at_ms,
+                            },
+                        });
+                    }
                 }
                 return Ok(outcome);
             }
@@ -518,18 +526,26 @@ impl Engine {
     }
 
     /// Adds to `pipe` the claim of reservation id `rid` for the request
-    /// fingerprinted `fp` (kept as long as a tombstone) and the read of its
-    /// owner, whose reply is the pipeline's first.
+    /// fingerprinted `fp` (kept as long as a tombstone), in one command whose
+    /// reply, the pipeline's first, is the id's owner before it: `None` when
+    /// this call claimed it.
     pub(crate) fn claim_into(&self, pipe: &mut redis::Pipeline, rid: &str, fp: &str) {
-        let claim = self.keys.claim(rid);
         pipe.cmd("SET")
-            .arg(&claim)
+            .arg(self.keys.claim(rid))
             .arg(fp)
             .arg("NX")
+            .arg("GET")
             .arg("PX")
-            .arg(self.claim_ttl_ms())
-            .ignore();
-        pipe.cmd("GET").arg(&claim);
+            .arg(self.claim_ttl_ms());
+    }
+
+    /// How long the claim of reservation id `rid` has left, in ms (0 or less:
+    /// none, or no expiry).
+    async fn claim_left_ms(&self, rid: &str) -> Result<i64, EngineError> {
+        Ok(redis::cmd("PTTL")
+            .arg(self.keys.claim(rid))
+            .query_async(&mut self.conn.clone())
+            .await?)
     }
 
     /// How long a claim is kept: past the longest hold and its tombstone, so an

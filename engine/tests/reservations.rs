@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use holdfast_engine::testkit::{
     TestRedis, skus_in_distinct_shards, skus_same_and_other_shard, stock, stock_with_limit,
 };
-use holdfast_engine::{HoldState, Line, ReserveOutcome, ReserveRequest};
+use holdfast_engine::{ConfirmOutcome, HoldState, Line, ReserveOutcome, ReserveRequest};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn five_hundred_reservers_take_exactly_the_stock_and_nothing_goes_negative() {
@@ -937,4 +937,96 @@ async fn the_words_a_benchmark_replays_reserve_like_the_engine() {
     assert_eq!((f.available, f.reserved), (7, 3));
     let hold = engine.hold("words-1").await.unwrap().unwrap();
     assert_eq!(hold.state, HoldState::Held);
+}
+
+/// Every command Redis has run so far, summed over every command name
+/// (scripts' own commands included).
+async fn commands_run(redis: &TestRedis) -> u64 {
+    redis
+        .command_stats()
+        .await
+        .values()
+        .map(|(calls, _)| calls)
+        .sum()
+}
+
+#[tokio::test]
+async fn a_hold_made_under_a_claim_its_request_made_before_is_remembered() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    // First asked before the SKU was warmed: the id is claimed for this
+    // request, and the answer is not kept, so the retry makes the hold.
+    let early = ReserveRequest::single("early-1", "LATE-WARM-1", 1);
+    assert!(matches!(
+        engine.reserve(&early).await.unwrap(),
+        ReserveOutcome::NotWarmed { .. }
+    ));
+    stock(&engine, "LATE-WARM-1", 5).await;
+    assert!(matches!(
+        engine.reserve(&early).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    // A hold whose id was claimed by the call that made it.
+    let fresh = ReserveRequest::single("fresh-1", "LATE-WARM-1", 1);
+    assert!(matches!(
+        engine.reserve(&fresh).await.unwrap(),
+        ReserveOutcome::Reserved { .. }
+    ));
+    // The first confirm loads its script: not counted.
+    engine
+        .reserve(&ReserveRequest::single("warm-1", "LATE-WARM-1", 1))
+        .await
+        .unwrap();
+    engine.confirm("warm-1").await.unwrap();
+    // Both are confirmed from memory, in the same commands: no look-up first.
+    let mut cost = Vec::new();
+    for rid in ["fresh-1", "early-1"] {
+        let before = commands_run(&redis).await;
+        assert!(matches!(
+            engine.confirm(rid).await.unwrap(),
+            ConfirmOutcome::Confirmed { .. }
+        ));
+        // Less the reading of the statistics itself.
+        cost.push(commands_run(&redis).await - before - 1);
+    }
+    assert_eq!(cost[0], cost[1], "commands per confirm: {cost:?}");
+}
+
+#[tokio::test]
+async fn two_lines_on_one_counter_are_refused_before_anything_moves() {
+    // The script reads each counter once and writes it from that read.
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stock(&engine, "SHARED-1", 1).await;
+    stock(&engine, "OTHER-1", 1).await;
+    // Loads the script, which the words below run by its SHA.
+    engine
+        .reserve(&ReserveRequest::single("shared-0", "SHARED-1", 1))
+        .await
+        .unwrap();
+    engine.release("shared-0").await.unwrap();
+    // Two lines whose counter keys are one and the same, as only a caller
+    // bypassing the engine could send: each line alone would pass the stock
+    // check against the one unit.
+    let words = engine
+        .reserve_words(&ReserveRequest::single("shared-1", "SHARED-1", 1))
+        .unwrap();
+    let keys: usize = words[2].parse().unwrap();
+    let (key_words, arg_words) = words[3..].split_at(keys);
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(&words[1])
+        .arg(keys + 3)
+        .arg(key_words)
+        .arg(&key_words[3..]);
+    cmd.arg(&arg_words[..8])
+        .arg("SHARED-1")
+        .arg(1)
+        .arg("OTHER-1")
+        .arg(1);
+    let mut conn = redis.connection().await;
+    let reply: Vec<redis::Value> = cmd.query_async(&mut conn).await.unwrap();
+    let tag = redis::from_redis_value_ref::<String>(&reply[0]).unwrap();
+    assert_eq!(tag, "invalid", "{reply:?}");
+    let f = engine.figures("SHARED-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved), (1, 0), "nothing moved");
 }
