@@ -17,7 +17,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{EntryRange, RedisConn};
 use redis::Value;
 use serde::{Deserialize, Serialize};
 
@@ -133,38 +133,65 @@ impl Event {
         crate::keys::base_sku(&self.sku)
     }
 
-    pub(crate) fn from_fields(
+    /// The event stream entry `id` of `shard` records (its `fields` as
+    /// written, see [`crate::redis_conn::Entry`]); `None` when it is no event
+    /// (no kind or SKU: an entry trimmed while pending has no fields).
+    pub(crate) fn from_entry(
         id: String,
         shard: u16,
-        fields: &HashMap<String, Value>,
+        fields: Vec<(String, Vec<u8>)>,
     ) -> Option<Self> {
-        let text = |k: &str| -> Option<String> {
-            fields
-                .get(k)
-                .and_then(|v| redis::from_redis_value_ref::<String>(v).ok())
-        };
-        let some_text = |k: &str| text(k).filter(|s| !s.is_empty());
-        let int = |k: &str| some_text(k).and_then(|s| s.parse::<i64>().ok());
-        Some(Self {
+        let mut event = Self {
             id,
             shard,
-            kind: EventKind::parse(&text("kind")?)?,
-            sku: text("sku")?,
-            qty: int("qty").unwrap_or(0),
-            reservation_id: some_text("rid"),
-            available: int("available"),
-            reserved: int("reserved"),
-            sold_pending: int("sold_pending"),
-            at_ms: int("ts").unwrap_or(0),
-            source: some_text("source"),
-            event_id: some_text("event_id"),
-            owed: int("owed"),
-            oversold: int("oversold").filter(|n| *n > 0),
-            version: int("version"),
-            buyer: some_text("buyer"),
-            state: some_text("state"),
-            epoch: some_text("epoch"),
-        })
+            kind: EventKind::Snapshot,
+            sku: String::new(),
+            qty: 0,
+            reservation_id: None,
+            available: None,
+            reserved: None,
+            sold_pending: None,
+            at_ms: 0,
+            source: None,
+            event_id: None,
+            owed: None,
+            oversold: None,
+            version: None,
+            buyer: None,
+            state: None,
+            epoch: None,
+        };
+        let (mut kind, mut sku) = (None, None);
+        // One pass: a field written twice keeps its last value.
+        for (name, value) in fields {
+            let Ok(text) = String::from_utf8(value) else {
+                continue;
+            };
+            let some = |t: String| Some(t).filter(|t| !t.is_empty());
+            let int = |t: &str| t.parse::<i64>().ok();
+            match name.as_str() {
+                "kind" => kind = Some(text),
+                "sku" => sku = Some(text),
+                "qty" => event.qty = int(&text).unwrap_or(0),
+                "rid" => event.reservation_id = some(text),
+                "available" => event.available = int(&text),
+                "reserved" => event.reserved = int(&text),
+                "sold_pending" => event.sold_pending = int(&text),
+                "ts" => event.at_ms = int(&text).unwrap_or(0),
+                "source" => event.source = some(text),
+                "event_id" => event.event_id = some(text),
+                "owed" => event.owed = int(&text),
+                "oversold" => event.oversold = int(&text).filter(|n| *n > 0),
+                "version" => event.version = int(&text),
+                "buyer" => event.buyer = some(text),
+                "state" => event.state = some(text),
+                "epoch" => event.epoch = some(text),
+                _ => {}
+            }
+        }
+        event.kind = EventKind::parse(&kind?)?;
+        event.sku = sku?;
+        Some(event)
     }
 }
 
@@ -251,12 +278,11 @@ pub async fn recent_for_sku(
 ) -> Result<Vec<Event>, EngineError> {
     let mut out = Vec::new();
     for shard in shards_of(engine, sku).await? {
-        let reply = newest_entries(engine, shard, scan).await?;
+        let EntryRange(entries) = newest_entries(engine, shard, scan).await?;
         out.extend(
-            reply
-                .ids
+            entries
                 .into_iter()
-                .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+                .filter_map(|entry| Event::from_entry(entry.id, shard, entry.fields))
                 .filter(|e| e.whole_sku() == sku)
                 .take(limit),
         );
@@ -271,7 +297,7 @@ async fn newest_entries(
     engine: &crate::Engine,
     shard: u16,
     count: usize,
-) -> Result<redis::streams::StreamRangeReply, EngineError> {
+) -> Result<EntryRange, EngineError> {
     Ok(redis::cmd("XREVRANGE")
         .arg(engine.keyspace().events(shard))
         .arg("+")
@@ -294,8 +320,8 @@ fn entry_order(id: &str) -> (u64, u64) {
 pub async fn latest_id(engine: &crate::Engine, sku: &str) -> Result<String, EngineError> {
     let mut newest = "0-0".to_owned();
     for shard in shards_of(engine, sku).await? {
-        let reply = newest_entries(engine, shard, 1).await?;
-        if let Some(e) = reply.ids.into_iter().next()
+        let EntryRange(entries) = newest_entries(engine, shard, 1).await?;
+        if let Some(e) = entries.into_iter().next()
             && entry_order(&e.id) > entry_order(&newest)
         {
             newest = e.id;
@@ -317,7 +343,7 @@ pub async fn for_sku_since(
         let stream = keys.events(shard);
         let mut from = format!("({after}");
         loop {
-            let reply: redis::streams::StreamRangeReply = redis::cmd("XRANGE")
+            let EntryRange(entries) = redis::cmd("XRANGE")
                 .arg(&stream)
                 .arg(&from)
                 .arg("+")
@@ -325,13 +351,12 @@ pub async fn for_sku_since(
                 .arg(10_000)
                 .query_async(&mut engine.connection())
                 .await?;
-            let Some(last) = reply.ids.last() else { break };
+            let Some(last) = entries.last() else { break };
             from = format!("({}", last.id);
             out.extend(
-                reply
-                    .ids
+                entries
                     .into_iter()
-                    .filter_map(|entry| Event::from_fields(entry.id, shard, &entry.map))
+                    .filter_map(|entry| Event::from_entry(entry.id, shard, entry.fields))
                     .filter(|e| e.whole_sku() == sku),
             );
         }
@@ -506,7 +531,7 @@ impl EventReader {
             .conn
             .read_streams(&head, &self.streams, &cursor.ids, block)
             .await?;
-        self.backlog = streams.iter().any(|s| s.ids.len() >= count);
+        self.backlog = streams.iter().any(|s| s.entries.len() >= count);
         let mut events = Vec::new();
         // Where each stream's read ended: the cursor moves there only once
         // every event is ready, so a failure on the way (a split SKU's parts
@@ -517,11 +542,11 @@ impl EventReader {
                 continue;
             };
             let shard = shard as u16;
-            if let Some(last) = stream.ids.last() {
+            if let Some(last) = stream.entries.last() {
                 ends.push((usize::from(shard), last.id.clone()));
             }
-            for entry in stream.ids {
-                if let Some(event) = Event::from_fields(entry.id, shard, &entry.map) {
+            for entry in stream.entries {
+                if let Some(event) = Event::from_entry(entry.id, shard, entry.fields) {
                     events.push(event);
                 }
             }

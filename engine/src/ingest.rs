@@ -15,9 +15,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{AutoClaimed, Entry, RedisConn, StreamReads};
 use redis::Value;
-use redis::streams::StreamReadReply;
 use serde::Serialize;
 
 use crate::engine::Engine;
@@ -449,9 +448,12 @@ fn documented(e: &FeedEvent) -> String {
 }
 
 /// A lane entry as `(id, source, raw body)`.
-fn payload_of(entry: redis::streams::StreamId) -> (String, String, Vec<u8>) {
-    let source = entry.get::<String>("source").unwrap_or_default();
-    let body = entry.get::<Vec<u8>>("body").unwrap_or_default();
+fn payload_of(mut entry: Entry) -> (String, String, Vec<u8>) {
+    let source = entry
+        .take("source")
+        .and_then(|s| String::from_utf8(s).ok())
+        .unwrap_or_default();
+    let body = entry.take("body").unwrap_or_default();
     (entry.id, source, body)
 }
 
@@ -758,7 +760,7 @@ impl LaneConsumer {
                 &self.name,
             )
             .await?;
-        let reply: redis::streams::StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+        let reply: AutoClaimed = redis::cmd("XAUTOCLAIM")
             .arg(lane_key(self.lane.name))
             .arg(GROUP)
             .arg(&self.name)
@@ -793,10 +795,10 @@ impl LaneConsumer {
             cmd.arg("BLOCK").arg(b.as_millis().max(1) as u64);
         }
         cmd.arg("STREAMS").arg(lane_key(self.lane.name)).arg(from);
-        let reply: Option<StreamReadReply> = cmd.query_async(&mut self.conn).await?;
+        let StreamReads(streams) = cmd.query_async(&mut self.conn).await?;
         let mut out = Vec::new();
-        for stream in reply.map(|r| r.keys).unwrap_or_default() {
-            out.extend(stream.ids.into_iter().map(payload_of));
+        for stream in streams {
+            out.extend(stream.entries.into_iter().map(payload_of));
         }
         Ok(out)
     }

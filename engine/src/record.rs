@@ -17,9 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 use tracing::Instrument;
 
-use crate::redis_conn::RedisConn;
+use crate::redis_conn::{AutoClaimed, Entry, RedisConn};
 use redis::Value;
-use redis::streams::StreamAutoClaimReply;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -299,7 +298,7 @@ impl WriteBehind {
                     &self.config.consumer,
                 )
                 .await?;
-            let reply: StreamAutoClaimReply = redis::cmd("XAUTOCLAIM")
+            let reply: AutoClaimed = redis::cmd("XAUTOCLAIM")
                 .arg(&key)
                 .arg(GROUP)
                 .arg(&self.config.consumer)
@@ -315,14 +314,10 @@ impl WriteBehind {
                 events: Vec::new(),
             };
             for entry in reply.claimed {
-                batch.ids.push(entry.id.clone());
-                match Event::from_fields(entry.id.clone(), shard, &entry.map) {
-                    Some(event) => batch.events.push(event),
-                    None => self.lost(shard, &entry.id),
-                }
+                self.take(&mut batch, entry);
             }
             // Ids XAUTOCLAIM found pending but gone from the stream (trimmed).
-            for id in reply.deleted_ids {
+            for id in reply.deleted {
                 self.lost(shard, &id);
             }
             batches.push(batch);
@@ -352,16 +347,22 @@ impl WriteBehind {
                 ids: Vec::new(),
                 events: Vec::new(),
             };
-            for entry in stream.ids {
-                batch.ids.push(entry.id.clone());
-                match Event::from_fields(entry.id.clone(), shard, &entry.map) {
-                    Some(event) => batch.events.push(event),
-                    None => self.lost(shard, &entry.id),
-                }
+            for entry in stream.entries {
+                self.take(&mut batch, entry);
             }
             batches.push(batch);
         }
         Ok(batches)
+    }
+
+    /// Adds `entry` to `batch`: its id (acknowledged with the batch) and its
+    /// event, or, when it holds none, counts it lost.
+    fn take(&self, batch: &mut ShardBatch, entry: Entry) {
+        match Event::from_entry(entry.id.clone(), batch.shard, entry.fields) {
+            Some(event) => batch.events.push(event),
+            None => self.lost(batch.shard, &entry.id),
+        }
+        batch.ids.push(entry.id);
     }
 
     /// An entry that came back empty: it was trimmed (or corrupted) before

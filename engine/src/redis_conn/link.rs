@@ -25,8 +25,9 @@ use redis::cluster_async::ClusterConnection;
 use redis::cluster_routing::{
     MultipleNodeRoutingInfo, Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr,
 };
-use redis::streams::{StreamKey, StreamReadReply};
 use redis::{Cmd, FromRedisValue, Pipeline, RedisFuture, RedisResult, Value};
+
+use super::entries::{StreamEntries, StreamReads};
 
 /// How often a stream reader on a cluster looks again while its streams are
 /// empty (it cannot block: one `XREAD` may only name streams of one slot, and a
@@ -469,7 +470,7 @@ impl RedisConn {
         keys: &[String],
         ids: &[String],
         block: Option<Duration>,
-    ) -> RedisResult<Vec<StreamKey>> {
+    ) -> RedisResult<Vec<StreamEntries>> {
         let c = match self {
             Self::Node(c) => {
                 let mut cmd = head.clone();
@@ -477,8 +478,8 @@ impl RedisConn {
                     cmd.arg("BLOCK").arg(block.as_millis().max(1) as u64);
                 }
                 cmd.arg("STREAMS").arg(keys).arg(ids);
-                let reply: Option<StreamReadReply> = cmd.query_async(c).await?;
-                return Ok(reply.map(|r| r.keys).unwrap_or_default());
+                let StreamReads(streams) = cmd.query_async(c).await?;
+                return Ok(streams);
             }
             Self::Cluster(link) => link.clone(),
         };
@@ -488,14 +489,13 @@ impl RedisConn {
                 let mut conn = RedisConn::Cluster(c.clone());
                 let mut cmd = head.clone();
                 cmd.arg("STREAMS").arg(key).arg(id);
-                async move { cmd.query_async::<Option<StreamReadReply>>(&mut conn).await }
+                async move { cmd.query_async::<StreamReads>(&mut conn).await }
             });
-            let found: Vec<StreamKey> = try_join_all(reads)
+            let found: Vec<StreamEntries> = try_join_all(reads)
                 .await?
                 .into_iter()
-                .flatten()
-                .flat_map(|r| r.keys)
-                .filter(|k| !k.ids.is_empty())
+                .flat_map(|StreamReads(streams)| streams)
+                .filter(|s| !s.entries.is_empty())
                 .collect();
             match deadline {
                 Some(deadline) if found.is_empty() && tokio::time::Instant::now() < deadline => {

@@ -19,8 +19,10 @@ use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use crate::error::{EngineError, redact_url};
 use crate::postgres::one_line;
 
+mod entries;
 mod link;
 pub mod nodes;
+pub use entries::{AutoClaimed, Entry, EntryRange, StreamEntries, StreamReads};
 pub use link::{CLUSTER_POLL, ClusterLink, HEAL_AFTER, RedisConn, SlotRange, slot_ranges};
 
 /// What Redis said about memory eviction, as checked at start-up.
