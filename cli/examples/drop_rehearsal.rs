@@ -42,7 +42,7 @@ async fn main() {
     let exe = common::holdfast_exe();
     let json = format!("{out}/drop.json");
     let plot = format!("{out}/drop.svg");
-    let status = Command::new(exe)
+    let out = Command::new(exe)
         .args(["simulate", "--url", &format!("http://{}", server.addr)])
         .args([
             "--shoppers",
@@ -85,9 +85,21 @@ async fn main() {
         .env("REDIS_URL", redis.url())
         .env("DATABASE_URL", &pg_url)
         .env("HOLDFAST_LOG", "warn")
-        .stdout(std::process::Stdio::null())
-        .status()
+        .stderr(std::process::Stdio::inherit())
+        .output()
         .expect("run holdfast simulate");
+    let status = out.status;
+    // Its report is read from the JSON file; what it says of its errors is
+    // shown here, so an error is never only a count.
+    for line in String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter(|l| l.trim_start().starts_with("e.g."))
+    {
+        println!(
+            "simulate's error:{}",
+            line.trim_start().trim_start_matches("e.g.")
+        );
+    }
     let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let decided = r["decided_ms_after_last_arrival"]
         .as_u64()

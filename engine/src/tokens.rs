@@ -151,7 +151,15 @@ pub struct TokenCache {
     /// Set while PostgreSQL is failing (the last check failed): stale answers
     /// are then given at once and checked again in the background.
     failing: std::sync::atomic::AtomicBool,
+    /// Checks with PostgreSQL under way, by secret digest: a request for a
+    /// secret already being checked waits for that answer instead of asking
+    /// again (the first burst of a drop brings hundreds at once).
+    checking: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::sync::Arc<Check>>>,
 }
+
+/// One check of a secret with PostgreSQL, shared by every request that asks
+/// while it runs: its answer, or `Err` when PostgreSQL failed.
+type Check = tokio::sync::OnceCell<Result<Option<TokenInfo>, ()>>;
 
 impl TokenCache {
     /// A cache remembering at most `refused` refused secrets (the oldest
@@ -227,12 +235,18 @@ impl TokenCache {
         }
     }
 
-    /// Whether `secret` is remembered as a live token. A refused one is not
-    /// "known": each use of it counts against the pre-authentication limit,
-    /// even while its refusal is cached, so cycling refused tokens cannot
-    /// reach PostgreSQL faster than that limit.
+    /// Whether `secret` is remembered as a live token, or is being checked
+    /// with PostgreSQL right now (asking again joins that check and costs
+    /// PostgreSQL nothing). A refused one is not "known": each use of it
+    /// counts against the pre-authentication limit, even while its refusal is
+    /// cached, so cycling refused tokens cannot reach PostgreSQL faster than
+    /// that limit.
     pub fn knows(&self, secret: &str) -> bool {
         self.answer(secret).is_some_and(|live| live)
+            || self
+                .checking
+                .lock()
+                .is_ok_and(|checking| checking.contains_key(&digest(secret)))
     }
 
     /// The answer remembered for `secret`: `Some(true)` live,
@@ -246,8 +260,50 @@ impl TokenCache {
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most
-    /// [`crate::postgres::QUICK_LOOKUP`]) and remembers the answer.
+    /// [`crate::postgres::QUICK_LOOKUP`]) and remembers the answer; while one
+    /// such check of `secret` runs, others wait for its answer. A check whose
+    /// request was dropped half-way is taken over by a waiting one.
     async fn refresh(&self, pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, EngineError> {
+        let key = digest(secret);
+        let check = {
+            let mut checking = self
+                .checking
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            checking.entry(key.clone()).or_default().clone()
+        };
+        // The check this request ran itself, with PostgreSQL's own error.
+        let mut ran = None;
+        let answer = check
+            .get_or_init(|| async {
+                let result = self.ask(pg, secret).await;
+                let shared = result.as_ref().map(Clone::clone).map_err(|_| ());
+                ran = Some(result);
+                shared
+            })
+            .await
+            .clone();
+        {
+            let mut checking = self
+                .checking
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if checking
+                .get(&key)
+                .is_some_and(|c| std::sync::Arc::ptr_eq(c, &check))
+            {
+                checking.remove(&key);
+            }
+        }
+        match ran {
+            Some(result) => result,
+            // Another request's check failed: the same outage (logged there).
+            None => answer.map_err(|()| EngineError::Postgres(sqlx::Error::PoolTimedOut)),
+        }
+    }
+
+    /// One check of `secret` with PostgreSQL, remembered.
+    async fn ask(&self, pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, EngineError> {
         use std::sync::atomic::Ordering;
         let info = match crate::postgres::quick(verify(pg, secret)).await {
             Ok(info) => {

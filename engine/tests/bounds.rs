@@ -85,3 +85,42 @@ async fn two_admins_removed_at_once_leave_one(pool: PgPool) {
         assert_eq!(admins, 1, "round {round}");
     }
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn requests_with_a_token_being_checked_share_that_check(pool: PgPool) {
+    let real = tokens::create(&pool, "shop", &[Scope::Checkout])
+        .await
+        .unwrap();
+    let cache = std::sync::Arc::new(TokenCache::default());
+    // Holds every check back while 50 requests arrive with the new token.
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_tokens IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let mut requests = tokio::task::JoinSet::new();
+    for _ in 0..50 {
+        let (cache, pool, secret) = (cache.clone(), pool.clone(), real.secret.clone());
+        requests.spawn(async move { cache.verify(&pool, &secret).await });
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    let waiting: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_stat_activity
+          WHERE query LIKE '%FROM api_tokens%' AND wait_event_type = 'Lock'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(
+        cache.knows(&real.secret),
+        "a token being checked is not counted as an invented one"
+    );
+    blocker.rollback().await.unwrap();
+    while let Some(answer) = requests.join_next().await {
+        assert!(
+            answer.unwrap().unwrap().is_some(),
+            "every request is let in"
+        );
+    }
+    assert_eq!(waiting, 1, "one check with PostgreSQL for 50 requests");
+}

@@ -378,7 +378,8 @@ pub struct ServeArgs {
           value_parser = clap::value_parser!(u64).range(100..=60_000))]
     pub api_deadline_ms: u64,
     /// Checks of not-yet-known API tokens per client address per second
-    /// (bursts of twice that), before any PostgreSQL lookup.
+    /// (bursts of twice that), before any PostgreSQL lookup; a request with a
+    /// token already being checked waits for that check and does not count.
     #[arg(long, env = "HOLDFAST_UNKNOWN_TOKENS_PER_SECOND", default_value_t = crate::http::auth::UNKNOWN_TOKENS_PER_ADDRESS,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub unknown_tokens_per_second: u32,

@@ -186,6 +186,47 @@ async fn invented_tokens_are_refused_cheaply_and_cannot_flood_postgresql(pool: P
     );
 }
 
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_real_tokens_first_burst_is_never_rate_limited(pool: PgPool) {
+    // A drop's first moment: hundreds of requests with one shop token reach a
+    // server that has not checked it yet. None is taken for an invented token
+    // and answered 429 (the pre-authentication limit, 10 a second).
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn(backends).await;
+    let real =
+        holdfast_engine::tokens::create(&pool, "shop", &[holdfast_engine::tokens::Scope::Read])
+            .await
+            .unwrap()
+            .secret;
+    let http = reqwest::Client::builder()
+        .pool_max_idle_per_host(200)
+        .build()
+        .unwrap();
+    let mut burst = tokio::task::JoinSet::new();
+    for _ in 0..200 {
+        let (http, url, token) = (http.clone(), server.url("/api/v1/stock/X-1"), real.clone());
+        burst.spawn(async move {
+            http.get(url)
+                .bearer_auth(token)
+                .send()
+                .await
+                .unwrap()
+                .status()
+                .as_u16()
+        });
+    }
+    let mut statuses = Vec::new();
+    while let Some(status) = burst.join_next().await {
+        statuses.push(status.unwrap());
+    }
+    assert!(
+        statuses.iter().all(|s| *s == 503),
+        "every one authenticated (the SKU is not warmed): {statuses:?}"
+    );
+    // That they cost PostgreSQL one check: engine/tests/bounds.rs.
+}
+
 /// Transactions committed in the test's database so far.
 async fn transactions(pool: &PgPool) -> i64 {
     sqlx::query_scalar(
