@@ -144,19 +144,7 @@ async fn invented_tokens_are_refused_cheaply_and_cannot_flood_postgresql(pool: P
             .await
             .unwrap()
             .secret;
-    let get = |token: String| {
-        let http = http.clone();
-        let url = server.url("/api/v1/stock/X-1");
-        async move {
-            http.get(url)
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        }
-    };
+    let get = |token: String| stock_status(http.clone(), server.url("/api/v1/stock/X-1"), token);
     // Known once, remembered after.
     assert_eq!(
         get(real.clone()).await,
@@ -206,15 +194,7 @@ async fn a_real_tokens_first_burst_is_never_rate_limited(pool: PgPool) {
     let mut burst = tokio::task::JoinSet::new();
     for _ in 0..200 {
         let (http, url, token) = (http.clone(), server.url("/api/v1/stock/X-1"), real.clone());
-        burst.spawn(async move {
-            http.get(url)
-                .bearer_auth(token)
-                .send()
-                .await
-                .unwrap()
-                .status()
-                .as_u16()
-        });
+        burst.spawn(stock_status(http, url, token));
     }
     let mut statuses = Vec::new();
     while let Some(status) = burst.join_next().await {
@@ -225,6 +205,17 @@ async fn a_real_tokens_first_burst_is_never_rate_limited(pool: PgPool) {
         "every one authenticated (the SKU is not warmed): {statuses:?}"
     );
     // That they cost PostgreSQL one check: engine/tests/bounds.rs.
+}
+
+/// The status of `GET url` with API token `token`.
+async fn stock_status(http: reqwest::Client, url: String, token: String) -> u16 {
+    http.get(url)
+        .bearer_auth(token)
+        .send()
+        .await
+        .unwrap()
+        .status()
+        .as_u16()
 }
 
 /// Transactions committed in the test's database so far.
