@@ -272,6 +272,14 @@ impl TokenCache {
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
             checking.entry(key.clone()).or_default().clone()
         };
+        // However this request ends, answered or dropped half-way (its
+        // client gone), it leaves no entry behind: one left would let that
+        // secret skip the limit on unknown tokens.
+        let _leave = Leave {
+            cache: self,
+            key: &key,
+            check: &check,
+        };
         // The check this request ran itself, with PostgreSQL's own error.
         let mut ran = None;
         let answer = check
@@ -283,18 +291,6 @@ impl TokenCache {
             })
             .await
             .clone();
-        {
-            let mut checking = self
-                .checking
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
-            if checking
-                .get(&key)
-                .is_some_and(|c| std::sync::Arc::ptr_eq(c, &check))
-            {
-                checking.remove(&key);
-            }
-        }
         match ran {
             Some(result) => result,
             // Another request's check failed: the same outage (logged there).
@@ -326,6 +322,31 @@ impl TokenCache {
     /// cap).
     pub fn remembered(&self) -> usize {
         self.entries.lock().map_or(0, |e| e.map.len())
+    }
+}
+
+/// Removes a finished or abandoned check from [`TokenCache`]'s checks under
+/// way, when it is still the one there (a later check of the same secret may
+/// have replaced it).
+struct Leave<'a> {
+    cache: &'a TokenCache,
+    key: &'a [u8],
+    check: &'a std::sync::Arc<Check>,
+}
+
+impl Drop for Leave<'_> {
+    fn drop(&mut self) {
+        let mut checking = self
+            .cache
+            .checking
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if checking
+            .get(self.key)
+            .is_some_and(|c| std::sync::Arc::ptr_eq(c, self.check))
+        {
+            checking.remove(self.key);
+        }
     }
 }
 

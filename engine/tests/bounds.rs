@@ -124,3 +124,26 @@ async fn requests_with_a_token_being_checked_share_that_check(pool: PgPool) {
     }
     assert_eq!(waiting, 1, "one check with PostgreSQL for 50 requests");
 }
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_check_whose_client_left_leaves_nothing_behind(pool: PgPool) {
+    let cache = std::sync::Arc::new(TokenCache::default());
+    let invented = format!("hf_{:064x}", 42);
+    let mut blocker = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE api_tokens IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    // The request is dropped while its check waits on PostgreSQL.
+    let gone = tokio::time::timeout(
+        std::time::Duration::from_millis(50),
+        cache.verify(&pool, &invented),
+    )
+    .await;
+    assert!(gone.is_err(), "the check was still waiting");
+    blocker.rollback().await.unwrap();
+    assert!(
+        !cache.knows(&invented),
+        "an invented token whose check was abandoned still counts against the limit"
+    );
+}
