@@ -154,12 +154,15 @@ pub struct TokenCache {
     /// Checks with PostgreSQL under way, by secret digest: a request for a
     /// secret already being checked waits for that answer instead of asking
     /// again (the first burst of a drop brings hundreds at once).
-    checking: std::sync::Mutex<std::collections::HashMap<Vec<u8>, std::sync::Arc<Check>>>,
+    checking: std::sync::Mutex<std::collections::HashMap<Vec<u8>, Check>>,
 }
 
-/// One check of a secret with PostgreSQL, shared by every request that asks
-/// while it runs: its answer, or `Err` when PostgreSQL failed.
-type Check = tokio::sync::OnceCell<Result<Option<TokenInfo>, ()>>;
+/// One check of a secret with PostgreSQL, run in a task of its own and shared
+/// by every request that asks while it runs: its answer, or PostgreSQL's
+/// error as text. No request's cancellation stops or restarts it.
+type Check = futures_util::future::Shared<
+    futures_util::future::BoxFuture<'static, Result<Option<TokenInfo>, String>>,
+>;
 
 impl TokenCache {
     /// A cache remembering at most `refused` refused secrets (the oldest
@@ -260,42 +263,50 @@ impl TokenCache {
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most
-    /// [`crate::postgres::QUICK_LOOKUP`]) and remembers the answer; while one
-    /// such check of `secret` runs, others wait for its answer. A check whose
-    /// request was dropped half-way is taken over by a waiting one.
-    async fn refresh(&self, pg: &PgPool, secret: &str) -> Result<Option<TokenInfo>, EngineError> {
+    /// [`crate::postgres::QUICK_LOOKUP`]) and remembers the answer. While one
+    /// such check of `secret` runs, others wait for its answer: the check runs
+    /// in a task of its own, which leaves the checks under way when it ends,
+    /// so a request that goes away (its client gone) neither stops it nor
+    /// makes another start.
+    async fn refresh(
+        self: &std::sync::Arc<Self>,
+        pg: &PgPool,
+        secret: &str,
+    ) -> Result<Option<TokenInfo>, EngineError> {
+        use futures_util::FutureExt;
         let key = digest(secret);
         let check = {
             let mut checking = self
                 .checking
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
-            checking.entry(key.clone()).or_default().clone()
+            checking
+                .entry(key.clone())
+                .or_insert_with(|| {
+                    let (cache, pg, secret) = (self.clone(), pg.clone(), secret.to_owned());
+                    let task = tokio::spawn(async move {
+                        let answer = cache.ask(&pg, &secret).await;
+                        // Remembered by now (or failed): later requests read
+                        // the cache, or check again.
+                        cache
+                            .checking
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .remove(&key);
+                        answer.map_err(|e| e.to_string())
+                    });
+                    async move {
+                        task.await
+                            .unwrap_or_else(|e| Err(format!("the token check stopped: {e}")))
+                    }
+                    .boxed()
+                    .shared()
+                })
+                .clone()
         };
-        // However this request ends, answered or dropped half-way (its
-        // client gone), it leaves no entry behind: one left would let that
-        // secret skip the limit on unknown tokens.
-        let _leave = Leave {
-            cache: self,
-            key: &key,
-            check: &check,
-        };
-        // The check this request ran itself, with PostgreSQL's own error.
-        let mut ran = None;
-        let answer = check
-            .get_or_init(|| async {
-                let result = self.ask(pg, secret).await;
-                let shared = result.as_ref().map(Clone::clone).map_err(|_| ());
-                ran = Some(result);
-                shared
-            })
+        check
             .await
-            .clone();
-        match ran {
-            Some(result) => result,
-            // Another request's check failed: the same outage (logged there).
-            None => answer.map_err(|()| EngineError::Postgres(sqlx::Error::PoolTimedOut)),
-        }
+            .map_err(|e| EngineError::Postgres(sqlx::Error::Io(std::io::Error::other(e))))
     }
 
     /// One check of `secret` with PostgreSQL, remembered.
@@ -322,31 +333,6 @@ impl TokenCache {
     /// cap).
     pub fn remembered(&self) -> usize {
         self.entries.lock().map_or(0, |e| e.map.len())
-    }
-}
-
-/// Removes a finished or abandoned check from [`TokenCache`]'s checks under
-/// way, when it is still the one there (a later check of the same secret may
-/// have replaced it).
-struct Leave<'a> {
-    cache: &'a TokenCache,
-    key: &'a [u8],
-    check: &'a std::sync::Arc<Check>,
-}
-
-impl Drop for Leave<'_> {
-    fn drop(&mut self) {
-        let mut checking = self
-            .cache
-            .checking
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if checking
-            .get(self.key)
-            .is_some_and(|c| std::sync::Arc::ptr_eq(c, self.check))
-        {
-            checking.remove(self.key);
-        }
     }
 }
 
