@@ -245,21 +245,26 @@ impl TokenCache {
     /// cached, so cycling refused tokens cannot reach PostgreSQL faster than
     /// that limit.
     pub fn knows(&self, secret: &str) -> bool {
-        self.answer(secret).is_some_and(|live| live)
+        let key = digest(secret);
+        self.answer_for(&key).is_some_and(|live| live)
             || self
                 .checking
                 .lock()
-                .is_ok_and(|checking| checking.contains_key(&digest(secret)))
+                .is_ok_and(|checking| checking.contains_key(&key))
     }
 
     /// The answer remembered for `secret`: `Some(true)` live,
     /// `Some(false)` refused, `None` not remembered (PostgreSQL would be asked).
     pub fn answer(&self, secret: &str) -> Option<bool> {
-        let key = digest(secret);
+        self.answer_for(&digest(secret))
+    }
+
+    /// [`TokenCache::answer`] by the secret's digest.
+    fn answer_for(&self, key: &[u8]) -> Option<bool> {
         self.entries
             .lock()
             .ok()
-            .and_then(|entries| entries.get(&key).map(|(info, _, _)| info.is_some()))
+            .and_then(|entries| entries.get(key).map(|(info, _, _)| info.is_some()))
     }
 
     /// Asks PostgreSQL about `secret` (waiting at most
