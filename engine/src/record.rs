@@ -546,6 +546,12 @@ struct SideRows {
     hold_qty: Vec<i64>,
     hold_buyer: Vec<Option<String>>,
     hold_at: Vec<chrono::DateTime<chrono::Utc>>,
+    /// The end of the hold row at the same index, when that hold also ended
+    /// in this batch ([`SideRows::fold_ends`]): recorded with it, in one row
+    /// version, instead of a second upsert rewriting the row just written.
+    hold_end_at: Vec<Option<chrono::DateTime<chrono::Utc>>>,
+    hold_end_state: Vec<Option<&'static str>>,
+    hold_end_oversold: Vec<i64>,
     version_sku: Vec<String>,
     version: Vec<i64>,
     oversold_rid: Vec<String>,
@@ -559,6 +565,90 @@ struct SideRows {
     end_oversold: Vec<i64>,
     end_qty: Vec<i64>,
     end_buyer: Vec<Option<String>>,
+}
+
+impl SideRows {
+    /// Keeps one row per hold line (an upsert may touch a row once): its
+    /// latest hold and its latest end, the later in stream order on a tie of
+    /// time; and an end at or after its line's latest hold in this batch is
+    /// moved onto that hold's row, so the row is written once, already ended.
+    /// An end before that hold (a hold made again under its id after it
+    /// ended) stays an end of its own, which the upsert does not apply to the
+    /// later hold.
+    fn fold_ends(&mut self) {
+        let holds = latest_per_line(&self.hold_rid, &self.hold_sku, &self.hold_at);
+        let ends = latest_per_line(&self.end_rid, &self.end_sku, &self.end_at);
+        let mut hold_keep = vec![false; self.hold_rid.len()];
+        let mut end_keep = vec![false; self.end_rid.len()];
+        let (mut end_at, mut end_state, mut end_oversold) = (
+            vec![None; self.hold_rid.len()],
+            vec![None; self.hold_rid.len()],
+            vec![0; self.hold_rid.len()],
+        );
+        for (key, &h) in &holds {
+            hold_keep[h] = true;
+            match ends.get(key) {
+                Some(&e) if self.end_at[e] >= self.hold_at[h] => {
+                    end_at[h] = Some(self.end_at[e]);
+                    end_state[h] = Some(self.end_state[e]);
+                    end_oversold[h] = self.end_oversold[e];
+                }
+                Some(&e) => end_keep[e] = true,
+                None => {}
+            }
+        }
+        for (key, &e) in &ends {
+            if !holds.contains_key(key) {
+                end_keep[e] = true;
+            }
+        }
+        self.hold_end_at = end_at;
+        self.hold_end_state = end_state;
+        self.hold_end_oversold = end_oversold;
+        let keep = &hold_keep;
+        keep_where(&mut self.hold_rid, keep);
+        keep_where(&mut self.hold_sku, keep);
+        keep_where(&mut self.hold_qty, keep);
+        keep_where(&mut self.hold_buyer, keep);
+        keep_where(&mut self.hold_at, keep);
+        keep_where(&mut self.hold_end_at, keep);
+        keep_where(&mut self.hold_end_state, keep);
+        keep_where(&mut self.hold_end_oversold, keep);
+        let keep = &end_keep;
+        keep_where(&mut self.end_rid, keep);
+        keep_where(&mut self.end_sku, keep);
+        keep_where(&mut self.end_state, keep);
+        keep_where(&mut self.end_at, keep);
+        keep_where(&mut self.end_oversold, keep);
+        keep_where(&mut self.end_qty, keep);
+        keep_where(&mut self.end_buyer, keep);
+    }
+}
+
+/// The index of each hold line's (reservation, SKU) latest row by time, the
+/// later in stream order on a tie.
+fn latest_per_line<'r>(
+    rid: &'r [String],
+    sku: &'r [String],
+    at: &[chrono::DateTime<chrono::Utc>],
+) -> BTreeMap<(&'r str, &'r str), usize> {
+    let mut latest: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for i in 0..rid.len() {
+        let row = latest.entry((&rid[i], &sku[i])).or_insert(i);
+        if at[i] >= at[*row] {
+            *row = i;
+        }
+    }
+    latest
+}
+
+/// Keeps the items of `column` whose index `keep` marks.
+fn keep_where<T>(column: &mut Vec<T>, keep: &[bool]) {
+    let mut i = 0;
+    column.retain(|_| {
+        i += 1;
+        keep[i - 1]
+    });
 }
 
 /// A batch's orders as columns, for one `UNNEST` insert each.
@@ -703,6 +793,7 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
             _ => {}
         }
     }
+    side.fold_ends();
     (orders, ledger, side)
 }
 
@@ -717,16 +808,18 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
     // what it knows; an end never lands on a row already ended, nor on a
     // hold made after it. A hold made again under its id after it ended (a
     // cart undone and made again, as a split SKU's gathering does) opens the
-    // row again: its reservation came later than the end. Each batch keeps
-    // one row per hold line (an upsert may touch a row once): its latest
-    // hold and its latest end.
+    // row again: its reservation came later than the end. A hold that ended
+    // in the same batch carries its end ([`SideRows::fold_ends`]), applied
+    // wherever the row is open after the hold: the same as the end's own
+    // upsert would do after it, without writing the row twice.
     if !side.hold_rid.is_empty() {
         sqlx::query(
-            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at)
-             SELECT DISTINCT ON (rid, sku) rid, sku, qty, buyer, at
-               FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[])
-                    AS t(rid, sku, qty, buyer, at)
-              ORDER BY rid, sku, at DESC
+            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
+                                oversold_units)
+             SELECT rid, sku, qty, buyer, at, end_at, end_state, oversold
+               FROM UNNEST($1::text[], $2::text[], $3::bigint[], $4::text[], $5::timestamptz[],
+                           $6::timestamptz[], $7::text[], $8::bigint[])
+                    AS t(rid, sku, qty, buyer, at, end_at, end_state, oversold)
              ON CONFLICT (reservation_id, sku) DO UPDATE
                 SET qty = EXCLUDED.qty,
                     buyer = coalesce(EXCLUDED.buyer, holds.buyer),
@@ -734,30 +827,36 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
                                       THEN EXCLUDED.created_at
                                       ELSE least(holds.created_at, EXCLUDED.created_at) END,
                     end_state = CASE WHEN holds.ended_at < EXCLUDED.created_at
-                                     THEN NULL ELSE holds.end_state END,
+                                       OR (holds.ended_at IS NULL AND EXCLUDED.ended_at IS NOT NULL)
+                                     THEN EXCLUDED.end_state ELSE holds.end_state END,
                     oversold_units = CASE WHEN holds.ended_at < EXCLUDED.created_at
-                                          THEN 0 ELSE holds.oversold_units END,
+                                            OR (holds.ended_at IS NULL AND EXCLUDED.ended_at IS NOT NULL)
+                                          THEN EXCLUDED.oversold_units ELSE holds.oversold_units END,
                     ended_at = CASE WHEN holds.ended_at < EXCLUDED.created_at
-                                    THEN NULL ELSE holds.ended_at END",
+                                      OR (holds.ended_at IS NULL AND EXCLUDED.ended_at IS NOT NULL)
+                                    THEN EXCLUDED.ended_at ELSE holds.ended_at END",
         )
         .bind(&side.hold_rid)
         .bind(&side.hold_sku)
         .bind(&side.hold_qty)
         .bind(&side.hold_buyer)
         .bind(&side.hold_at)
+        .bind(&side.hold_end_at)
+        .bind(&side.hold_end_state)
+        .bind(&side.hold_end_oversold)
         .execute(&mut *tx)
         .await?;
     }
     if !side.end_rid.is_empty() {
-        // After the inserts above: a hold made and ended in one batch ends too.
+        // After the inserts above: an end before its line's hold in this
+        // batch is not applied to that later hold.
         sqlx::query(
             "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
                                 oversold_units)
-             SELECT DISTINCT ON (rid, sku) rid, sku, qty, buyer, at, at, state, oversold
+             SELECT rid, sku, qty, buyer, at, at, state, oversold
                FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[],
                            $6::bigint[], $7::text[])
                     AS t(rid, sku, state, at, oversold, qty, buyer)
-              ORDER BY rid, sku, at DESC
              ON CONFLICT (reservation_id, sku) DO UPDATE
                 SET ended_at = EXCLUDED.ended_at,
                     end_state = EXCLUDED.end_state,
@@ -1325,5 +1424,78 @@ mod tests {
         assert!(super::id_before("10-2", "10-10"));
         assert!(!super::id_before("10-10", "10-10"));
         assert_eq!(super::id_ms("1700000000000-3"), 1_700_000_000_000);
+    }
+
+    fn at(ms: i64) -> chrono::DateTime<chrono::Utc> {
+        chrono::DateTime::from_timestamp_millis(ms).unwrap_or_default()
+    }
+
+    fn hold(side: &mut super::SideRows, rid: &str, ms: i64) {
+        side.hold_rid.push(rid.into());
+        side.hold_sku.push("S".into());
+        side.hold_qty.push(1);
+        side.hold_buyer.push(None);
+        side.hold_at.push(at(ms));
+    }
+
+    fn end(side: &mut super::SideRows, rid: &str, state: &'static str, ms: i64) {
+        side.end_rid.push(rid.into());
+        side.end_sku.push("S".into());
+        side.end_state.push(state);
+        side.end_at.push(at(ms));
+        side.end_oversold.push(0);
+        side.end_qty.push(1);
+        side.end_buyer.push(None);
+    }
+
+    /// One row per hold line; an end at or after the line's latest hold rides
+    /// on that hold's row; an end before it (the hold made again after it)
+    /// and an end whose hold is not in the batch stay ends of their own.
+    #[test]
+    fn ends_fold_onto_their_hold_made_in_the_same_batch() {
+        let mut side = super::SideRows::default();
+        hold(&mut side, "paid", 1);
+        end(&mut side, "paid", "confirmed", 1);
+        hold(&mut side, "remade", 2);
+        end(&mut side, "remade", "released", 3);
+        hold(&mut side, "remade", 4);
+        hold(&mut side, "open", 5);
+        end(&mut side, "earlier", "expired", 6);
+        hold(&mut side, "twice", 7);
+        end(&mut side, "twice", "released", 8);
+        end(&mut side, "twice", "confirmed", 8);
+        side.fold_ends();
+
+        let holds: Vec<_> = (0..side.hold_rid.len())
+            .map(|i| {
+                (
+                    side.hold_rid[i].as_str(),
+                    side.hold_at[i].timestamp_millis(),
+                    side.hold_end_state[i],
+                    side.hold_end_at[i].map(|t| t.timestamp_millis()),
+                )
+            })
+            .collect();
+        let mut holds = holds;
+        holds.sort();
+        assert_eq!(
+            holds,
+            [
+                ("open", 5, None, None),
+                ("paid", 1, Some("confirmed"), Some(1)),
+                ("remade", 4, None, None),
+                ("twice", 7, Some("confirmed"), Some(8)),
+            ]
+        );
+        let mut ends: Vec<_> = side
+            .end_rid
+            .iter()
+            .zip(&side.end_state)
+            .map(|(r, s)| (r.as_str(), *s))
+            .collect();
+        ends.sort();
+        assert_eq!(ends, [("earlier", "expired"), ("remade", "released")]);
+        assert_eq!(side.end_qty.len(), 2);
+        assert_eq!(side.hold_end_oversold.len(), 4);
     }
 }

@@ -338,6 +338,74 @@ async fn a_hold_ended_before_it_is_recorded_is_recorded_with_its_end(pg: PgPool)
     assert_eq!(counts(&pg, "OO-1").await, (3, 3, 47, 3));
 }
 
+/// Holds made and ended before the write-behind reads them are recorded in
+/// the batch that records their ends: each row with how it ended, the open
+/// hold open; a batch recorded again after a crash changes none of them.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn holds_ended_in_the_batch_that_records_them_are_recorded_ended(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    stocked(&engine, &pg, &[("IB-1", 50)]).await;
+    for rid in ["ib-paid", "ib-released", "ib-open"] {
+        let r = engine
+            .reserve(&ReserveRequest::single(rid, "IB-1", 2).for_buyer("bea"))
+            .await
+            .unwrap();
+        assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+    }
+    engine.confirm("ib-paid").await.unwrap();
+    engine.release("ib-released").await.unwrap();
+
+    type HoldRow = (String, i64, Option<String>, Option<String>, bool);
+    let rows = || async {
+        sqlx::query_as::<_, HoldRow>(
+            "SELECT reservation_id, qty, buyer, end_state, coalesce(created_at <= ended_at, false)
+               FROM holds WHERE sku = 'IB-1' ORDER BY reservation_id",
+        )
+        .fetch_all(&pg)
+        .await
+        .unwrap()
+    };
+    // Every event in one batch, committed, then the consumer dies.
+    let mut a = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        dies_after_commit("a"),
+    );
+    a.ensure_groups().await.unwrap();
+    assert!(a.run_once().await.is_err(), "a fails after its commit");
+    let bea = Some("bea".to_owned());
+    let expected: Vec<HoldRow> = vec![
+        ("ib-open".into(), 2, bea.clone(), None, false),
+        (
+            "ib-paid".into(),
+            2,
+            bea.clone(),
+            Some("confirmed".into()),
+            true,
+        ),
+        (
+            "ib-released".into(),
+            2,
+            bea.clone(),
+            Some("released".into()),
+            true,
+        ),
+    ];
+    let mut got = rows().await;
+    assert_eq!(got, expected);
+
+    // Another consumer records the same batch again: nothing changes.
+    let mut b = worker(&engine, &pg, redis.connection().await, takes_over("b"));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    b.reclaim_once().await.unwrap();
+    drain(&engine, &mut b).await;
+    got = rows().await;
+    assert_eq!(got, expected);
+    assert_eq!(counts(&pg, "IB-1").await, (1, 1, 48, 2));
+}
+
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn two_consumers_record_each_sale_once(pg: PgPool) {
     let redis = TestRedis::start();
