@@ -42,6 +42,7 @@ fn main() -> ExitCode {
         }
     };
     let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(cli.global.runtime_workers())
         .enable_all()
         .build()
     {

@@ -148,7 +148,12 @@ impl TestRedis {
     }
 
     fn launch(args: &[&str], tls_ca: Option<PathBuf>, cluster: ClusterRole) -> Self {
-        let port = free_port();
+        let pick_port = if cluster == ClusterRole::None {
+            free_port
+        } else {
+            free_cluster_port
+        };
+        let port = pick_port();
         let dir = tempfile::tempdir().expect("create a temp dir for redis-server");
         let mut extra_args: Vec<String> = args.iter().map(|s| (*s).to_owned()).collect();
         if cluster != ClusterRole::None {
@@ -170,7 +175,7 @@ impl TestRedis {
             if redis.try_spawn() {
                 break;
             }
-            redis.port = free_port();
+            redis.port = pick_port();
         }
         if redis.child.is_none() {
             redis.spawn();
@@ -647,6 +652,22 @@ pub fn free_port() -> u16 {
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .expect("find a free port")
+}
+
+/// A loopback port free a moment ago whose cluster bus port (port + 10000) was
+/// free too and exists: the OS hands out ports up to 60999, and a node whose bus
+/// port is above 65535 or taken (after a benchmark that left thousands of
+/// sockets behind, say) exits at start.
+pub fn free_cluster_port() -> u16 {
+    loop {
+        let port = free_port();
+        let Some(bus) = port.checked_add(10_000) else {
+            continue;
+        };
+        if TcpListener::bind(("127.0.0.1", bus)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// A loopback port on which nothing listens (for "unreachable" tests).

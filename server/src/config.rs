@@ -41,9 +41,28 @@ pub struct GlobalArgs {
     /// reserved units, evicted guards let a feed event or a retry apply twice.
     #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue, global = true)]
     pub allow_evicting_redis: bool,
+    /// Threads running requests and background work; by default one per core
+    /// this process may run on. Where Redis and PostgreSQL share the machine,
+    /// one fewer leaves them a core: on two cores it cut the server's CPU by a
+    /// fifth at 5,000 reservations/s with the same p99, but answered the first
+    /// second of a step to 8,000 shoppers/s more slowly on one of two machines
+    /// measured (BENCHMARKS.md), so measure before changing it.
+    #[arg(long, env = "HOLDFAST_WORKER_THREADS", value_parser = clap::value_parser!(u16).range(1..), global = true)]
+    pub worker_threads: Option<u16>,
     /// Reservation rules.
     #[command(flatten)]
     pub engine: EngineArgs,
+}
+
+impl GlobalArgs {
+    /// The runtime's worker threads: `--worker-threads`, or one per core this
+    /// process may run on.
+    pub fn runtime_workers(&self) -> usize {
+        match self.worker_threads {
+            Some(n) => usize::from(n),
+            None => std::thread::available_parallelism().map_or(1, std::num::NonZero::get),
+        }
+    }
 }
 
 /// Reservation rules shared by every command that touches stock.
@@ -573,6 +592,26 @@ impl ServeArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `GlobalArgs` as a command of its own, to parse it alone.
+    #[derive(Parser)]
+    struct Global {
+        #[command(flatten)]
+        global: GlobalArgs,
+    }
+
+    #[test]
+    fn worker_threads_are_one_per_core_unless_told() {
+        let workers =
+            |argv: &[&str]| Global::try_parse_from(argv).map(|g| g.global.runtime_workers());
+        let cores = std::thread::available_parallelism().unwrap().get();
+        assert_eq!(workers(&["holdfast"]).unwrap(), cores);
+        assert_eq!(workers(&["holdfast", "--worker-threads", "3"]).unwrap(), 3);
+        assert!(
+            workers(&["holdfast", "--worker-threads", "0"]).is_err(),
+            "a runtime without workers runs nothing"
+        );
+    }
 
     #[test]
     fn the_published_demo_password_stays_on_loopback() {
