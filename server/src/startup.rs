@@ -5,7 +5,7 @@
 
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use anyhow::Context;
@@ -25,7 +25,7 @@ use holdfast_engine::users::{self, SignIn};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_engine::{Backends, EngineConfig, EngineError, catalog, postgres, redact_url};
 use leptos::prelude::provide_context;
-use leptos_axum::{LeptosRoutes, generate_route_list};
+use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
 
@@ -100,11 +100,23 @@ pub async fn connect_with(
     .await?)
 }
 
+/// The pages' route list, rendered once per process.
+///
+/// Listing the routes renders the app with resource loading suppressed, and
+/// leptos keeps that switch in one process-wide flag (leptos issue 4773): a page
+/// whose resource is first polled while another router in the same process is
+/// being built waits for it forever, so the request ends in the 408 after the
+/// request timeout. The list depends only on the app's code, so it is built once.
+fn page_routes() -> Vec<AxumRouteListing> {
+    static ROUTES: OnceLock<Vec<AxumRouteListing>> = OnceLock::new();
+    ROUTES.get_or_init(|| generate_route_list(App)).clone()
+}
+
 /// Builds the whole HTTP surface: health probes, the API, webhooks, badges,
 /// metrics, the live socket, the Leptos pages and server functions, and the
 /// static site (WASM, JS, CSS, assets).
 pub fn router(state: AppState) -> Router {
-    let routes = generate_route_list(App);
+    let routes = page_routes();
     let backends = state.backends.clone();
     let jobs = state.jobs.clone();
     let verified = state.workers.verify.clone();

@@ -7,6 +7,9 @@ use holdfast_engine::catalog;
 use holdfast_engine::testkit::{TestRedis, stock};
 use holdfast_engine::users::{self, Role};
 use sqlx::PgPool;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
 
 async fn sign_in(server: &common::TestServer, pool: &PgPool) -> String {
     users::create(pool, "merch", Role::Viewer, "a-long-password", false)
@@ -79,4 +82,59 @@ async fn the_overview_explains_an_empty_catalogue(pool: PgPool) {
     let cookie = sign_in(&server, &pool).await;
     let html = page(&server, Some(&cookie)).await;
     assert!(html.contains("No drop is loaded yet"), "{html}");
+}
+
+/// Pages keep answering while another server of the same process builds its
+/// router, as the tests do with many servers to a process. Listing the pages'
+/// routes holds back every resource of the process while it runs, so it is done
+/// once: before, a page whose resource was first polled meanwhile never
+/// answered (a test's page once took the whole 15 s request timeout).
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn pages_answer_while_another_server_builds_its_router(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let server = common::spawn(backends.clone()).await;
+    let other = common::state(
+        backends,
+        holdfast_server::state::StateOptions::default(),
+        "127.0.0.1:0".parse().unwrap(),
+    );
+    let stop = Arc::new(AtomicBool::new(false));
+    let building = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let _in_runtime = runtime.enter();
+            let until = Instant::now() + Duration::from_secs(60);
+            let mut built = 0u32;
+            while !stop.load(Ordering::Relaxed) && Instant::now() < until {
+                drop(holdfast_server::startup::router(other.clone()));
+                built += 1;
+            }
+            built
+        })
+    };
+    let client = reqwest::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    for i in 0..100 {
+        let answer = async {
+            let res = client.get(server.url("/login")).send().await?;
+            Ok::<_, reqwest::Error>((res.status(), res.text().await?))
+        };
+        let (status, body) = answer
+            .await
+            .unwrap_or_else(|e| panic!("page {i} did not answer within 5 s: {e}"));
+        assert_eq!(status, 200, "page {i}");
+        assert!(body.contains("Sign in to Holdfast"), "page {i}: {body}");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(
+        building.join().unwrap() > 0,
+        "routers were built while the pages were asked for"
+    );
 }

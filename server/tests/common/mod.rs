@@ -56,6 +56,17 @@ pub async fn closes_within(ws: &mut Socket, within: std::time::Duration) -> bool
     .unwrap_or(false)
 }
 
+/// The state a test server listening on `addr` serves, over `backends` with
+/// `options`.
+pub fn state(backends: Backends, options: StateOptions, addr: std::net::SocketAddr) -> AppState {
+    AppState::build(
+        leptos_options("target/site", addr),
+        backends,
+        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
+        options,
+    )
+}
+
 /// Serves the full router over `backends` with `options` on port 0, the live side
 /// reading the Redis at `live_from` when given.
 pub async fn spawn_with(
@@ -65,12 +76,7 @@ pub async fn spawn_with(
 ) -> TestServer {
     let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind port 0");
     let addr = listener.local_addr().expect("local addr");
-    let state = AppState::build(
-        leptos_options("target/site", addr),
-        backends,
-        std::sync::Arc::new(holdfast_server::workers::WorkerStats::new()),
-        options,
-    );
+    let state = state(backends, options, addr);
     spawn_in_background(listener, state, live_from).await;
     TestServer {
         base: format!("http://{addr}"),
