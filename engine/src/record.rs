@@ -802,16 +802,48 @@ fn rows_of(events: &[&Event]) -> (OrderRows, LedgerRows, SideRows) {
 async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(), EngineError> {
     // Servers share a shard's events between their consumers, so a hold's
     // end can be recorded before the hold itself (another server's batch
-    // committed first). Both statements are upserts that meet in either
-    // order: an end recorded first leaves the row with its end (and the end's
-    // time as a stand-in creation time), and the hold's own row then fills in
-    // what it knows; an end never lands on a row already ended, nor on a
-    // hold made after it. A hold made again under its id after it ended (a
-    // cart undone and made again, as a split SKU's gathering does) opens the
-    // row again: its reservation came later than the end. A hold that ended
-    // in the same batch carries its end ([`SideRows::fold_ends`]), applied
-    // wherever the row is open after the hold: the same as the end's own
-    // upsert would do after it, without writing the row twice.
+    // committed first), and a batch taken over from a consumer that died after
+    // its commit is recorded again. Both statements are upserts that meet in
+    // any order: an end recorded first leaves the row with its end (and the
+    // end's time as a stand-in creation time), and the hold's own row then
+    // fills in what it knows; an end never lands on a row already ended, nor
+    // on a hold made after it. A hold made again under its id after it ended
+    // (a cart undone and made again, as a split SKU's gathering does) opens
+    // the row again: its reservation came later than the end. The row is then
+    // that later hold's, and an earlier hold of the id met again (a batch
+    // recorded again, or recorded late) changes nothing on it: it was made
+    // before the open row's hold, or it ended before that hold was made. A
+    // hold that ended in the same batch carries its end
+    // ([`SideRows::fold_ends`]), applied wherever the row is open after the
+    // hold: the same as the end's own upsert would do after it, without
+    // writing the row twice.
+    if !side.end_rid.is_empty() {
+        // Before the holds below: an end kept apart from its line's latest
+        // hold in this batch came before that hold, so it ends the hold the
+        // row had, and the later hold then opens the row again.
+        sqlx::query(
+            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
+                                oversold_units)
+             SELECT rid, sku, qty, buyer, at, at, state, oversold
+               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[],
+                           $6::bigint[], $7::text[])
+                    AS t(rid, sku, state, at, oversold, qty, buyer)
+             ON CONFLICT (reservation_id, sku) DO UPDATE
+                SET ended_at = EXCLUDED.ended_at,
+                    end_state = EXCLUDED.end_state,
+                    oversold_units = EXCLUDED.oversold_units
+              WHERE holds.ended_at IS NULL AND EXCLUDED.ended_at >= holds.created_at",
+        )
+        .bind(&side.end_rid)
+        .bind(&side.end_sku)
+        .bind(&side.end_state)
+        .bind(&side.end_at)
+        .bind(&side.end_oversold)
+        .bind(&side.end_qty)
+        .bind(&side.end_buyer)
+        .execute(&mut *tx)
+        .await?;
+    }
     if !side.hold_rid.is_empty() {
         sqlx::query(
             "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
@@ -834,7 +866,9 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
                                           THEN EXCLUDED.oversold_units ELSE holds.oversold_units END,
                     ended_at = CASE WHEN holds.ended_at < EXCLUDED.created_at
                                       OR (holds.ended_at IS NULL AND EXCLUDED.ended_at IS NOT NULL)
-                                    THEN EXCLUDED.ended_at ELSE holds.ended_at END",
+                                    THEN EXCLUDED.ended_at ELSE holds.ended_at END
+              WHERE (holds.ended_at IS NOT NULL OR EXCLUDED.created_at >= holds.created_at)
+                AND coalesce(EXCLUDED.ended_at >= holds.created_at, true)",
         )
         .bind(&side.hold_rid)
         .bind(&side.hold_sku)
@@ -844,32 +878,6 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
         .bind(&side.hold_end_at)
         .bind(&side.hold_end_state)
         .bind(&side.hold_end_oversold)
-        .execute(&mut *tx)
-        .await?;
-    }
-    if !side.end_rid.is_empty() {
-        // After the inserts above: an end before its line's hold in this
-        // batch is not applied to that later hold.
-        sqlx::query(
-            "INSERT INTO holds (reservation_id, sku, qty, buyer, created_at, ended_at, end_state,
-                                oversold_units)
-             SELECT rid, sku, qty, buyer, at, at, state, oversold
-               FROM UNNEST($1::text[], $2::text[], $3::text[], $4::timestamptz[], $5::bigint[],
-                           $6::bigint[], $7::text[])
-                    AS t(rid, sku, state, at, oversold, qty, buyer)
-             ON CONFLICT (reservation_id, sku) DO UPDATE
-                SET ended_at = EXCLUDED.ended_at,
-                    end_state = EXCLUDED.end_state,
-                    oversold_units = EXCLUDED.oversold_units
-              WHERE holds.ended_at IS NULL AND EXCLUDED.ended_at >= holds.created_at",
-        )
-        .bind(&side.end_rid)
-        .bind(&side.end_sku)
-        .bind(&side.end_state)
-        .bind(&side.end_at)
-        .bind(&side.end_oversold)
-        .bind(&side.end_qty)
-        .bind(&side.end_buyer)
         .execute(&mut *tx)
         .await?;
     }

@@ -9,7 +9,7 @@ use holdfast_engine::record::{
     Fault, WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind,
 };
 use holdfast_engine::testkit::{TestPostgres, TestRedis, add_sku};
-use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_engine::warmup::{WarmOptions, warm_all, warm_list};
 use holdfast_engine::{Engine, EngineError, ReserveOutcome, ReserveRequest, postgres};
 use sqlx::PgPool;
 
@@ -231,9 +231,7 @@ async fn sales_from_before_a_rebuilt_counter_are_settled_once(pg: PgPool) {
             .query_async::<()>(&mut redis.connection().await)
             .await
             .unwrap();
-        holdfast_engine::warmup::warm_list(&engine, &pg, &["RB-1".to_owned()])
-            .await
-            .unwrap();
+        warm_list(&engine, &pg, &["RB-1".to_owned()]).await.unwrap();
     };
 
     // Recorded before the rebuild, settled after it (the write-behind died
@@ -404,6 +402,172 @@ async fn holds_ended_in_the_batch_that_records_them_are_recorded_ended(pg: PgPoo
     got = rows().await;
     assert_eq!(got, expected);
     assert_eq!(counts(&pg, "IB-1").await, (1, 1, 48, 2));
+}
+
+/// Two SKUs in two different shards, named `prefix-i`.
+fn two_shards(engine: &Engine, prefix: &str) -> (String, String) {
+    let ks = engine.keyspace();
+    let first = format!("{prefix}-0");
+    let other = (1..)
+        .map(|i| format!("{prefix}-{i}"))
+        .find(|s| ks.shard_of(s) != ks.shard_of(&first))
+        .unwrap();
+    (first, other)
+}
+
+/// A cart `rid` of one unit of each of `skus`.
+fn cart_of(rid: &str, skus: &[&str]) -> ReserveRequest {
+    ReserveRequest {
+        reservation_id: rid.into(),
+        lines: skus
+            .iter()
+            .map(|s| holdfast_engine::Line {
+                sku: (*s).into(),
+                qty: 1,
+            })
+            .collect(),
+        buyer: None,
+        ttl_ms: Some(60_000),
+    }
+}
+
+/// How `rid`'s line of `sku` is recorded: its end state, and whether it is open.
+async fn hold_row(pg: &PgPool, rid: &str, sku: &str) -> (Option<String>, bool) {
+    sqlx::query_as(
+        "SELECT end_state, ended_at IS NULL FROM holds WHERE reservation_id = $1 AND sku = $2",
+    )
+    .bind(rid)
+    .bind(sku)
+    .fetch_one(pg)
+    .await
+    .unwrap()
+}
+
+/// Holds cart `rid` over `a` and `b` (one unit each) after undoing it once:
+/// `b` is in the catalogue but not warmed yet, so the first attempt holds `a`,
+/// finds `b`'s counter missing and undoes `a` (a hold and a release of `rid`'s
+/// line of `a`; "not warmed" is never remembered, so the id is free again);
+/// `between` runs then; `b` is warmed and the same request made again holds
+/// both.
+async fn cart_undone_and_made_again<F: Future<Output = ()>>(
+    engine: &Engine,
+    pg: &PgPool,
+    rid: &str,
+    a: &str,
+    b: &str,
+    between: F,
+) {
+    let r = engine.reserve(&cart_of(rid, &[a, b])).await.unwrap();
+    assert!(
+        matches!(&r, ReserveOutcome::NotWarmed { sku } if sku == b),
+        "{r:?}"
+    );
+    between.await;
+    warm_list(engine, pg, &[b.to_owned()]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let r = engine.reserve(&cart_of(rid, &[a, b])).await.unwrap();
+    assert!(matches!(r, ReserveOutcome::Reserved { .. }), "{r:?}");
+}
+
+/// Attack on the fold: a cart undone and made again (a hold, its release, the
+/// hold again under the same id) whose first hold is recorded in one batch and
+/// whose release and second hold in the next. One by one, the release ends
+/// the first hold and the second hold opens the row again; the batch must
+/// leave the line open, and its payment must record it confirmed.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_release_recorded_with_the_hold_made_again_after_it_leaves_that_hold_open(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, b) = two_shards(&engine, "RA");
+    stocked(&engine, &pg, &[(a.as_str(), 5)]).await;
+    add_sku(&pg, &b, 1).await;
+    let mut w = worker(&engine, &pg, redis.connection().await, config("warm"));
+    drain(&engine, &mut w).await;
+    // One entry per shard per batch: the first hold alone, without its release.
+    let mut one = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        WriteBehindConfig {
+            batch_max: 1,
+            ..config("one")
+        },
+    );
+    cart_undone_and_made_again(&engine, &pg, "ra-1", &a, &b, async {
+        one.run_once().await.unwrap();
+    })
+    .await;
+    assert_eq!(
+        hold_row(&pg, "ra-1", &a).await,
+        (None, true),
+        "the first hold, recorded"
+    );
+    // The release and the hold made again after it, in one batch.
+    drain(&engine, &mut w).await;
+    assert_eq!(
+        hold_row(&pg, "ra-1", &a).await,
+        (None, true),
+        "held again after its release: open"
+    );
+    assert_eq!(
+        engine.confirm("ra-1").await.unwrap(),
+        holdfast_engine::ConfirmOutcome::Confirmed
+    );
+    drain(&engine, &mut w).await;
+    assert_eq!(counts(&pg, &a).await.1, 1, "the sale is in the ledger");
+    assert_eq!(
+        hold_row(&pg, "ra-1", &a).await,
+        (Some("confirmed".into()), false),
+        "paid: recorded confirmed"
+    );
+}
+
+/// Attack on the fold after a crash: a batch holding a cart's line and
+/// releasing it (the cart undone) is committed and its consumer dies; the
+/// hold made again under the id is recorded by another consumer; then the
+/// dead consumer's batch is taken over and recorded again. Recording it again
+/// must change nothing: the line stays open.
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_batch_recorded_again_does_not_end_the_hold_made_again_since(pg: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let (a, b) = two_shards(&engine, "RB");
+    stocked(&engine, &pg, &[(a.as_str(), 5)]).await;
+    add_sku(&pg, &b, 1).await;
+    let mut w = worker(&engine, &pg, redis.connection().await, config("warm"));
+    drain(&engine, &mut w).await;
+    let mut dies = worker(
+        &engine,
+        &pg,
+        redis.connection().await,
+        dies_after_commit("dies"),
+    );
+    dies.ensure_groups().await.unwrap();
+    cart_undone_and_made_again(&engine, &pg, "rb-1", &a, &b, async {
+        assert!(dies.run_once().await.is_err(), "fails after its commit");
+    })
+    .await;
+    assert_eq!(
+        hold_row(&pg, "rb-1", &a).await,
+        (Some("released".into()), false),
+        "the undone hold, recorded released"
+    );
+    // Another consumer records the hold made again: the row is open again.
+    w.run_once().await.unwrap();
+    assert_eq!(
+        hold_row(&pg, "rb-1", &a).await,
+        (None, true),
+        "held again: open"
+    );
+    // The dead consumer's batch, taken over and recorded again.
+    let mut next = worker(&engine, &pg, redis.connection().await, takes_over("next"));
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    next.reclaim_once().await.unwrap();
+    assert_eq!(
+        hold_row(&pg, "rb-1", &a).await,
+        (None, true),
+        "recording the old batch again leaves the hold made since open"
+    );
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
