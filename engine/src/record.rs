@@ -815,7 +815,8 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
     // open otherwise. Each upsert keeps the later of the row's and the
     // batch's, so any order, split or repetition of the events gives the same
     // row. Redis' clock orders them, in milliseconds: a hold ended and made
-    // again within one millisecond is recorded as ended.
+    // again within one millisecond is recorded as ended. `hold_line_ended`
+    // (migration 0019) is that rule, written once in SQL.
     let lines = &side.lines;
     if !lines.rid.is_empty() {
         sqlx::query(
@@ -833,25 +834,16 @@ async fn record_side(tx: &mut sqlx::PgConnection, side: &SideRows) -> Result<(),
                               CASE WHEN EXCLUDED.held THEN EXCLUDED.created_at END),
                      greatest(r.ended_at, EXCLUDED.ended_at)),
                  -- The latest end, if it is at or after the latest hold.
-                 ended_at = CASE WHEN coalesce(
-                         greatest(r.ended_at, EXCLUDED.ended_at)
-                             >= greatest(CASE WHEN r.held THEN r.created_at END,
-                                         CASE WHEN EXCLUDED.held THEN EXCLUDED.created_at END),
-                         true)
+                 ended_at = CASE WHEN hold_line_ended(r.held, r.created_at, r.ended_at,
+                                          EXCLUDED.held, EXCLUDED.created_at, EXCLUDED.ended_at)
                      THEN greatest(r.ended_at, EXCLUDED.ended_at) END,
                  -- The state of that end (the row's on a tie: the same end).
-                 end_state = CASE WHEN coalesce(
-                         greatest(r.ended_at, EXCLUDED.ended_at)
-                             >= greatest(CASE WHEN r.held THEN r.created_at END,
-                                         CASE WHEN EXCLUDED.held THEN EXCLUDED.created_at END),
-                         true)
+                 end_state = CASE WHEN hold_line_ended(r.held, r.created_at, r.ended_at,
+                                          EXCLUDED.held, EXCLUDED.created_at, EXCLUDED.ended_at)
                      THEN CASE WHEN coalesce(EXCLUDED.ended_at > r.ended_at, r.ended_at IS NULL)
                                THEN EXCLUDED.end_state ELSE r.end_state END END,
-                 oversold_units = CASE WHEN coalesce(
-                         greatest(r.ended_at, EXCLUDED.ended_at)
-                             >= greatest(CASE WHEN r.held THEN r.created_at END,
-                                         CASE WHEN EXCLUDED.held THEN EXCLUDED.created_at END),
-                         true)
+                 oversold_units = CASE WHEN hold_line_ended(r.held, r.created_at, r.ended_at,
+                                          EXCLUDED.held, EXCLUDED.created_at, EXCLUDED.ended_at)
                      THEN CASE WHEN coalesce(EXCLUDED.ended_at > r.ended_at, r.ended_at IS NULL)
                                THEN EXCLUDED.oversold_units ELSE r.oversold_units END
                      ELSE 0 END,

@@ -443,6 +443,23 @@ async fn hold_row(pg: &PgPool, rid: &str, sku: &str) -> (Option<String>, bool) {
     .unwrap()
 }
 
+/// The stage of a cart undone and made again: SKU `a` (5 units) warmed and
+/// `b` (1 unit) only in the catalogue, in two shards named after `prefix`,
+/// and a write-behind worker that has recorded the warm-up.
+async fn cart_stage(
+    redis: &TestRedis,
+    engine: &Engine,
+    pg: &PgPool,
+    prefix: &str,
+) -> (String, String, WriteBehind) {
+    let (a, b) = two_shards(engine, prefix);
+    stocked(engine, pg, &[(a.as_str(), 5)]).await;
+    add_sku(pg, &b, 1).await;
+    let mut w = worker(engine, pg, redis.connection().await, config("warm"));
+    drain(engine, &mut w).await;
+    (a, b, w)
+}
+
 /// Holds cart `rid` over `a` and `b` (one unit each) after undoing it once:
 /// `b` is in the catalogue but not warmed yet, so the first attempt holds `a`,
 /// finds `b`'s counter missing and undoes `a` (a hold and a release of `rid`'s
@@ -478,11 +495,7 @@ async fn cart_undone_and_made_again<F: Future<Output = ()>>(
 async fn a_release_recorded_with_the_hold_made_again_after_it_leaves_that_hold_open(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    let (a, b) = two_shards(&engine, "RA");
-    stocked(&engine, &pg, &[(a.as_str(), 5)]).await;
-    add_sku(&pg, &b, 1).await;
-    let mut w = worker(&engine, &pg, redis.connection().await, config("warm"));
-    drain(&engine, &mut w).await;
+    let (a, b, mut w) = cart_stage(&redis, &engine, &pg, "RA").await;
     // One entry per shard per batch: the first hold alone, without its release.
     let mut one = worker(
         &engine,
@@ -531,11 +544,7 @@ async fn a_release_recorded_with_the_hold_made_again_after_it_leaves_that_hold_o
 async fn a_batch_recorded_again_does_not_end_the_hold_made_again_since(pg: PgPool) {
     let redis = TestRedis::start();
     let engine = redis.engine().await;
-    let (a, b) = two_shards(&engine, "RB");
-    stocked(&engine, &pg, &[(a.as_str(), 5)]).await;
-    add_sku(&pg, &b, 1).await;
-    let mut w = worker(&engine, &pg, redis.connection().await, config("warm"));
-    drain(&engine, &mut w).await;
+    let (a, b, mut w) = cart_stage(&redis, &engine, &pg, "RB").await;
     let mut dies = worker(
         &engine,
         &pg,
