@@ -34,7 +34,7 @@ async fn a_rehearsal_passes_every_truth_check(_pool: PgPoolOptions, opts: PgConn
         verify_every: None,
         lanes: Vec::new(),
     };
-    let workers = Workers::start(&backends, &redis.url(), config, &stats)
+    let workers = Workers::start(&backends, &redis.url(), config, &stats, None)
         .await
         .unwrap();
     let server = common::spawn_live(backends.clone(), &redis.url()).await;

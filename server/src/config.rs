@@ -41,8 +41,9 @@ pub struct GlobalArgs {
     /// reserved units, evicted guards let a feed event or a retry apply twice.
     #[arg(long, env = "HOLDFAST_ALLOW_EVICTING_REDIS", value_parser = BoolishValueParser::new(), action = ArgAction::SetTrue, global = true)]
     pub allow_evicting_redis: bool,
-    /// Threads running requests and background work; by default one per core
-    /// this process may run on. Where Redis and PostgreSQL share the machine,
+    /// Threads running requests and the live side (a server's background
+    /// workers have their own: `serve --background-threads`); by default one
+    /// per core this process may run on. Where Redis and PostgreSQL share the machine,
     /// one fewer leaves them a core: on two cores it cut the server's CPU by a
     /// fifth at 5,000 reservations/s with the same p99, but answered the first
     /// second of a step to 8,000 shoppers/s more slowly on one of two machines
@@ -234,6 +235,18 @@ pub struct ServeArgs {
           default_value_t = holdfast_engine::record::DEFAULT_GATHER.as_millis() as u64,
           value_parser = clap::value_parser!(u64).range(0..=1_000))]
     pub write_behind_gather_ms: u64,
+    /// Threads the background workers (write-behind, reaper, ingestion lanes,
+    /// reconciliation, verification) run on, apart from the request threads.
+    #[arg(long, env = "HOLDFAST_BACKGROUND_THREADS", default_value_t = 1,
+          value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=64))]
+    pub background_threads: usize,
+    /// Nice value added to the background threads' (0 to 19; 0: the request
+    /// threads' priority). Where the CPUs are busy they then take what checkout
+    /// leaves and lag instead of delaying requests; an idle CPU still runs them
+    /// at once.
+    #[arg(long, env = "HOLDFAST_BACKGROUND_NICE", default_value_t = 10,
+          value_parser = clap::value_parser!(i32).range(0..=19))]
+    pub background_nice: i32,
     /// Write-behind workers in this process, each recording its own share of
     /// the shards: while one commits in PostgreSQL another settles in Redis.
     /// Each holds a Redis connection, and a PostgreSQL one while it records a

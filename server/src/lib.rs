@@ -10,11 +10,13 @@
 //!
 //! Below the areas: [`http`] (the error type, token authentication, rate limits),
 //! [`feed`] (one reader of the event streams per process) and [`workers`] (the
-//! reaper, write-behind, reconciliation and ingestion consumers). Every rule and
+//! reaper, write-behind, reconciliation and ingestion consumers, on the
+//! lower-priority threads of [`background`]). Every rule and
 //! every storage access is the engine's (`holdfast-engine`); the operator CLI is
 //! the `holdfast-cli` crate.
 
 pub mod api;
+pub mod background;
 pub mod badge;
 pub mod config;
 pub mod feed;

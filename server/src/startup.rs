@@ -29,6 +29,7 @@ use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
 use tower_http::trace::TraceLayer;
 
+use crate::background::{Background, BackgroundConfig};
 use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
 use crate::http::deadline::Deadline;
@@ -572,8 +573,19 @@ impl Application {
             ),
         };
         let stats = Arc::new(WorkerStats::new());
-        let workers =
-            Workers::start(&backends, &global.redis_url, worker_config(&args), &stats).await?;
+        let background = Background::start(BackgroundConfig {
+            threads: args.background_threads,
+            nice: args.background_nice,
+        })
+        .context("cannot start the background workers' threads")?;
+        let workers = Workers::start(
+            &backends,
+            &global.redis_url,
+            worker_config(&args),
+            &stats,
+            Some(background),
+        )
+        .await?;
         // With the site embedded nothing is served from disk: a file under a
         // `target/site` in the working directory (or an old bundle there) must
         // not be reachable. The root names a path that cannot exist.

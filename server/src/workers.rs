@@ -10,6 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use crate::background::Background;
 use holdfast_domain::Lane;
 use holdfast_engine::failover::{FailoverStats, run_failover_watch};
 use holdfast_engine::ingest::{LaneConfig, LaneConsumer, LaneStats, run_consumer};
@@ -18,6 +19,7 @@ use holdfast_engine::reconcile::{self, ReconcileOptions};
 use holdfast_engine::record::{WriteBehind, WriteBehindConfig, WriteBehindStats, run_write_behind};
 use holdfast_engine::verify::{self, LastVerify, VerifyOptions};
 use holdfast_engine::{Backends, EngineError, redis_conn};
+use tokio::runtime::Handle;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
@@ -69,27 +71,36 @@ impl WorkerStats {
 pub struct Workers {
     stop: watch::Sender<bool>,
     tasks: Vec<JoinHandle<()>>,
+    /// The threads they run on, when they have their own; ended after them.
+    background: Option<Background>,
 }
 
 impl Workers {
-    /// Starts every worker. The write-behind gets a Redis connection of its own
-    /// (its reads block), opened to `redis_url`.
+    /// Starts every worker: on `background`'s threads when given (a server's,
+    /// see [`crate::background`]), on the caller's runtime otherwise. The
+    /// write-behind gets a Redis connection of its own (its reads block),
+    /// opened to `redis_url`.
     pub async fn start(
         backends: &Backends,
         redis_url: &str,
         config: WorkerConfig,
         stats: &WorkerStats,
+        background: Option<Background>,
     ) -> Result<Self, EngineError> {
         // Fail at start-up, in one readable line, if Redis cannot be reached;
         // the supervised workers connect (and reconnect) on their own.
         redis_conn::connect(redis_url).await?;
         let (stop, rx) = watch::channel(false);
         let restarts = stats.restarts.clone();
+        let on = background
+            .as_ref()
+            .map_or_else(Handle::current, Background::handle);
         let mut tasks = Vec::new();
         {
             let (engine, reaper, reaper_stats) =
                 (backends.engine.clone(), config.reaper, stats.reaper.clone());
             tasks.push(supervise(
+                &on,
                 "reaper",
                 rx.clone(),
                 restarts.clone(),
@@ -110,6 +121,7 @@ impl Workers {
                 stats.write_behind.clone(),
             );
             tasks.push(supervise(
+                &on,
                 "write-behind",
                 rx.clone(),
                 restarts.clone(),
@@ -164,6 +176,7 @@ impl Workers {
                 );
                 let name = redis_conn::consumer_name(&format!("{}-{n}", lane.name));
                 tasks.push(supervise(
+                    &on,
                     "lane consumer",
                     rx.clone(),
                     restarts.clone(),
@@ -194,6 +207,7 @@ impl Workers {
         if let Some(every) = config.verify_every {
             let (backends, last) = (backends.clone(), stats.verify.clone());
             tasks.push(supervise(
+                &on,
                 "verify",
                 rx.clone(),
                 restarts.clone(),
@@ -214,6 +228,7 @@ impl Workers {
                 stats.write_behind.clone(),
             );
             tasks.push(supervise(
+                &on,
                 "reconcile",
                 rx.clone(),
                 restarts.clone(),
@@ -230,6 +245,7 @@ impl Workers {
             let (backends, failover) = (backends.clone(), stats.failover.clone());
             let url = redis_url.to_owned();
             tasks.push(supervise(
+                &on,
                 "failover watch",
                 rx.clone(),
                 restarts.clone(),
@@ -251,6 +267,7 @@ impl Workers {
         {
             let backends = backends.clone();
             tasks.push(supervise(
+                &on,
                 "counters",
                 rx.clone(),
                 restarts.clone(),
@@ -266,6 +283,7 @@ impl Workers {
         {
             let backends = backends.clone();
             tasks.push(supervise(
+                &on,
                 "attempts",
                 rx.clone(),
                 restarts.clone(),
@@ -281,6 +299,7 @@ impl Workers {
         {
             let backends = backends.clone();
             tasks.push(supervise(
+                &on,
                 "housekeeping",
                 rx.clone(),
                 restarts.clone(),
@@ -295,7 +314,7 @@ impl Workers {
         }
         {
             let backends = backends.clone();
-            tasks.push(supervise("rebalance", rx, restarts, move |rx| {
+            tasks.push(supervise(&on, "rebalance", rx, restarts, move |rx| {
                 let fut = rebalance_loop(backends.clone(), stopped(rx));
                 async move {
                     fut.await;
@@ -303,15 +322,21 @@ impl Workers {
                 }
             }));
         }
-        Ok(Self { stop, tasks })
+        Ok(Self {
+            stop,
+            tasks,
+            background,
+        })
     }
 
-    /// Signals every worker to stop and waits for them to finish their current step.
+    /// Signals every worker to stop and waits for them to finish their current
+    /// step, then ends their threads.
     pub async fn stop(self) {
         let _ = self.stop.send(true);
         for task in self.tasks {
             let _ = task.await;
         }
+        drop(self.background);
     }
 }
 
@@ -408,7 +433,9 @@ const MAX_RESTART_BACKOFF: Duration = Duration::from_secs(30);
 /// fails or returns earlier, it is logged, counted in `restarts` and started
 /// again after a pause that doubles from one second up to
 /// [`MAX_RESTART_BACKOFF`] (back to one second after a minute of good running).
+/// It runs on `on`, and so does every task it spawns.
 pub fn supervise<F, Fut>(
+    on: &Handle,
     name: &'static str,
     stop: watch::Receiver<bool>,
     restarts: Arc<AtomicU64>,
@@ -418,7 +445,7 @@ where
     F: Fn(watch::Receiver<bool>) -> Fut + Send + 'static,
     Fut: Future<Output = Result<(), EngineError>> + Send + 'static,
 {
-    tokio::spawn(async move {
+    on.spawn(async move {
         let mut backoff = Duration::from_secs(1);
         loop {
             let started = tokio::time::Instant::now();
@@ -632,19 +659,25 @@ mod tests {
         let restarts = Arc::new(AtomicU64::new(0));
         let runs = Arc::new(AtomicU64::new(0));
         let counted = runs.clone();
-        let task = supervise("test", rx, restarts.clone(), move |rx| {
-            let run = counted.fetch_add(1, Ordering::Relaxed);
-            async move {
-                match run {
-                    0 => panic!("first run panics"),
-                    1 => Err(EngineError::Busy("second run fails".into())),
-                    _ => {
-                        stopped(rx).await;
-                        Ok(())
+        let task = supervise(
+            &Handle::current(),
+            "test",
+            rx,
+            restarts.clone(),
+            move |rx| {
+                let run = counted.fetch_add(1, Ordering::Relaxed);
+                async move {
+                    match run {
+                        0 => panic!("first run panics"),
+                        1 => Err(EngineError::Busy("second run fails".into())),
+                        _ => {
+                            stopped(rx).await;
+                            Ok(())
+                        }
                     }
                 }
-            }
-        });
+            },
+        );
         // Backoff 1 s, then 2 s: the third run is up after about 3 s (allow
         // a slow machine ten).
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

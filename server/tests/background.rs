@@ -1,0 +1,199 @@
+//! The background workers run on threads of their own at a lower priority
+//! than the request threads (`--background-threads`, `--background-nice`),
+//! still record every sale and return every expired hold from there, and
+//! their threads end with the server.
+//!
+//! One test in its own binary: it counts the process' threads by name.
+
+use std::time::{Duration, Instant};
+
+use clap::Parser;
+use holdfast_engine::testkit::{TestRedis, add_sku};
+use holdfast_engine::tokens::{self, Scope};
+use holdfast_engine::warmup::{WarmOptions, warm_all};
+use holdfast_server::background::THREAD_NAME;
+use holdfast_server::config::{GlobalArgs, ServeArgs};
+use holdfast_server::startup::Application;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+/// `holdfast serve`'s flags, as the binary parses them.
+#[derive(Parser)]
+struct Flags {
+    #[command(flatten)]
+    global: GlobalArgs,
+    #[command(flatten)]
+    serve: ServeArgs,
+}
+
+/// The nice value of each of this process' threads named `name`.
+fn nice_of_threads(name: &str) -> Vec<i32> {
+    let mut nice = Vec::new();
+    for task in std::fs::read_dir("/proc/self/task").unwrap().flatten() {
+        let path = task.path();
+        // A thread may end between the listing and the read.
+        let (Ok(comm), Ok(stat)) = (
+            std::fs::read_to_string(path.join("comm")),
+            std::fs::read_to_string(path.join("stat")),
+        ) else {
+            continue;
+        };
+        if comm.trim_end() == name {
+            nice.push(nice_in(&stat));
+        }
+    }
+    nice
+}
+
+/// The nice value in a `/proc/…/stat` line: its 19th field, the 17th after
+/// the command name (which may hold spaces, so the line is cut at its `)`).
+fn nice_in(stat: &str) -> i32 {
+    let after_name = &stat[stat.rfind(')').unwrap() + 2..];
+    after_name
+        .split_whitespace()
+        .nth(16)
+        .unwrap()
+        .parse()
+        .unwrap()
+}
+
+/// The calling thread's nice value.
+fn own_nice() -> i32 {
+    nice_in(&std::fs::read_to_string("/proc/thread-self/stat").unwrap())
+}
+
+/// Rows of `holds` for `sku` by end state (`open` for none).
+async fn recorded(pool: &PgPool, sku: &str) -> Vec<(String, i64)> {
+    sqlx::query_as(
+        "SELECT coalesce(end_state, 'open'), count(*) FROM holds WHERE sku = $1
+          GROUP BY 1 ORDER BY 1",
+    )
+    .bind(sku)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn background_work_runs_at_a_lower_priority_and_ends_with_the_server(pool: PgPool) {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    add_sku(&pool, "BG-1", 100).await;
+    warm_all(&engine, &pool, WarmOptions::default(), |_| {})
+        .await
+        .unwrap();
+    let token = tokens::create(&pool, "shop", &[Scope::Checkout, Scope::Read])
+        .await
+        .unwrap()
+        .secret;
+    let db = holdfast_engine::testkit::pg_url(&pool.connect_options());
+    assert!(
+        nice_of_threads(THREAD_NAME).is_empty(),
+        "no background threads before the server"
+    );
+    let flags = Flags::parse_from([
+        "holdfast",
+        "--redis-url",
+        &redis.url(),
+        "--database-url",
+        &db,
+        "--listen",
+        "127.0.0.1:0",
+        "--background-threads",
+        "2",
+        "--background-nice",
+        "7",
+        "--reaper-interval-ms",
+        "50",
+    ]);
+    let app = Application::build(&flags.global, flags.serve)
+        .await
+        .unwrap();
+    let base = format!("http://{}", app.addr());
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(app.run_until(async {
+        let _ = stopped.await;
+    }));
+
+    // Two threads (and any blocking ones they started), each 7 nicer than
+    // this one, which answers requests at the priority it had.
+    let request_nice = own_nice();
+    let nice = nice_of_threads(THREAD_NAME);
+    assert!(nice.len() >= 2, "background threads: {nice:?}");
+    assert!(
+        nice.iter().all(|n| *n == (request_nice + 7).min(19)),
+        "background threads' nice {nice:?}, the request thread's {request_nice}"
+    );
+
+    // From those threads the write-behind records each sale and the reaper
+    // returns each expired hold.
+    let http = reqwest::Client::new();
+    let reserve = |key: String, ttl_ms: u64| {
+        http.post(format!("{base}/api/v1/reservations"))
+            .bearer_auth(&token)
+            .header("idempotency-key", key)
+            .json(&json!({"sku": "BG-1", "qty": 1, "ttl_ms": ttl_ms}))
+            .send()
+    };
+    let mut paid = Vec::new();
+    for i in 0..10 {
+        let held = reserve(format!("pay-{i}"), 60_000).await.unwrap();
+        assert_eq!(held.status(), 201);
+        let id = held.json::<Value>().await.unwrap()["id"]
+            .as_str()
+            .unwrap()
+            .to_owned();
+        paid.push(id);
+    }
+    for id in &paid {
+        let confirmed = http
+            .post(format!("{base}/api/v1/reservations/{id}/confirm"))
+            .bearer_auth(&token)
+            .header("idempotency-key", format!("confirm-{id}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(confirmed.status(), 200, "{id}");
+    }
+    for i in 0..5 {
+        assert_eq!(
+            reserve(format!("lapse-{i}"), 1_000).await.unwrap().status(),
+            201
+        );
+    }
+    let expected = vec![("confirmed".to_owned(), 10), ("expired".to_owned(), 5)];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got = recorded(&pool, "BG-1").await;
+    while got != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        got = recorded(&pool, "BG-1").await;
+    }
+    assert_eq!(got, expected, "10 paid and 5 expired holds recorded");
+    let stock: Value = http
+        .get(format!("{base}/api/v1/stock/BG-1"))
+        .bearer_auth(&token)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&stock["available"], &stock["reserved"]),
+        (&json!(90), &json!(0)),
+        "the expired holds' units came back: {stock}"
+    );
+
+    // Stopped, the server ends its background threads too.
+    stop.send(()).unwrap();
+    server.await.unwrap().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !nice_of_threads(THREAD_NAME).is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        nice_of_threads(THREAD_NAME),
+        Vec::<i32>::new(),
+        "background threads left after the server stopped"
+    );
+}
