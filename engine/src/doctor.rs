@@ -129,8 +129,11 @@ pub struct RedisConnections {
 /// `server/src/feed.rs` and `server/src/live/hub.rs`; `cli/tests/doctor.rs`
 /// counts a real server's clients against it):
 ///
-/// - one multiplexed connection shared by the API, the reaper, scheduled
-///   reconciliation and verification, badges and the dashboard;
+/// - one multiplexed connection shared by the API, badges, the dashboard and
+///   the failover watch;
+/// - one shared by the background workers on their own threads (the reaper,
+///   scheduled reconciliation and verification, the counters' keepers), first
+///   opened as the start-up reachability probe;
 /// - one for webhook intake, so a payload of megabytes is never written
 ///   ahead of checkout calls on the shared one;
 /// - one per write-behind part (`write_behind_workers`, two by default) and
@@ -138,8 +141,7 @@ pub struct RedisConnections {
 ///   connection;
 /// - one per ingestion lane consumer (every lane is consumed, with or without
 ///   sources);
-/// - briefly, one for the start-up reachability probe and one each time the
-///   dashboard hub re-reads the streams' tails.
+/// - briefly, one each time the dashboard hub re-reads the streams' tails.
 pub fn redis_connections_per_server(write_behind_workers: usize) -> RedisConnections {
     let consumers: Vec<String> = Lane::ALL
         .iter()
@@ -158,6 +160,7 @@ pub fn redis_connections_per_server(write_behind_workers: usize) -> RedisConnect
     let write_behind = write_behind_workers.max(1) as u64;
     let held = vec![
         ("shared".to_owned(), 1),
+        ("background workers".to_owned(), 1),
         ("webhook intake".to_owned(), 1),
         (format!("write-behind ({write_behind} parts)"), write_behind),
         ("event feed".to_owned(), 1),
@@ -169,7 +172,7 @@ pub fn redis_connections_per_server(write_behind_workers: usize) -> RedisConnect
     let steady = held.iter().map(|(_, n)| n).sum();
     RedisConnections {
         steady,
-        peak: steady + 2,
+        peak: steady + 1,
         held,
     }
 }

@@ -220,6 +220,19 @@ impl Engine {
         self
     }
 
+    /// This engine (its scripts, caches, fences, counters and settings, all
+    /// shared) talking to the same Redis over `conn` instead. For work that
+    /// must not share a connection with the engine's other users: a
+    /// connection's I/O is driven on the runtime that opened it, or that last
+    /// reopened it, so background work on threads of lower priority gets its
+    /// own and never drives checkout's.
+    pub fn over(&self, conn: impl Into<RedisConn>) -> Self {
+        Self {
+            conn: Measured::new(conn.into(), self.telemetry.clone()),
+            ..self.clone()
+        }
+    }
+
     /// The key layout in use.
     pub fn keyspace(&self) -> Keyspace {
         self.keys

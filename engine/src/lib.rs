@@ -158,4 +158,14 @@ impl Backends {
         let engine = Engine::new(redis.clone(), config);
         Self { pg, redis, engine }
     }
+
+    /// The same backends with Redis reached over `redis` instead (the engine
+    /// shares everything else: see [`Engine::over`]).
+    pub fn over(&self, redis: RedisConn) -> Self {
+        Self {
+            pg: self.pg.clone(),
+            engine: self.engine.over(redis.clone()),
+            redis,
+        }
+    }
 }

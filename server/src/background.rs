@@ -11,6 +11,16 @@
 //! takes what checkout leaves, and lags under saturation instead of slowing
 //! the sale (their lag is measured and bounded elsewhere: the write-behind's
 //! lag gauge, the lanes' pending counts).
+//!
+//! A socket's I/O is driven by the runtime that opened it, so the workers
+//! talk to Redis over connections opened here, never over the request
+//! threads' shared one (which a worker would otherwise reopen after a
+//! failure, moving checkout's I/O onto these threads; see
+//! `Workers::start`). The failover watch stays on the request threads: a
+//! shard fenced late could sell what its old master lost. PostgreSQL's pool
+//! is shared; a connection a worker opened is driven here, which only paths
+//! that read PostgreSQL (pages, a token's first check) can notice, never a
+//! reservation.
 
 use std::io;
 

@@ -87,14 +87,29 @@ impl Workers {
         stats: &WorkerStats,
         background: Option<Background>,
     ) -> Result<Self, EngineError> {
-        // Fail at start-up, in one readable line, if Redis cannot be reached;
-        // the supervised workers connect (and reconnect) on their own.
-        redis_conn::connect(redis_url).await?;
-        let (stop, rx) = watch::channel(false);
-        let restarts = stats.restarts.clone();
         let on = background
             .as_ref()
             .map_or_else(Handle::current, Background::handle);
+        // Fail at start-up, in one readable line, if Redis cannot be reached;
+        // the supervised workers connect (and reconnect) on their own. On
+        // threads of their own, this connection (opened there) becomes the
+        // one the workers share: one the request threads share would be
+        // reopened by whichever worker first saw it fail, and a connection's
+        // I/O runs on the runtime that opened it, so checkout would then wait
+        // on the lower-priority threads.
+        let url = redis_url.to_owned();
+        let probe = on
+            .spawn(async move { redis_conn::connect(&url).await })
+            .await
+            .expect("a connect task neither panics nor is cancelled")?;
+        let request_side = backends;
+        let backends = &if background.is_some() {
+            backends.over(probe)
+        } else {
+            backends.clone()
+        };
+        let (stop, rx) = watch::channel(false);
+        let restarts = stats.restarts.clone();
         let mut tasks = Vec::new();
         {
             let (engine, reaper, reaper_stats) =
@@ -242,10 +257,13 @@ impl Workers {
             ));
         }
         {
-            let (backends, failover) = (backends.clone(), stats.failover.clone());
+            let (backends, failover) = (request_side.clone(), stats.failover.clone());
             let url = redis_url.to_owned();
+            // Not on the background threads: it fences a shard whose master
+            // changed, and a fence that waits behind checkout on busy CPUs
+            // is time in which units lost with the old master could sell.
             tasks.push(supervise(
-                &on,
+                &Handle::current(),
                 "failover watch",
                 rx.clone(),
                 restarts.clone(),

@@ -1,7 +1,8 @@
 //! The background workers run on threads of their own at a lower priority
 //! than the request threads (`--background-threads`, `--background-nice`),
-//! still record every sale and return every expired hold from there, and
-//! their threads end with the server.
+//! still record every sale and return every expired hold from there (also
+//! after every Redis connection is cut), and their threads end with the
+//! server.
 //!
 //! One test in its own binary: it counts the process' threads by name.
 
@@ -74,6 +75,95 @@ async fn recorded(pool: &PgPool, sku: &str) -> Vec<(String, i64)> {
     .unwrap()
 }
 
+/// A shopper's client of one server.
+struct Shop<'a> {
+    http: &'a reqwest::Client,
+    base: &'a str,
+    token: &'a str,
+}
+
+impl Shop<'_> {
+    /// Holds one unit of `BG-1`, retried while a cut connection is reopened
+    /// (a 503 says so and asks for the retry).
+    async fn reserve(&self, key: &str, ttl_ms: u64) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let held = self
+                .http
+                .post(format!("{}/api/v1/reservations", self.base))
+                .bearer_auth(self.token)
+                .header("idempotency-key", key)
+                .json(&json!({"sku": "BG-1", "qty": 1, "ttl_ms": ttl_ms}))
+                .send()
+                .await
+                .unwrap();
+            let status = held.status();
+            if status == 503 && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+            let body: Value = held.json().await.unwrap();
+            assert_eq!(status, 201, "{key}: {body}");
+            return body;
+        }
+    }
+
+    /// Holds and pays for `paid` units, and holds `lapsed` more for a second.
+    async fn sell(&self, prefix: &str, paid: usize, lapsed: usize) {
+        for i in 0..paid {
+            let held = self.reserve(&format!("{prefix}-pay-{i}"), 60_000).await;
+            let id = held["id"].as_str().unwrap();
+            let confirmed = self
+                .http
+                .post(format!("{}/api/v1/reservations/{id}/confirm", self.base))
+                .bearer_auth(self.token)
+                .header("idempotency-key", format!("confirm-{id}"))
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(confirmed.status(), 200, "{id}");
+        }
+        for i in 0..lapsed {
+            self.reserve(&format!("{prefix}-lapse-{i}"), 1_000).await;
+        }
+    }
+
+    /// `BG-1`'s figures.
+    async fn stock(&self) -> Value {
+        self.http
+            .get(format!("{}/api/v1/stock/BG-1", self.base))
+            .bearer_auth(self.token)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// Waits until PostgreSQL holds `paid` paid and `lapsed` expired holds of
+/// `BG-1` and Redis has the lapsed units back (stock 100 less those paid).
+async fn settled(pool: &PgPool, shop: &Shop<'_>, paid: i64, lapsed: i64) {
+    let expected = vec![
+        ("confirmed".to_owned(), paid),
+        ("expired".to_owned(), lapsed),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut got = recorded(pool, "BG-1").await;
+    while got != expected && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        got = recorded(pool, "BG-1").await;
+    }
+    assert_eq!(got, expected, "paid and expired holds recorded");
+    let stock = shop.stock().await;
+    assert_eq!(
+        (&stock["available"], &stock["reserved"]),
+        (&json!(100 - paid), &json!(0)),
+        "the expired holds' units came back: {stock}"
+    );
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn background_work_runs_at_a_lower_priority_and_ends_with_the_server(pool: PgPool) {
     let redis = TestRedis::start();
@@ -128,61 +218,26 @@ async fn background_work_runs_at_a_lower_priority_and_ends_with_the_server(pool:
     // From those threads the write-behind records each sale and the reaper
     // returns each expired hold.
     let http = reqwest::Client::new();
-    let reserve = |key: String, ttl_ms: u64| {
-        http.post(format!("{base}/api/v1/reservations"))
-            .bearer_auth(&token)
-            .header("idempotency-key", key)
-            .json(&json!({"sku": "BG-1", "qty": 1, "ttl_ms": ttl_ms}))
-            .send()
+    let shop = Shop {
+        http: &http,
+        base: &base,
+        token: &token,
     };
-    let mut paid = Vec::new();
-    for i in 0..10 {
-        let held = reserve(format!("pay-{i}"), 60_000).await.unwrap();
-        assert_eq!(held.status(), 201);
-        let id = held.json::<Value>().await.unwrap()["id"]
-            .as_str()
-            .unwrap()
-            .to_owned();
-        paid.push(id);
-    }
-    for id in &paid {
-        let confirmed = http
-            .post(format!("{base}/api/v1/reservations/{id}/confirm"))
-            .bearer_auth(&token)
-            .header("idempotency-key", format!("confirm-{id}"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(confirmed.status(), 200, "{id}");
-    }
-    for i in 0..5 {
-        assert_eq!(
-            reserve(format!("lapse-{i}"), 1_000).await.unwrap().status(),
-            201
-        );
-    }
-    let expected = vec![("confirmed".to_owned(), 10), ("expired".to_owned(), 5)];
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let mut got = recorded(&pool, "BG-1").await;
-    while got != expected && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        got = recorded(&pool, "BG-1").await;
-    }
-    assert_eq!(got, expected, "10 paid and 5 expired holds recorded");
-    let stock: Value = http
-        .get(format!("{base}/api/v1/stock/BG-1"))
-        .bearer_auth(&token)
-        .send()
-        .await
-        .unwrap()
-        .json()
+    shop.sell("first", 10, 5).await;
+    settled(&pool, &shop, 10, 5).await;
+
+    // Every Redis connection cut at once (a restart of a proxy, a network
+    // reset): the request threads and the background threads each reopen
+    // their own, checkout answers again and the workers record again.
+    let mut admin = redis.connection().await;
+    let killed: i64 = redis::cmd("CLIENT")
+        .arg(&["KILL", "TYPE", "normal", "SKIPME", "yes"][..])
+        .query_async(&mut admin)
         .await
         .unwrap();
-    assert_eq!(
-        (&stock["available"], &stock["reserved"]),
-        (&json!(90), &json!(0)),
-        "the expired holds' units came back: {stock}"
-    );
+    assert!(killed >= 3, "the server's connections were cut: {killed}");
+    shop.sell("again", 10, 5).await;
+    settled(&pool, &shop, 20, 10).await;
 
     // Stopped, the server ends its background threads too.
     stop.send(()).unwrap();
