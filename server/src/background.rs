@@ -1,6 +1,9 @@
 //! Threads of their own for the background workers (write-behind, reaper,
-//! ingestion lanes, reconciliation, verification, the counters' keeper), at a
-//! lower scheduling priority than the threads that answer requests.
+//! ingestion lanes, reconciliation, verification, the counters' keeper),
+//! which can run at a lower scheduling priority than the threads that answer
+//! requests (`--background-nice`; by default the same priority: on two cores
+//! shared with Redis and PostgreSQL a nice value of 10 showed no gain for
+//! checkout's p99 and slowed the first second of a step, BENCHMARKS.md).
 //!
 //! Why: on a machine shared with Redis and PostgreSQL, a write-behind batch
 //! decoded or a feed page applied on a request thread holds that CPU while

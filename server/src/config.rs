@@ -243,8 +243,11 @@ pub struct ServeArgs {
     /// Nice value added to the background threads' (0 to 19; 0: the request
     /// threads' priority). Where the CPUs are busy they then take what checkout
     /// leaves and lag instead of delaying requests; an idle CPU still runs them
-    /// at once.
-    #[arg(long, env = "HOLDFAST_BACKGROUND_NICE", default_value_t = 10,
+    /// at once. 0 by default: on two cores shared with Redis and PostgreSQL,
+    /// 10 did not lower checkout's p99 beyond noise and slowed the first
+    /// second of a step to 8,000 shoppers/s in two of three runs
+    /// (BENCHMARKS.md, 2026-12-07).
+    #[arg(long, env = "HOLDFAST_BACKGROUND_NICE", default_value_t = 0,
           value_parser = clap::value_parser!(i32).range(0..=19))]
     pub background_nice: i32,
     /// Write-behind workers in this process, each recording its own share of

@@ -11,7 +11,7 @@
 //! Below the areas: [`http`] (the error type, token authentication, rate limits),
 //! [`feed`] (one reader of the event streams per process) and [`workers`] (the
 //! reaper, write-behind, reconciliation and ingestion consumers, on the
-//! lower-priority threads of [`background`]). Every rule and
+//! threads of [`background`], which may run at a lower priority). Every rule and
 //! every storage access is the engine's (`holdfast-engine`); the operator CLI is
 //! the `holdfast-cli` crate.
 

@@ -96,7 +96,7 @@ impl Workers {
         // one the workers share: one the request threads share would be
         // reopened by whichever worker first saw it fail, and a connection's
         // I/O runs on the runtime that opened it, so checkout would then wait
-        // on the lower-priority threads.
+        // on the background threads (of lower priority when so set).
         let url = redis_url.to_owned();
         let probe = on
             .spawn(async move { redis_conn::connect(&url).await })
