@@ -20,10 +20,16 @@
 //! threads' shared one (which a worker would otherwise reopen after a
 //! failure, moving checkout's I/O onto these threads; see
 //! `Workers::start`). The failover watch stays on the request threads: a
-//! shard fenced late could sell what its old master lost. PostgreSQL's pool
-//! is shared; a connection a worker opened is driven here, which only paths
-//! that read PostgreSQL (pages, a token's first check) can notice, never a
-//! reservation.
+//! shard fenced late could sell what its old master lost.
+//!
+//! Not yet isolated, and so a cost only with `--background-nice` above 0 on
+//! busy CPUs: PostgreSQL's pool is shared, and a connection a worker opened
+//! is driven here, so a request that borrows it waits on these threads too
+//! (pages, and the token check every API call repeats against PostgreSQL
+//! once its cached answer is 5 s old, reservations included, bounded by the
+//! 300 ms quick lookup); and after a cluster failover the failover watch
+//! reopens every cluster link of the process from the request threads,
+//! which moves the workers' Redis I/O there.
 
 use std::io;
 
