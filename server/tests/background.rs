@@ -6,26 +6,16 @@
 //!
 //! One test in its own binary: it counts the process' threads by name.
 
+mod common;
+
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use holdfast_engine::testkit::{TestRedis, add_sku};
 use holdfast_engine::tokens::{self, Scope};
 use holdfast_engine::warmup::{WarmOptions, warm_all};
 use holdfast_server::background::THREAD_NAME;
-use holdfast_server::config::{GlobalArgs, ServeArgs};
-use holdfast_server::startup::Application;
 use serde_json::{Value, json};
 use sqlx::PgPool;
-
-/// `holdfast serve`'s flags, as the binary parses them.
-#[derive(Parser)]
-struct Flags {
-    #[command(flatten)]
-    global: GlobalArgs,
-    #[command(flatten)]
-    serve: ServeArgs,
-}
 
 /// The nice value of each of this process' threads named `name`.
 fn nice_of_threads(name: &str) -> Vec<i32> {
@@ -181,8 +171,7 @@ async fn background_work_runs_at_a_lower_priority_and_ends_with_the_server(pool:
         nice_of_threads(THREAD_NAME).is_empty(),
         "no background threads before the server"
     );
-    let flags = Flags::parse_from([
-        "holdfast",
+    let app = common::application(&[
         "--redis-url",
         &redis.url(),
         "--database-url",
@@ -195,10 +184,8 @@ async fn background_work_runs_at_a_lower_priority_and_ends_with_the_server(pool:
         "7",
         "--reaper-interval-ms",
         "50",
-    ]);
-    let app = Application::build(&flags.global, flags.serve)
-        .await
-        .unwrap();
+    ])
+    .await;
     let base = format!("http://{}", app.addr());
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(app.run_until(async {

@@ -9,29 +9,17 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use futures_util::{SinkExt, StreamExt};
 use holdfast_engine::testkit::TestRedis;
 use holdfast_engine::tokens::{self, Scope};
 use holdfast_engine::users::{self, Role};
-use holdfast_server::config::{GlobalArgs, ServeArgs};
 use holdfast_server::routes::ingest::sign;
-use holdfast_server::startup::Application;
 use sqlx::PgPool;
 use tokio_tungstenite::tungstenite::Message;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest;
 
 const SECRET: &str = "settings-secret-0123456789";
 const PASSWORD: &str = "correct horse battery";
-
-/// `holdfast serve`'s flags, as the binary parses them.
-#[derive(Parser)]
-struct Flags {
-    #[command(flatten)]
-    global: GlobalArgs,
-    #[command(flatten)]
-    serve: ServeArgs,
-}
 
 async fn ws_status(req: tokio_tungstenite::tungstenite::handshake::client::Request) -> u16 {
     match tokio_tungstenite::connect_async(req).await {
@@ -52,8 +40,7 @@ async fn every_limit_setting_takes_effect(pool: PgPool) {
         .unwrap()
         .secret;
     let db = holdfast_engine::testkit::pg_url(&pool.connect_options());
-    let flags = Flags::parse_from([
-        "holdfast",
+    let app = common::application(&[
         "--redis-url",
         &redis.url(),
         "--database-url",
@@ -82,10 +69,8 @@ async fn every_limit_setting_takes_effect(pool: PgPool) {
         "1",
         "--webhook-max-events",
         "2",
-    ]);
-    let app = Application::build(&flags.global, flags.serve)
-        .await
-        .unwrap();
+    ])
+    .await;
     let base = format!("http://{}", app.addr());
     let ws_base = base.replace("http://", "ws://");
     tokio::spawn(app.run_until(std::future::pending()));

@@ -93,3 +93,22 @@ pub async fn spawn_live(backends: Backends, redis_url: &str) -> TestServer {
 pub async fn spawn(backends: Backends) -> TestServer {
     spawn_with(backends, StateOptions::default(), None).await
 }
+
+/// `holdfast serve`'s flags, as the binary parses them.
+#[derive(clap::Parser)]
+struct ServeFlags {
+    #[command(flatten)]
+    global: holdfast_server::config::GlobalArgs,
+    #[command(flatten)]
+    serve: holdfast_server::config::ServeArgs,
+}
+
+/// The application `holdfast serve` builds from `args` (after the program
+/// name), not yet serving.
+pub async fn application(args: &[&str]) -> holdfast_server::startup::Application {
+    use clap::Parser;
+    let flags = ServeFlags::parse_from(std::iter::once("holdfast").chain(args.iter().copied()));
+    holdfast_server::startup::Application::build(&flags.global, flags.serve)
+        .await
+        .unwrap()
+}
