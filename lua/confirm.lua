@@ -24,6 +24,12 @@
 --          which reports what is still unbacked as oversold. So an oversell
 --          is judged for the whole SKU, in one call when there is no debt.
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
+--          optionally 'key:<field> <fingerprint>': the Idempotency-Key this
+--          payment was sent with (its hash field, `k:<token>:<key>`) and the
+--          fingerprint of the request; the hold keeps it, so the same key
+--          with another request on this hold (its release) is refused
+--          ({'key_reused'}, nothing moves) and the same request again is
+--          answered as the first was (a repeat confirms nothing twice); then
 --          optionally 'fp:' and the fingerprint of the request that made the
 --          hold: a caller that knows the hold from memory (not from reading it)
 --          names it, so a hold made since under the id by another request is
@@ -49,6 +55,7 @@
 --   {'indebted'}                (direct) see ARGV[3]: nothing moved
 --   {'unknown'}                 no such hold
 --   {'mismatch'}                the keys given do not match the hold's lines
+--   {'key_reused'}              the Idempotency-Key was kept for another request
 -- Numbers go to Redis as text made here with the integer format: Redis would
 -- otherwise format each with the floating-point one ('%.17g'), a tenth of a
 -- script's time (see reserve.lua).
@@ -65,10 +72,26 @@ if not h[1] or h[1] == 'refused' then return {'unknown'} end
 -- A caller that knew the hold from memory named the request that made it
 -- ('fp:<fingerprint>' last; no SKU has a ':'): any other hold under the id is
 -- a mismatch, whatever its state.
-local named = string.sub(ARGV[#ARGV], 1, 3) == 'fp:'
-if named and string.sub(ARGV[#ARGV], 4) ~= h[5] then return {'mismatch'} end
-local skus = #ARGV - 3 - (named and 1 or 0)
-if h[1] == 'confirmed' then return {'already_confirmed'} end
+local last = #ARGV
+local named = string.sub(ARGV[last], 1, 3) == 'fp:'
+if named then
+  if string.sub(ARGV[last], 4) ~= h[5] then return {'mismatch'} end
+  last = last - 1
+end
+-- The payment's Idempotency-Key, kept in the hold: another request under it
+-- is refused before anything moves; kept by every answer that ends here.
+local kfield, kfp = string.match(ARGV[last], '^key:(%S+) (%S+)$')
+if kfield then
+  last = last - 1
+  local prior = redis.call('HGET', KEYS[1], kfield)
+  if prior and prior ~= kfp then return {'key_reused'} end
+end
+local function kept(reply)
+  if kfield then redis.call('HSET', KEYS[1], kfield, kfp) end
+  return reply
+end
+local skus = last - 3
+if h[1] == 'confirmed' then return kept({'already_confirmed'}) end
 
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -94,7 +117,7 @@ if mode == 'commit' then
   if h[1] ~= 'confirming' then return {'expired', h[1]} end
   overdue = false
 else
-  if h[1] ~= 'held' then return {'expired', h[1]} end
+  if h[1] ~= 'held' then return kept({'expired', h[1]}) end
 end
 local kind = overdue and 'expired' or 'confirmed'
 
@@ -167,5 +190,5 @@ end
 redis.call('ZREM', KEYS[2], rid)
 redis.call('HSET', KEYS[1], 'state', kind, 'ended', now_s)
 redis.call('PEXPIRE', KEYS[1], text(tomb))
-if overdue then return {'expired', 'expired', parked} end
-return reply
+if overdue then return kept({'expired', 'expired', parked}) end
+return kept(reply)

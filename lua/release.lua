@@ -15,6 +15,8 @@
 --          other attempt's hold made meanwhile under the id is ever deleted)
 -- ARGV[3] tombstone ttl ms (how long the ended hold is remembered)
 -- ARGV[4..] sku of each line, in KEYS order (checked against the hold), then
+--          optionally 'key:<field> <fingerprint>' (the release's
+--          Idempotency-Key, kept in the hold as in confirm.lua), then
 --          optionally 'fp:' and the fingerprint of the request that made the
 --          hold (as in confirm.lua)
 --
@@ -32,6 +34,7 @@
 --   {'unknown'}            no such hold (never existed, or its tombstone has lapsed)
 --   {'mismatch'}           the keys given do not match the hold's lines
 --   {'busy'}               a cart's confirmation is deciding this part: nothing moves
+--   {'key_reused'}         the Idempotency-Key was kept for another request: nothing moves
 -- Numbers go to Redis as text made here with the integer format (see reserve.lua).
 local function text(x)
   if type(x) == 'number' then return string.format('%d', x) end
@@ -45,17 +48,32 @@ if not h[1] then return {'unknown'} end
 -- A caller that knew the hold from memory named the request that made it
 -- ('fp:<fingerprint>' last; no SKU has a ':'): any other hold under the id is
 -- a mismatch, whatever its state.
-local named = string.sub(ARGV[#ARGV], 1, 3) == 'fp:'
-if named and string.sub(ARGV[#ARGV], 4) ~= h[5] then return {'mismatch'} end
-local skus = #ARGV - 3 - (named and 1 or 0)
+local last = #ARGV
+local named = string.sub(ARGV[last], 1, 3) == 'fp:'
+if named then
+  if string.sub(ARGV[last], 4) ~= h[5] then return {'mismatch'} end
+  last = last - 1
+end
 -- A refused request's record (reserve.lua) is no hold.
 if h[1] == 'refused' then
   if undo then redis.call('DEL', KEYS[1]) end
   return {'unknown'}
 end
+-- The release's Idempotency-Key, kept in the hold (as in confirm.lua).
+local kfield, kfp = string.match(ARGV[last], '^key:(%S+) (%S+)$')
+if kfield then
+  last = last - 1
+  local prior = redis.call('HGET', KEYS[1], kfield)
+  if prior and prior ~= kfp then return {'key_reused'} end
+end
+local skus = last - 3
 if h[1] == 'confirming' then return {'busy'} end
 if h[1] ~= 'held' then
-  if undo and h[1] ~= 'confirmed' then redis.call('DEL', KEYS[1]) end
+  if undo and h[1] ~= 'confirmed' then
+    redis.call('DEL', KEYS[1])
+  elseif kfield then
+    redis.call('HSET', KEYS[1], kfield, kfp)
+  end
   return {'gone', h[1]}
 end
 
@@ -112,6 +130,7 @@ if undo then
   redis.call('DEL', KEYS[1])
 else
   redis.call('HSET', KEYS[1], 'state', reason, 'ended', text(now))
+  if kfield then redis.call('HSET', KEYS[1], kfield, kfp) end
   redis.call('PEXPIRE', KEYS[1], text(tomb))
 end
 return {'released', reason, parked}

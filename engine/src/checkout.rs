@@ -43,12 +43,14 @@ pub fn made_by(id: &str, token_id: i64) -> bool {
 /// remediation with its buyer and lines is recorded ([`ConfirmOutcome::Lost`]).
 ///
 /// The reservation as it stands afterwards comes with the outcome when Redis
-/// knows it (read in the same calls).
+/// knows it (read in the same calls). `key`: the `Idempotency-Key` the payment
+/// came with, kept in the hold ([`crate::idempotency::KeyUse`]).
 pub async fn confirm_payment(
     b: &Backends,
     id: &str,
+    key: Option<&crate::idempotency::KeyUse>,
 ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
-    let (outcome, shown) = b.engine.confirm_showing(id).await?;
+    let (outcome, shown) = b.engine.confirm_showing(id, key).await?;
     match &outcome {
         ConfirmOutcome::Expired { state } => {
             // Kept in Redis' stream first, so PostgreSQL being down loses nothing:

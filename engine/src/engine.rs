@@ -16,6 +16,7 @@ use redis::Value;
 
 use crate::error::EngineError;
 use crate::hold_cache::{HoldCache, Known};
+use crate::idempotency::KeyUse;
 use crate::keys::Keyspace;
 use crate::model::{
     ConfirmOutcome, Figures, Hold, HoldState, Invalid, Line, ReapReport, ReleaseOutcome,
@@ -859,13 +860,17 @@ impl Engine {
             expires_at_ms: 0,
             created_at_ms: 0,
         };
+        let named = Named {
+            made_by: Some(fp),
+            key: None,
+        };
         self.run_on_hold(
             &self.scripts.release,
             shard,
             &hold,
             Some("undo"),
             None,
-            Some(fp),
+            named,
         )
         .await?;
         Ok(())
@@ -927,26 +932,32 @@ impl Engine {
     /// Confirms reservation `rid` (payment captured): its units become sold. A
     /// cart over several shards is sold whole or not at all ([`crate::cart`]).
     pub async fn confirm(&self, rid: &str) -> Result<ConfirmOutcome, EngineError> {
-        Ok(self.confirm_showing(rid).await?.0)
+        Ok(self.confirm_showing(rid, None).await?.0)
     }
 
     /// [`Engine::confirm`], with the reservation as it stands afterwards (`None`
     /// when Redis does not know it), read in the same calls: no second look.
+    /// `key`: the `Idempotency-Key` the payment came with, kept in the hold
+    /// ([`KeyUse`]); [`EngineError::KeyReused`] when it was kept for another
+    /// request, and then nothing moved.
     pub async fn confirm_showing(
         &self,
         rid: &str,
+        key: Option<&KeyUse>,
     ) -> Result<(ConfirmOutcome, Option<Hold>), EngineError> {
         self.activity.note();
         let direct = Some(ConfirmMode::Direct.as_str());
         if let Some((known, mut reply)) = self
-            .run_remembered(rid, &self.scripts.confirm, None, direct)
+            .run_remembered(rid, &self.scripts.confirm, None, direct, key)
             .await?
         {
             if reply.tag()? == "indebted" {
                 let fp = known.fp();
-                reply = self
-                    .confirm_judged(known.shard, &known.hold, Some(&fp))
-                    .await?;
+                let named = Named {
+                    made_by: Some(&fp),
+                    key,
+                };
+                reply = self.confirm_judged(known.shard, &known.hold, named).await?;
             }
             if !reply.is_miss()? {
                 let outcome = self.confirm_reply(rid, &reply)?;
@@ -958,13 +969,24 @@ impl Engine {
         let outcome = match parts.as_slice() {
             [] => ConfirmOutcome::Unknown,
             [part] if part.cart.is_empty() => {
-                let mut reply = self.confirm_step(part, ConfirmMode::Direct).await?;
+                let named = Named { made_by: None, key };
+                let mut reply = self
+                    .run_on_hold(
+                        &self.scripts.confirm,
+                        part.shard,
+                        &part.hold,
+                        None,
+                        Some(ConfirmMode::Direct.as_str()),
+                        named,
+                    )
+                    .await?;
                 if reply.tag()? == "indebted" {
-                    reply = self.confirm_judged(part.shard, &part.hold, None).await?;
+                    reply = self.confirm_judged(part.shard, &part.hold, named).await?;
                 }
                 self.confirm_reply(rid, &reply)?
             }
-            _ => {
+            [first, ..] => {
+                self.keep_key(first.shard, rid, key).await?;
                 // A cart's parts commit without the check: its split lines'
                 // debts are judged for the whole SKU first (split.rs).
                 let lines: Vec<Line> = parts.iter().flat_map(|p| p.hold.lines.clone()).collect();
@@ -1038,6 +1060,7 @@ impl Engine {
                 state: reply.state(1)?,
             },
             "unknown" => ConfirmOutcome::Unknown,
+            "key_reused" => return Err(EngineError::KeyReused),
             other => return Err(EngineError::UnexpectedReply(format!("confirm: {other}"))),
         })
     }
@@ -1050,7 +1073,7 @@ impl Engine {
         &self,
         shard: u16,
         hold: &Hold,
-        fp: Option<&str>,
+        named: Named<'_>,
     ) -> Result<Reply, EngineError> {
         let on_hold = |mode: ConfirmMode| {
             self.run_on_hold(
@@ -1059,7 +1082,7 @@ impl Engine {
                 hold,
                 None,
                 Some(mode.as_str()),
-                fp,
+                named,
             )
         };
         let checked = || async {
@@ -1082,7 +1105,7 @@ impl Engine {
             &part.hold,
             None,
             Some(mode.as_str()),
-            None,
+            Named::default(),
         )
         .await
     }
@@ -1092,17 +1115,19 @@ impl Engine {
     /// released whole; while its confirmation is being decided, nothing moves and
     /// the answer is [`EngineError::Busy`].
     pub async fn release(&self, rid: &str) -> Result<ReleaseOutcome, EngineError> {
-        Ok(self.release_showing(rid).await?.0)
+        Ok(self.release_showing(rid, None).await?.0)
     }
 
     /// [`Engine::release`], with the reservation as it stands afterwards (`None`
     /// when Redis does not know it), read in the same calls: no second look.
+    /// `key` as for [`Engine::confirm_showing`].
     pub async fn release_showing(
         &self,
         rid: &str,
+        key: Option<&KeyUse>,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
         self.activity.note();
-        let (outcome, shown) = self.release_parts(rid).await?;
+        let (outcome, shown) = self.release_parts(rid, key).await?;
         let after = match outcome {
             ReleaseOutcome::Released => Some(HoldState::Released),
             ReleaseOutcome::AlreadyGone { state } => Some(state),
@@ -1120,10 +1145,11 @@ impl Engine {
     async fn release_parts(
         &self,
         rid: &str,
+        key: Option<&KeyUse>,
     ) -> Result<(ReleaseOutcome, Option<Hold>), EngineError> {
         let released = Some(HoldState::Released.as_str());
         if let Some((known, reply)) = self
-            .run_remembered(rid, &self.scripts.release, released, None)
+            .run_remembered(rid, &self.scripts.release, released, None, key)
             .await?
         {
             return match release_outcome(&reply)? {
@@ -1141,11 +1167,21 @@ impl Engine {
         if parts.iter().any(|(_, h)| h.state == HoldState::Confirming) {
             return Err(busy(rid));
         }
+        // One part keeps the key in its own call; a cart over shards first.
+        let key_in_script = if parts.len() == 1 { key } else { None };
+        if parts.len() > 1 {
+            self.keep_key(parts[0].0, rid, key).await?;
+        }
+        let named = Named {
+            made_by: None,
+            key: key_in_script,
+        };
         let mut outcome = None;
         for (shard, hold) in &parts {
-            let part = self
-                .release_in_shard(*shard, hold, HoldState::Released)
+            let reply = self
+                .run_on_hold(&self.scripts.release, *shard, hold, released, None, named)
                 .await?;
+            let part = release_outcome(&reply)?;
             outcome = match (outcome, part) {
                 (Some(ReleaseOutcome::Released), _) | (_, ReleaseOutcome::Released) => {
                     Some(ReleaseOutcome::Released)
@@ -1172,10 +1208,38 @@ impl Engine {
                 hold,
                 Some(reason.as_str()),
                 None,
-                None,
+                Named::default(),
             )
             .await?;
         release_outcome(&reply)
+    }
+
+    /// Keeps `key` (when given) in the hold of `rid`'s part in `shard` before
+    /// a cart over several shards is confirmed or released (`lua/key_use.lua`);
+    /// [`EngineError::KeyReused`] when it was kept for another request.
+    async fn keep_key(
+        &self,
+        shard: u16,
+        rid: &str,
+        key: Option<&KeyUse>,
+    ) -> Result<(), EngineError> {
+        let Some(key) = key else {
+            return Ok(());
+        };
+        let answer: String = self
+            .scripts
+            .key_use
+            .key(self.keys.hold(shard, rid))
+            .arg(key.field())
+            .arg(key.fp())
+            .invoke_async(&mut self.conn.clone())
+            .await?;
+        match answer.as_str() {
+            "key_reused" => Err(EngineError::KeyReused),
+            // Unknown: the cart's own steps find that out and answer it.
+            "kept" | "unknown" => Ok(()),
+            other => Err(EngineError::UnexpectedReply(format!("key_use: {other}"))),
+        }
     }
 
     /// Runs `script` (confirm's or release's, with `before` and `after` as in
@@ -1189,13 +1253,18 @@ impl Engine {
         script: &redis::Script,
         before: Option<&str>,
         after: Option<&str>,
+        key: Option<&KeyUse>,
     ) -> Result<Option<(Known, Reply)>, EngineError> {
         let Some(known) = self.holds.get(rid, chrono::Utc::now().timestamp_millis()) else {
             return Ok(None);
         };
         let fp = known.fp();
+        let named = Named {
+            made_by: Some(&fp),
+            key,
+        };
         let reply = self
-            .run_on_hold(script, known.shard, &known.hold, before, after, Some(&fp))
+            .run_on_hold(script, known.shard, &known.hold, before, after, named)
             .await?;
         if reply.is_miss()? {
             self.holds.forget(rid);
@@ -1207,8 +1276,7 @@ impl Engine {
     /// Runs `confirm.lua` or `release.lua` on one shard's part of `hold`: KEYS from
     /// its lines; ARGV the id, `before` (release's reason), the tombstone
     /// lifetime, `after` (confirm's mode), then each line's SKU (checked against
-    /// the hold) and, for a hold known from memory, the fingerprint of the
-    /// request that made it (checked too).
+    /// the hold) and what `named` names (checked too).
     async fn run_on_hold(
         &self,
         script: &redis::Script,
@@ -1216,7 +1284,7 @@ impl Engine {
         hold: &Hold,
         before: Option<&str>,
         after: Option<&str>,
-        fp: Option<&str>,
+        named: Named<'_>,
     ) -> Result<Reply, EngineError> {
         let rid = &hold.reservation_id;
         let mut inv = script.prepare_invoke();
@@ -1234,7 +1302,10 @@ impl Engine {
         for line in &hold.lines {
             inv.arg(&line.sku);
         }
-        if let Some(fp) = fp {
+        if let Some(key) = named.key {
+            inv.arg(key.arg());
+        }
+        if let Some(fp) = named.made_by {
             inv.arg(format!("fp:{fp}"));
         }
         let reply = Reply::new(
@@ -1618,6 +1689,7 @@ fn release_outcome(reply: &Reply) -> Result<ReleaseOutcome, EngineError> {
             state: reply.state(1)?,
         },
         "unknown" => ReleaseOutcome::Unknown,
+        "key_reused" => return Err(EngineError::KeyReused),
         "busy" => ReleaseOutcome::AlreadyGone {
             state: HoldState::Confirming,
         },
@@ -1627,6 +1699,17 @@ fn release_outcome(reply: &Reply) -> Result<ReleaseOutcome, EngineError> {
         },
         other => return Err(EngineError::UnexpectedReply(format!("release: {other}"))),
     })
+}
+
+/// What a confirm or release names after the hold's lines: the scripts'
+/// optional last arguments.
+#[derive(Debug, Clone, Copy, Default)]
+struct Named<'a> {
+    /// The `Idempotency-Key` the call came with, kept in the hold.
+    key: Option<&'a KeyUse>,
+    /// The fingerprint of the request that made the hold, when this process
+    /// knows the hold from memory: another hold under the id is left alone.
+    made_by: Option<&'a str>,
 }
 
 /// A release refused while reservation `rid`'s confirmation is being decided.

@@ -78,6 +78,13 @@ pub enum EngineError {
     /// The work is already being done elsewhere (its lock is held).
     #[error("{0}")]
     Busy(String),
+    /// An `Idempotency-Key` sent with a confirm or release was kept for another
+    /// request on the same reservation (its other action, or another body):
+    /// nothing was done.
+    #[error(
+        "this Idempotency-Key was used with a different request; use a new key for a new request"
+    )]
+    KeyReused,
     /// A write under a lock carried a fencing token older than one already seen:
     /// this holder's lease lapsed and another holder has written since.
     #[error(
@@ -125,6 +132,7 @@ impl EngineError {
             | Self::ReplicasBehind { .. }
             | Self::SavedNotLive(_) => ErrorCode::Unavailable,
             Self::Busy(_) => ErrorCode::Busy,
+            Self::KeyReused => ErrorCode::IdempotencyKeyReused,
             Self::Throttled { .. } => ErrorCode::RateLimited,
             _ => ErrorCode::Internal,
         }

@@ -10,8 +10,11 @@
 //! failure.
 //!
 //! A reservation in one shard needs none of this: `lua/reserve.lua` keeps its
-//! answer in the hold itself (one round trip). The store serves carts over
-//! several shards, and confirm and release when a key is sent.
+//! answer in the hold itself (one round trip). Confirm and release keep a key
+//! sent with them in the hold they act on ([`KeyUse`]): they are idempotent by
+//! themselves, so the key only has to refuse another request under it, which
+//! `lua/confirm.lua` and `lua/release.lua` do in the same call. The store
+//! serves carts over several shards.
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -56,6 +59,45 @@ pub enum Begin {
     Reused,
     /// The first request with this key is still running.
     InProgress,
+}
+
+/// An `Idempotency-Key` sent with a confirm or release, as the hold keeps it:
+/// a hash field of the hold (`k:<token>:<key>`, so keys of different tokens
+/// never meet) holding the request's fingerprint. The same key with the same
+/// request is answered as the first was (the call is idempotent by itself);
+/// with another request on that hold (the other action, another body) it is
+/// refused with [`crate::EngineError::KeyReused`] and nothing moves. Kept as
+/// long as the hold's record (its tombstone lasts longer than any hold).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeyUse {
+    field: String,
+    fp: String,
+}
+
+impl KeyUse {
+    /// Key `key` of token `token_id`, sent with the request fingerprinted `fp`.
+    pub fn new(token_id: i64, key: &str, fp: &str) -> Self {
+        Self {
+            field: format!("k:{token_id}:{key}"),
+            fp: fp.to_owned(),
+        }
+    }
+
+    /// The hold's hash field for the key.
+    pub(crate) fn field(&self) -> &str {
+        &self.field
+    }
+
+    /// The request's fingerprint.
+    pub(crate) fn fp(&self) -> &str {
+        &self.fp
+    }
+
+    /// The scripts' argument naming it (`key:<field> <fingerprint>`; a key
+    /// is visible ASCII, so it has no space).
+    pub(crate) fn arg(&self) -> String {
+        format!("key:{} {}", self.field, self.fp)
+    }
 }
 
 /// The fingerprint of a request: method, path and exact body.

@@ -43,6 +43,8 @@ pub struct Scripts {
     pub move_units: Script,
     /// `lua/split.lua`.
     pub split: Script,
+    /// `lua/key_use.lua`.
+    pub key_use: Script,
 }
 
 impl Scripts {
@@ -66,12 +68,13 @@ impl Scripts {
             forget_consumers: Script::new(include_str!("../../lua/forget_consumers.lua")),
             move_units: Script::new(include_str!("../../lua/move.lua")),
             split: Script::new(include_str!("../../lua/split.lua")),
+            key_use: Script::new(include_str!("../../lua/key_use.lua")),
         }
     }
 
     /// Every script's name (its file without `.lua`) and SHA1, so a measured
     /// `EVALSHA` can be told by name.
-    pub fn names(&self) -> [(&'static str, &str); 17] {
+    pub fn names(&self) -> [(&'static str, &str); 18] {
         [
             ("reserve", self.reserve.get_hash()),
             ("confirm", self.confirm.get_hash()),
@@ -90,6 +93,7 @@ impl Scripts {
             ("forget_consumers", self.forget_consumers.get_hash()),
             ("move", self.move_units.get_hash()),
             ("split", self.split.get_hash()),
+            ("key_use", self.key_use.get_hash()),
         ]
     }
 

@@ -202,7 +202,10 @@ async fn confirming_an_owed_unit_is_an_oversell_support_sees(pg: PgPool) {
         .await
         .unwrap();
     assert_eq!(
-        checkout::confirm_payment(&b, "paid-late").await.unwrap().0,
+        checkout::confirm_payment(&b, "paid-late", None)
+            .await
+            .unwrap()
+            .0,
         ConfirmOutcome::Confirmed,
         "the shopper paid: the sale stands"
     );
@@ -298,7 +301,10 @@ async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines
         .await
         .unwrap();
     assert_eq!(
-        checkout::confirm_payment(&b, "lost-hold").await.unwrap().0,
+        checkout::confirm_payment(&b, "lost-hold", None)
+            .await
+            .unwrap()
+            .0,
         ConfirmOutcome::Lost
     );
     let (kind, reason): (String, String) =
@@ -312,12 +318,18 @@ async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines
         "{reason}"
     );
     assert_eq!(
-        checkout::confirm_payment(&b, "sold-hold").await.unwrap().0,
+        checkout::confirm_payment(&b, "sold-hold", None)
+            .await
+            .unwrap()
+            .0,
         ConfirmOutcome::AlreadyConfirmed,
         "a recorded order stands"
     );
     assert_eq!(
-        checkout::confirm_payment(&b, "never-made").await.unwrap().0,
+        checkout::confirm_payment(&b, "never-made", None)
+            .await
+            .unwrap()
+            .0,
         ConfirmOutcome::Unknown
     );
 }
@@ -701,7 +713,7 @@ async fn a_late_payment_is_kept_in_the_stream_for_the_write_behind(pg: PgPool) {
         .unwrap();
     // Recorded directly; remove that row to see the stream's copy do it too.
     assert!(matches!(
-        checkout::confirm_payment(&b, "lp").await.unwrap().0,
+        checkout::confirm_payment(&b, "lp", None).await.unwrap().0,
         ConfirmOutcome::Expired { .. }
     ));
     sqlx::query("DELETE FROM remediations")
@@ -753,7 +765,10 @@ async fn a_confirm_for_an_id_whose_owner_never_held_is_unknown_not_lost(pg: PgPo
             .unwrap();
     assert_eq!(recorded, 1, "the undone hold is in the system of record");
     assert_eq!(
-        checkout::confirm_payment(&b, "own-1").await.unwrap().0,
+        checkout::confirm_payment(&b, "own-1", None)
+            .await
+            .unwrap()
+            .0,
         ConfirmOutcome::Unknown,
         "Redis lost nothing: no remediation"
     );

@@ -125,7 +125,7 @@ async fn a_hold_known_from_memory_is_never_mistaken_for_another() {
         other.reserve(&taken).await.unwrap(),
         ReserveOutcome::Reserved { .. }
     ));
-    let (outcome, shown) = maker.confirm_showing("mem-1").await.unwrap();
+    let (outcome, shown) = maker.confirm_showing("mem-1", None).await.unwrap();
     assert_eq!(outcome, ConfirmOutcome::Confirmed);
     let shown = shown.unwrap();
     assert_eq!(
@@ -183,12 +183,12 @@ async fn a_hold_known_from_memory_is_never_mistaken_for_another() {
         other.confirm("mem-3").await.unwrap(),
         ConfirmOutcome::Confirmed
     );
-    let (outcome, shown) = maker.confirm_showing("mem-3").await.unwrap();
+    let (outcome, shown) = maker.confirm_showing("mem-3", None).await.unwrap();
     assert_eq!(
         (outcome, shown.map(|h| h.lines.len())),
         (ConfirmOutcome::AlreadyConfirmed, Some(2))
     );
-    let (outcome, shown) = maker.release_showing("mem-3").await.unwrap();
+    let (outcome, shown) = maker.release_showing("mem-3", None).await.unwrap();
     assert_eq!(
         (outcome, shown.map(|h| h.lines.len())),
         (

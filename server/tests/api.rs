@@ -881,6 +881,180 @@ async fn checkout_calls_cost_one_redis_round_trip(pool: PgPool) {
     assert_eq!((f.available, f.reserved, f.sold), (0, 0, 3));
 }
 
+/// `POST /api/v1/reservations/{id}/{action}` on `api` with `Idempotency-Key` `key`.
+fn keyed<'a>(
+    api: &'a Api,
+    id: &str,
+    action: &str,
+    key: &'a str,
+) -> impl Future<Output = (StatusCode, Value, Option<String>)> + use<'a> {
+    let path = format!("/api/v1/reservations/{id}/{action}");
+    async move { api.post(&path, Some(key), json!({})).await }
+}
+
+/// The answer's status and error code.
+fn refusal(answer: &(StatusCode, Value, Option<String>)) -> (StatusCode, Option<&str>) {
+    (answer.0, answer.1["code"].as_str())
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_key_on_confirm_or_release_is_kept_in_the_hold_in_the_same_round_trip(pool: PgPool) {
+    let (api, redis, engine) = setup_with(pool.clone(), &[Scope::Checkout], false).await;
+    stock(&engine, "K-0", 1).await;
+    stock(&engine, "K-1", 5).await;
+    let hold = |key: &'static str| {
+        let api = &api;
+        async move {
+            let (s, b, _) = api
+                .post(
+                    "/api/v1/reservations",
+                    Some(key),
+                    json!({"sku": "K-1", "qty": 1}),
+                )
+                .await;
+            assert_eq!(s, StatusCode::CREATED, "{b}");
+            b["id"].as_str().unwrap().to_owned()
+        }
+    };
+    // Redis learns the scripts first (a NOSCRIPT costs a load and a resend).
+    let (s, warm, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("k0"),
+            json!({"sku": "K-0", "qty": 1}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED);
+    let warm = warm["id"].as_str().unwrap();
+    assert_eq!(
+        keyed(&api, warm, "confirm", "k0-pay").await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        keyed(&api, warm, "release", "k0-rel").await.0,
+        StatusCode::OK
+    );
+
+    // A payment with a key: one call, and its repeat the same answer in one.
+    let paid = hold("k1").await;
+    let ((s, first, _), trips) = round_trips(&api, keyed(&api, &paid, "confirm", "pay-1")).await;
+    assert_eq!(
+        (s, first["state"].as_str(), trips),
+        (StatusCode::OK, Some("confirmed"), 1.0)
+    );
+    let ((s, again, _), trips) = round_trips(&api, keyed(&api, &paid, "confirm", "pay-1")).await;
+    assert_eq!(
+        (s, &again, trips),
+        (StatusCode::OK, &first, 1.0),
+        "a repeat"
+    );
+    // The key with another request on the hold: refused, nothing moves.
+    let (refused, trips) = round_trips(&api, keyed(&api, &paid, "release", "pay-1")).await;
+    assert_eq!(
+        (refusal(&refused), trips),
+        (
+            (
+                StatusCode::UNPROCESSABLE_ENTITY,
+                Some("idempotency_key_reused")
+            ),
+            1.0
+        ),
+        "{refused:?}"
+    );
+    assert_eq!(refused.1["field"], "Idempotency-Key");
+    let f = engine.figures("K-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold), (4, 0, 1));
+
+    // A release with a key: the same, and the key then refuses a payment.
+    let left = hold("k2").await;
+    let ((s, released, _), trips) = round_trips(&api, keyed(&api, &left, "release", "rel-2")).await;
+    assert_eq!(
+        (s, released["state"].as_str(), trips),
+        (StatusCode::OK, Some("released"), 1.0)
+    );
+    let (s, again, _) = keyed(&api, &left, "release", "rel-2").await;
+    assert_eq!((s, &again), (StatusCode::OK, &released));
+    let refused = keyed(&api, &left, "confirm", "rel-2").await;
+    assert_eq!(
+        refusal(&refused),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        ),
+        "no late payment is recorded under a key kept for the release"
+    );
+    let late: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM remediations WHERE reservation_id = $1")
+            .bind(&left)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(late, 0);
+
+    // Another server did not make the hold: it finds it, then runs the
+    // script (two calls), and keeps and checks the key alike.
+    let second = Api {
+        http: Client::new(),
+        server: common::spawn(common::backends(pool.clone(), &redis.url()).await).await,
+        token: api.token.clone(),
+    };
+    let third = hold("k3").await;
+    let ((s, on_second, _), trips) =
+        round_trips(&second, keyed(&second, &third, "confirm", "pay-3")).await;
+    assert_eq!((s, trips), (StatusCode::OK, 2.0), "{on_second}");
+    let (s, again, _) = keyed(&api, &third, "confirm", "pay-3").await;
+    assert_eq!(
+        (s, &again),
+        (StatusCode::OK, &on_second),
+        "the maker answers alike"
+    );
+    let refused = keyed(&second, &third, "release", "pay-3").await;
+    assert_eq!(
+        refusal(&refused),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
+
+    // A cart over two shards keeps its key in its first part before its steps.
+    let ks = engine.keyspace();
+    let other = (2..100)
+        .map(|i| format!("K-{i}"))
+        .find(|s| ks.shard_of(s) != ks.shard_of("K-1"))
+        .unwrap();
+    stock(&engine, &other, 5).await;
+    let (s, cart, _) = api
+        .post(
+            "/api/v1/reservations",
+            Some("kc"),
+            json!({"lines": [{"sku": "K-1", "qty": 1}, {"sku": other, "qty": 1}]}),
+        )
+        .await;
+    assert_eq!(s, StatusCode::CREATED, "{cart}");
+    let cart = cart["id"].as_str().unwrap();
+    let (s, first, _) = keyed(&api, cart, "confirm", "cart-pay").await;
+    assert_eq!(
+        (s, first["state"].as_str()),
+        (StatusCode::OK, Some("confirmed")),
+        "{first}"
+    );
+    let (s, again, _) = keyed(&second, cart, "confirm", "cart-pay").await;
+    assert_eq!((s, &again), (StatusCode::OK, &first));
+    let refused = keyed(&api, cart, "release", "cart-pay").await;
+    assert_eq!(
+        refusal(&refused),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
+    let f = engine.figures(&other).await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold), (4, 0, 1));
+    let f = engine.figures("K-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold), (2, 0, 3));
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn many_skus_are_read_in_one_redis_round_trip(pool: PgPool) {
     let (api, _redis, engine) = setup(pool, &[Scope::Read]).await;

@@ -1,8 +1,10 @@
 //! `Idempotency-Key` over HTTP: the header's validation and running a handler's
-//! work under a key. Work that is one script in one shard keeps its own record
-//! (the hold, see `lua/reserve.lua`): [`run_atomic`], one Redis round trip.
-//! Other work answers a repeat from the engine's store
-//! ([`holdfast_engine::idempotency`]): [`run`], a claim before and a record after.
+//! work under a key. Work whose script keeps its own record (a one-shard
+//! reservation in its hold, see `lua/reserve.lua`; a confirm or release, whose
+//! key the hold keeps, see [`holdfast_engine::idempotency::KeyUse`]) runs with
+//! [`run_atomic`]: one Redis round trip. A cart over several shards answers a
+//! repeat from the engine's store ([`holdfast_engine::idempotency`]): [`run`],
+//! a claim before and a record after.
 
 use std::future::Future;
 

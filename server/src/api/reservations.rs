@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::api::{CreateReservation, ErrorBody, LineView, ReservationView};
 use holdfast_domain::{ErrorCode, Scope};
 use holdfast_engine::checkout;
-use holdfast_engine::idempotency::fingerprint;
+use holdfast_engine::idempotency::{KeyUse, fingerprint};
 use holdfast_engine::request_fingerprint;
 use holdfast_engine::{
     ConfirmOutcome, Hold, HoldState, Line, ReleaseOutcome, ReserveOutcome, ReserveRequest,
@@ -250,14 +250,13 @@ fn action_guard(
     id: &str,
     action: &str,
     headers: &HeaderMap,
-) -> Result<(Option<String>, String), ApiError> {
+) -> Result<Option<KeyUse>, ApiError> {
     caller.require(Scope::Checkout)?;
     own(caller, id)?;
-    let key = idempotent::key(headers)?;
-    Ok((
-        key,
-        fingerprint("POST", &format!("/api/v1/reservations/{id}/{action}"), b""),
-    ))
+    Ok(idempotent::key(headers)?.map(|key| {
+        let path = format!("/api/v1/reservations/{id}/{action}");
+        KeyUse::new(caller.0.id, &key, &fingerprint("POST", &path, b""))
+    }))
 }
 
 /// The reservation as the action left it (`shown`, read in the action's own
@@ -330,12 +329,12 @@ pub async fn confirm(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let (key, fp) = match action_guard(&caller, &id, "confirm", &headers) {
-        Ok(guard) => guard,
+    let key = match action_guard(&caller, &id, "confirm", &headers) {
+        Ok(key) => key,
         Err(e) => return e.into_response(),
     };
     let work = async {
-        match checkout::confirm_payment(&state.backends, &id).await? {
+        match checkout::confirm_payment(&state.backends, &id, key.as_ref()).await? {
             (ConfirmOutcome::Confirmed | ConfirmOutcome::AlreadyConfirmed, shown) => {
                 shown_or_current(&state, &id, shown).await
             }
@@ -359,7 +358,7 @@ pub async fn confirm(
             )),
         }
     };
-    idempotent::run(&state, caller.0.id, key, fp, |_| work).await
+    idempotent::run_atomic(&state, work).await
 }
 
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
@@ -380,13 +379,13 @@ pub async fn release(
     Path(id): Path<String>,
     headers: HeaderMap,
 ) -> Response {
-    let (key, fp) = match action_guard(&caller, &id, "release", &headers) {
-        Ok(guard) => guard,
+    let key = match action_guard(&caller, &id, "release", &headers) {
+        Ok(key) => key,
         Err(e) => return e.into_response(),
     };
     let work = async {
         let engine = &state.backends.engine;
-        match engine.release_showing(&id).await? {
+        match engine.release_showing(&id, key.as_ref()).await? {
             (ReleaseOutcome::Released | ReleaseOutcome::AlreadyGone { .. }, shown) => {
                 shown_or_current(&state, &id, shown).await
             }
@@ -395,5 +394,5 @@ pub async fn release(
             }
         }
     };
-    idempotent::run(&state, caller.0.id, key, fp, |_| work).await
+    idempotent::run_atomic(&state, work).await
 }

@@ -142,8 +142,11 @@ impl ApiError {
     pub fn internal(e: &EngineError) -> Self {
         let code = e.code();
         // A moment's contention is the caller's to retry, not our failure.
-        if matches!(code, ErrorCode::Busy | ErrorCode::RateLimited) {
-            tracing::debug!(error = %e, "API request answered busy");
+        if matches!(
+            code,
+            ErrorCode::Busy | ErrorCode::RateLimited | ErrorCode::IdempotencyKeyReused
+        ) {
+            tracing::debug!(error = %e, "API request refused for the caller to change or retry");
         } else {
             tracing::error!(error = %e, "API request failed");
         }
@@ -152,10 +155,15 @@ impl ApiError {
                 e.to_string()
             }
             ErrorCode::Unavailable => "a backing service is unavailable; retry shortly".to_owned(),
-            ErrorCode::Busy | ErrorCode::RateLimited => e.to_string(),
+            ErrorCode::Busy | ErrorCode::RateLimited | ErrorCode::IdempotencyKeyReused => {
+                e.to_string()
+            }
             _ => "something went wrong on our side".to_owned(),
         };
         let mut err = Self::new(code, message);
+        if code == ErrorCode::IdempotencyKeyReused {
+            err = err.field("Idempotency-Key");
+        }
         err.retry_after = e.retry_after();
         err
     }

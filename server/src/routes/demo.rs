@@ -304,7 +304,7 @@ async fn end_hold(
         return StatusCode::NOT_FOUND.into_response();
     }
     let answer = match end {
-        End::Pay => checkout::confirm_payment(&shop.backends, id)
+        End::Pay => checkout::confirm_payment(&shop.backends, id, None)
             .await
             .map(|(o, _)| {
                 let ok = matches!(
