@@ -29,7 +29,8 @@
 --          fingerprint of the request; the hold keeps it, so the same key
 --          with another request on this hold (its release) is refused
 --          ({'key_reused'}, nothing moves) and the same request again is
---          answered as the first was (a repeat confirms nothing twice); then
+--          answered as the first was (a repeat confirms nothing twice); the
+--          record then lasts at least ARGV[2] from the key's last use; then
 --          optionally 'fp:' and the fingerprint of the request that made the
 --          hold: a caller that knows the hold from memory (not from reading it)
 --          names it, so a hold made since under the id by another request is
@@ -86,8 +87,14 @@ if kfield then
   local prior = redis.call('HGET', KEYS[1], kfield)
   if prior and prior ~= kfp then return {'key_reused'} end
 end
+-- The record lasts at least a tombstone's lifetime from the key's last use
+-- (a key sent long after the hold ended must not lapse with it sooner).
 local function kept(reply)
-  if kfield then redis.call('HSET', KEYS[1], kfield, kfp) end
+  if kfield then
+    redis.call('HSET', KEYS[1], kfield, kfp)
+    local left = redis.call('PTTL', KEYS[1])
+    if left >= 0 and left < tomb then redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+  end
   return reply
 end
 local skus = last - 3

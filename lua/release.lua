@@ -72,7 +72,10 @@ if h[1] ~= 'held' then
   if undo and h[1] ~= 'confirmed' then
     redis.call('DEL', KEYS[1])
   elseif kfield then
+    -- Kept at least a tombstone's lifetime from now (as in confirm.lua).
     redis.call('HSET', KEYS[1], kfield, kfp)
+    local left = redis.call('PTTL', KEYS[1])
+    if left >= 0 and left < tomb then redis.call('PEXPIRE', KEYS[1], ARGV[3]) end
   end
   return {'gone', h[1]}
 end

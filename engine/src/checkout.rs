@@ -66,8 +66,18 @@ pub async fn confirm_payment(
             }
         }
         // Redis still remembers who owns the id, so it did not lose the hold:
-        // there was none for its owner (a refusal, or an undone conflict).
-        ConfirmOutcome::Unknown if b.engine.id_claimed(id).await? => {}
+        // there was none for its owner (a refusal, or an undone conflict), or
+        // it was paid and its record has lapsed (the id's claim outlives it
+        // by the longest hold): then the order says so.
+        ConfirmOutcome::Unknown if b.engine.id_claimed(id).await? => {
+            let paid = remediation::ordered(&b.pg, id).await?;
+            let outcome = if paid {
+                ConfirmOutcome::AlreadyConfirmed
+            } else {
+                ConfirmOutcome::Unknown
+            };
+            return Ok((outcome, None));
+        }
         ConfirmOutcome::Unknown => {
             return Ok((remediation::confirm_unknown(&b.pg, id).await?, None));
         }

@@ -1232,6 +1232,7 @@ impl Engine {
             .key(self.keys.hold(shard, rid))
             .arg(key.field())
             .arg(key.fp())
+            .arg(self.config.tombstone_ttl.as_millis() as u64)
             .invoke_async(&mut self.conn.clone())
             .await?;
         match answer.as_str() {

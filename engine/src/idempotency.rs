@@ -67,7 +67,10 @@ pub enum Begin {
 /// request is answered as the first was (the call is idempotent by itself);
 /// with another request on that hold (the other action, another body) it is
 /// refused with [`crate::EngineError::KeyReused`] and nothing moves. Kept as
-/// long as the hold's record (its tombstone lasts longer than any hold).
+/// long as the hold's record, and at least a tombstone's lifetime (24 hours
+/// by default) from the key's last use. An answer given when Redis holds no
+/// record of the reservation (unknown, or lost with Redis' data) has nowhere
+/// to be kept: a retry asks again.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct KeyUse {
     field: String,

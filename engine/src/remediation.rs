@@ -50,12 +50,7 @@ pub async fn record_late_payment(
 /// hold, so a remediation with its buyer and lines is written (once); otherwise
 /// it never existed.
 pub async fn confirm_unknown(pg: &PgPool, id: &str) -> Result<ConfirmOutcome, EngineError> {
-    let ordered: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE reservation_id = $1)")
-            .bind(id)
-            .fetch_one(pg)
-            .await?;
-    if ordered {
+    if ordered(pg, id).await? {
         return Ok(ConfirmOutcome::AlreadyConfirmed);
     }
     let lines: Vec<(String, i64, Option<String>)> =
@@ -88,6 +83,17 @@ pub async fn confirm_unknown(pg: &PgPool, id: &str) -> Result<ConfirmOutcome, En
     .await?;
     tracing::warn!(reservation = %id, "a confirm for a hold Redis lost: remediation recorded");
     Ok(ConfirmOutcome::Lost)
+}
+
+/// Whether the system of record has an order for reservation `id` (it was
+/// confirmed, and the write-behind recorded the sale).
+pub async fn ordered(pg: &PgPool, id: &str) -> Result<bool, EngineError> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM orders WHERE reservation_id = $1)")
+            .bind(id)
+            .fetch_one(pg)
+            .await?,
+    )
 }
 
 /// The newest `limit` records, optionally only those for reservation ids

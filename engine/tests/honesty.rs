@@ -288,6 +288,39 @@ async fn warm_up_restores_snapshot_versions_and_feed_guards(pg: PgPool) {
 }
 
 #[sqlx::test(migrator = "postgres::MIGRATOR")]
+async fn a_paid_hold_whose_record_lapsed_is_still_paid_while_its_id_is_claimed(pg: PgPool) {
+    let (redis, b) = setup(&pg, &[("LAPSE-1", 10)]).await;
+    let mut w = writer(&b, redis.connection().await);
+    reserve(&b.engine, "lapsed-hold", "LAPSE-1", 1).await;
+    b.engine.confirm("lapsed-hold").await.unwrap();
+    drain(&b, &mut w).await;
+    // The paid hold's record lapses (its tombstone is shorter than the id's
+    // claim, which outlives it by the longest hold).
+    let ks = b.engine.keyspace();
+    let record = ks.hold(ks.shard_of("LAPSE-1"), "lapsed-hold");
+    let gone: i64 = redis::cmd("DEL")
+        .arg(&record)
+        .query_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1, "{record}");
+    assert!(b.engine.id_claimed("lapsed-hold").await.unwrap());
+    assert_eq!(
+        checkout::confirm_payment(&b, "lapsed-hold", None)
+            .await
+            .unwrap()
+            .0,
+        ConfirmOutcome::AlreadyConfirmed,
+        "the order says it was paid: not 404"
+    );
+    let remediations: i64 = sqlx::query_scalar("SELECT count(*) FROM remediations")
+        .fetch_one(&pg)
+        .await
+        .unwrap();
+    assert_eq!(remediations, 0);
+}
+
+#[sqlx::test(migrator = "postgres::MIGRATOR")]
 async fn a_paid_confirm_for_a_hold_redis_lost_is_remediated_with_buyer_and_lines(pg: PgPool) {
     let (redis, b) = setup(&pg, &[("LOST-1", 10)]).await;
     let mut w = writer(&b, redis.connection().await);

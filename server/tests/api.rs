@@ -964,6 +964,28 @@ async fn a_key_on_confirm_or_release_is_kept_in_the_hold_in_the_same_round_trip(
     assert_eq!(refused.1["field"], "Idempotency-Key");
     let f = engine.figures("K-1").await.unwrap().unwrap();
     assert_eq!((f.available, f.reserved, f.sold), (4, 0, 1));
+    // A key used near the end of the ended hold's record keeps the record a
+    // tombstone's lifetime (24 hours) from then, not to the record's end.
+    let ks = engine.keyspace();
+    let record = ks.hold(ks.shard_of("K-1"), &paid);
+    let mut admin = redis.connection().await;
+    redis::cmd("PEXPIRE")
+        .arg(&record)
+        .arg(3_000)
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let (s, _, _) = keyed(&api, &paid, "release", "late-rel").await;
+    assert_eq!(s, StatusCode::OK);
+    let left: i64 = redis::cmd("PTTL")
+        .arg(&record)
+        .query_async(&mut admin)
+        .await
+        .unwrap();
+    assert!(
+        left > 23 * 3_600_000,
+        "kept 24 hours from the key's use: {left} ms"
+    );
 
     // A release with a key: the same, and the key then refuses a payment.
     let left = hold("k2").await;

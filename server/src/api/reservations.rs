@@ -313,13 +313,18 @@ pub async fn get(
 /// ended (a late payment: a remediation record is written), 404 unknown.
 #[utoipa::path(
     post, path = "/api/v1/reservations/{id}/confirm", tag = "reservations",
-    params(("id" = String, Path, description = "The reservation id")),
+    params(
+        ("id" = String, Path, description = "The reservation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional; kept in the hold: the same key again gets the same answer, the same key on this reservation's release is refused (422)"),
+    ),
     responses(
         (status = 200, description = "Confirmed (now or before)", body = ReservationView),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token lacks the scope", body = ErrorBody),
         (status = 404, description = "No such reservation for this token", body = ErrorBody),
-        (status = 410, description = "The hold had ended: no stock taken, remediation recorded", body = ErrorBody),
+        (status = 410, description = "The hold had ended, or Redis lost it (`hold_expired`, `reservation_lost`): no stock taken, remediation recorded", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for this reservation's release (`idempotency_key_reused`): nothing done", body = ErrorBody),
+        (status = 503, description = "A backend is unavailable, or the payment waits for Redis replicas (`unavailable`, with Retry-After)", body = ErrorBody),
     ),
     security(("token" = []))
 )]
@@ -364,12 +369,17 @@ pub async fn confirm(
 /// `POST /api/v1/reservations/{id}/release`: 200 (released now or already ended), 404 unknown.
 #[utoipa::path(
     post, path = "/api/v1/reservations/{id}/release", tag = "reservations",
-    params(("id" = String, Path, description = "The reservation id")),
+    params(
+        ("id" = String, Path, description = "The reservation id"),
+        ("Idempotency-Key" = Option<String>, Header, description = "Optional; kept in the hold: the same key again gets the same answer, the same key on this reservation's confirm is refused (422)"),
+    ),
     responses(
         (status = 200, description = "Released (now or before)", body = ReservationView),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "The token lacks the scope", body = ErrorBody),
         (status = 404, description = "No such reservation for this token", body = ErrorBody),
+        (status = 409, description = "A cart's confirmation is being decided (`busy`, with Retry-After)", body = ErrorBody),
+        (status = 422, description = "The Idempotency-Key was used for this reservation's confirm (`idempotency_key_reused`): nothing done", body = ErrorBody),
     ),
     security(("token" = []))
 )]
