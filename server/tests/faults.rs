@@ -1,6 +1,8 @@
 //! The API under faults: a confirm for a hold Redis lost, a release while a cart
-//! is being confirmed, a Redis that stops answering (the request deadline), and a
-//! retry after a failed attempt that must not be answered from memory.
+//! is being confirmed, a Redis that stops answering (the request deadline; a
+//! reservation or a keyed payment it makes after the 503 is what the retry
+//! gets), and a retry after a failed attempt that must not be answered from
+//! memory.
 
 mod common;
 
@@ -260,6 +262,79 @@ async fn a_hold_redis_made_after_a_503_is_what_its_retry_gets(pool: PgPool) {
         (StatusCode::CREATED, Some("held")),
         "{body}"
     );
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_payment_redis_made_after_a_503_is_what_its_keyed_retry_gets(pool: PgPool) {
+    let redis = TestRedis::start();
+    let backends = common::backends(pool.clone(), &redis.url()).await;
+    let engine = backends.engine.clone();
+    stock(&engine, "Q-1", 3).await;
+    let server = common::spawn(backends).await;
+    let (http, token) = (Client::new(), token(&pool).await);
+    let call = |path: String, key: &'static str, body: Value| {
+        post(&http, server.url(&path), &token, key, body)
+    };
+    let hold = |key: &'static str| {
+        let call = &call;
+        async move {
+            let (s, b, _) = call(
+                "/api/v1/reservations".into(),
+                key,
+                json!({"sku": "Q-1", "qty": 1}),
+            )
+            .await;
+            assert_eq!(s, StatusCode::CREATED, "{b}");
+            b["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let pay = |id: &str, key: &'static str| {
+        call(format!("/api/v1/reservations/{id}/confirm"), key, json!({}))
+    };
+    // The token is known and Redis has the scripts before the fault.
+    let warm = hold("warm").await;
+    assert_eq!(pay(&warm, "warm-pay").await.0, StatusCode::OK);
+    let id = hold("paid-late").await;
+    // Redis holds every write for 4 s: the payment is made after the API gave up.
+    let mut admin = redis.connection().await;
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(4_000)
+        .arg("WRITE")
+        .query_async::<()>(&mut admin)
+        .await
+        .unwrap();
+    let (s, body, retry) = pay(&id, "pay-k").await;
+    assert_eq!(s, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert!(retry.is_some(), "Retry-After is set");
+    let made = Instant::now() + Duration::from_secs(10);
+    while engine.figures("Q-1").await.unwrap().unwrap().sold < 2 {
+        assert!(Instant::now() < made, "the paused payment never ran");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The 503 was not kept: the retry with the key gets what Redis did.
+    let (s, body, _) = pay(&id, "pay-k").await;
+    assert_eq!(
+        (s, body["state"].as_str()),
+        (StatusCode::OK, Some("confirmed")),
+        "{body}"
+    );
+    // And the payment that ran late kept the key: a release under it is refused.
+    let (s, body, _) = call(
+        format!("/api/v1/reservations/{id}/release"),
+        "pay-k",
+        json!({}),
+    )
+    .await;
+    assert_eq!(
+        (s, body["code"].as_str()),
+        (
+            StatusCode::UNPROCESSABLE_ENTITY,
+            Some("idempotency_key_reused")
+        )
+    );
+    let f = engine.figures("Q-1").await.unwrap().unwrap();
+    assert_eq!((f.available, f.reserved, f.sold), (1, 0, 2), "paid once");
 }
 
 #[tokio::test]
