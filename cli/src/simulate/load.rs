@@ -306,23 +306,57 @@ pub struct Target {
     /// `http://host:port` of each server (at least one). Shoppers are spread
     /// over them, and each shopper's retry and payment go to another server
     /// than its reservation, as a load balancer may send them.
-    pub bases: Vec<String>,
-    /// Bearer token with checkout scope.
-    pub token: String,
+    bases: Vec<String>,
+    /// Each server's `/api/v1/reservations`, parsed once: parsing a URL per
+    /// request was a noticeable share of the generator's CPU, which it takes
+    /// from the server it measures on a small machine.
+    reserve_urls: Vec<reqwest::Url>,
+    /// `Bearer <token>` with checkout scope, built once for the same reason.
+    auth: reqwest::header::HeaderValue,
     /// The SKU on sale.
-    pub sku: String,
+    sku: String,
     /// Prefix making this run's idempotency keys and buyers unique.
-    pub run: String,
+    run: String,
     /// With `--connections`: places for requests in flight, as many as the
     /// connections held open (a load balancer's pool of backend connections:
     /// a request waits for a free one, and its latency counts the wait).
-    pub gate: Option<Arc<tokio::sync::Semaphore>>,
+    gate: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Target {
+    /// Shoppers of run `run` buying `sku` from `bases` (`http://host:port`,
+    /// at least one) with bearer `token`; `gate` as [`Target`] says.
+    pub fn new(
+        bases: Vec<String>,
+        token: &str,
+        sku: String,
+        run: String,
+        gate: Option<Arc<tokio::sync::Semaphore>>,
+    ) -> anyhow::Result<Self> {
+        let reserve_urls = bases
+            .iter()
+            .map(|b| reqwest::Url::parse(&format!("{b}/api/v1/reservations")))
+            .collect::<Result<_, _>>()?;
+        let mut auth = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))?;
+        auth.set_sensitive(true);
+        Ok(Self {
+            bases,
+            reserve_urls,
+            auth,
+            sku,
+            run,
+            gate,
+        })
+    }
+
     /// The server for a shopper's `turn`-th request.
     fn base(&self, turn: u64) -> &str {
-        &self.bases[turn as usize % self.bases.len()]
+        &self.bases[self.server(turn)]
+    }
+
+    /// The index of the server for a shopper's `turn`-th request.
+    fn server(&self, turn: u64) -> usize {
+        turn as usize % self.bases.len()
     }
 
     /// A place for one request in flight, when connections are pooled.
@@ -340,11 +374,21 @@ enum Answer {
     Failed,
 }
 
+/// The body of a shopper's reservation, serialised as it stands (no JSON tree
+/// built first).
+#[derive(Serialize)]
+struct ReserveBody<'a> {
+    sku: &'a str,
+    qty: i64,
+    buyer: &'a str,
+    ttl_ms: u64,
+}
+
 #[allow(clippy::too_many_arguments)]
 async fn reserve(
     http: &reqwest::Client,
     t: &Target,
-    base: &str,
+    turn: u64,
     key: &str,
     buyer: &str,
     qty: i64,
@@ -352,11 +396,17 @@ async fn reserve(
     tally: &Tally,
 ) -> (Answer, Option<(u16, String)>) {
     let _place = t.admit().await;
+    let body = ReserveBody {
+        sku: &t.sku,
+        qty,
+        buyer,
+        ttl_ms: ttl.as_millis() as u64,
+    };
     let res = http
-        .post(format!("{base}/api/v1/reservations"))
-        .bearer_auth(&t.token)
+        .post(t.reserve_urls[t.server(turn)].clone())
+        .header(reqwest::header::AUTHORIZATION, t.auth.clone())
         .header("Idempotency-Key", key)
-        .json(&serde_json::json!({ "sku": t.sku, "qty": qty, "buyer": buyer, "ttl_ms": ttl.as_millis() as u64 }))
+        .json(&body)
         .send()
         .await;
     let res = match res {
@@ -465,7 +515,7 @@ async fn shopper(
             reserve(
                 http,
                 t,
-                t.base(turn),
+                turn,
                 &key,
                 &buyer,
                 qty.min(b.max_qty),
@@ -540,7 +590,7 @@ async fn shopper(
                 "{}/api/v1/reservations/{id}/{ending}",
                 t.base(turn + 1)
             ))
-            .bearer_auth(&t.token)
+            .header(reqwest::header::AUTHORIZATION, t.auth.clone())
             .header("Idempotency-Key", format!("{key}-{ending}"))
             .send()
             .await;

@@ -154,13 +154,7 @@ pub async fn run(global: &GlobalArgs, args: SimulateArgs) -> anyhow::Result<()> 
             args.connections as usize * bases.len(),
         ))
     });
-    let target = Target {
-        gate,
-        bases,
-        token,
-        sku: sku.clone(),
-        run: run_id.clone(),
-    };
+    let target = Target::new(bases, &token, sku.clone(), run_id.clone(), gate)?;
     let view = tokio::spawn(live_view(
         tally.clone(),
         b.shoppers,
