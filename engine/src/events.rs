@@ -75,6 +75,24 @@ impl EventKind {
             _ => return None,
         })
     }
+
+    /// Whether an event of this kind can leave more units available than
+    /// before it (a release, an expiry, a warm-up, a feed's receipt or count, a
+    /// correction, units moved into a part). A hold, a payment or a settlement
+    /// never does, so its `available` figure, however late it arrives, says
+    /// nothing of stock coming back.
+    pub fn can_restock(self) -> bool {
+        match self {
+            Self::Released
+            | Self::Expired
+            | Self::Warmed
+            | Self::Delta
+            | Self::Snapshot
+            | Self::Corrected
+            | Self::Moved => true,
+            Self::Reserved | Self::Confirmed | Self::Settled | Self::LatePayment => false,
+        }
+    }
 }
 
 /// One entry of an event stream.

@@ -71,7 +71,9 @@ impl SoldOutCache {
     }
 }
 
-/// Clears `cache` whenever `events` show a SKU's stock coming back, until
+/// Clears `cache` whenever `events` show a SKU's stock coming back (an event
+/// of a kind that can restock, [`holdfast_engine::events::EventKind::can_restock`], leaving units
+/// available), until
 /// `shutdown`; after missed events (a lag) it forgets everything.
 pub async fn clear_on_restock(
     mut events: tokio::sync::broadcast::Receiver<std::sync::Arc<holdfast_engine::events::Event>>,
@@ -84,7 +86,12 @@ pub async fn clear_on_restock(
         tokio::select! {
             () = &mut shutdown => return,
             event = events.recv() => match event {
-                Ok(e) if e.available.is_some_and(|a| a > 0) => cache.clear(&e.sku),
+                // A hold's event is not a restock, even when it reports units
+                // left: one read late (the feed gathers) would otherwise wipe
+                // the sell-out the next attempt saw.
+                Ok(e) if e.kind.can_restock() && e.available.is_some_and(|a| a > 0) => {
+                    cache.clear(&e.sku)
+                }
                 Ok(_) => {}
                 Err(RecvError::Lagged(_)) => cache.clear_all(),
                 Err(RecvError::Closed) => return,
@@ -114,5 +121,76 @@ mod tests {
         cache.mark("B");
         std::thread::sleep(Duration::from_millis(40));
         assert!(!cache.is_sold_out("B"), "lapses after the ttl");
+    }
+
+    fn event(
+        kind: holdfast_engine::events::EventKind,
+        available: i64,
+    ) -> holdfast_engine::events::Event {
+        holdfast_engine::events::Event {
+            id: "1-0".into(),
+            shard: 0,
+            kind,
+            sku: "A".into(),
+            qty: 1,
+            reservation_id: None,
+            available: Some(available),
+            reserved: None,
+            sold_pending: None,
+            at_ms: 0,
+            source: None,
+            event_id: None,
+            owed: None,
+            oversold: None,
+            version: None,
+            buyer: None,
+            state: None,
+            epoch: None,
+        }
+    }
+
+    /// Waits (at most 5 s) until the clearing task has forgotten `sku`.
+    async fn cleared(cache: &SoldOutCache, sku: &str) {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            while cache.is_sold_out(sku) {
+                tokio::task::yield_now().await;
+            }
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{sku} was not cleared"));
+    }
+
+    /// A hold's event read after the sell-out (the feed gathers events, so the
+    /// last-but-one hold's "1 left" can come after the attempt that found 0)
+    /// keeps the sell-out; a release clears it.
+    #[tokio::test]
+    async fn only_an_event_that_can_restock_clears_a_sell_out() {
+        use holdfast_engine::events::EventKind;
+        let cache = std::sync::Arc::new(SoldOutCache::new(Duration::from_secs(60)));
+        let (tx, rx) = tokio::sync::broadcast::channel(8);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(clear_on_restock(rx, cache.clone(), async move {
+            let _ = stop_rx.await;
+        }));
+        cache.mark("A");
+        tx.send(std::sync::Arc::new(event(EventKind::Reserved, 1)))
+            .unwrap();
+        tx.send(std::sync::Arc::new(event(EventKind::Confirmed, 1)))
+            .unwrap();
+        // A marker the task handles after the two: a different SKU's release.
+        let mut marker = event(EventKind::Released, 1);
+        marker.sku = "B".into();
+        cache.mark("B");
+        tx.send(std::sync::Arc::new(marker)).unwrap();
+        cleared(&cache, "B").await;
+        assert!(
+            cache.is_sold_out("A"),
+            "a hold's late event is not a restock"
+        );
+        tx.send(std::sync::Arc::new(event(EventKind::Released, 1)))
+            .unwrap();
+        cleared(&cache, "A").await;
+        stop_tx.send(()).unwrap();
+        task.await.unwrap();
     }
 }
