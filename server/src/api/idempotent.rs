@@ -15,7 +15,7 @@ use holdfast_engine::idempotency::{self, Begin};
 
 use super::ApiState;
 use crate::http::deadline::Deadline;
-use crate::http::error::{ApiError, respond};
+use crate::http::error::{ApiError, JsonText, json_text, respond};
 
 /// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
 pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -48,7 +48,7 @@ pub async fn run<W, F>(
 ) -> Response
 where
     W: FnOnce(bool) -> F,
-    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+    F: Future<Output = Result<(StatusCode, JsonText), ApiError>>,
 {
     let engine = &api.backends.engine;
     let deadline = api.deadline;
@@ -62,7 +62,7 @@ where
         Err(e) => return ApiError::from(e).into_response(),
         Ok(Begin::Replay(status, body)) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            return respond(status, body, None);
+            return respond(status, json_text(&body), None);
         }
         Ok(Begin::Reused) => {
             return ApiError::new(
@@ -82,7 +82,9 @@ where
         Ok(Begin::Fresh { after_failure }) => after_failure,
     };
     let (status, body, retry, kept) = bounded(deadline, work(after_failure)).await;
-    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &body, kept).await;
+    // The store keeps a tree (the cart path only: a one-shard hold is its own record).
+    let stored = serde_json::from_str(body.as_str()).unwrap_or_default();
+    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &stored, kept).await;
     respond(status, body, retry)
 }
 
@@ -91,7 +93,7 @@ where
 /// here; only the deadline applies.
 pub async fn run_atomic<F>(api: &ApiState, work: F) -> Response
 where
-    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+    F: Future<Output = Result<(StatusCode, JsonText), ApiError>>,
 {
     let (status, body, retry, _) = bounded(api.deadline, work).await;
     respond(status, body, retry)
@@ -101,12 +103,9 @@ where
 /// and whether it is kept for the key). The work gets a little less than the
 /// deadline, so that a slow attempt is answered (and its key marked failed: the
 /// retry then asks Redis) rather than cut off.
-async fn bounded<F>(
-    deadline: Deadline,
-    work: F,
-) -> (StatusCode, serde_json::Value, Option<u64>, bool)
+async fn bounded<F>(deadline: Deadline, work: F) -> (StatusCode, JsonText, Option<u64>, bool)
 where
-    F: Future<Output = Result<(StatusCode, serde_json::Value), ApiError>>,
+    F: Future<Output = Result<(StatusCode, JsonText), ApiError>>,
 {
     let e = match tokio::time::timeout(deadline.work(), work).await {
         Ok(Ok((s, b))) => return (s, b, None, true),

@@ -16,7 +16,7 @@ use holdfast_engine::{
 
 use super::{ApiState, idempotent};
 use crate::http::auth::Caller;
-use crate::http::error::ApiError;
+use crate::http::error::{ApiError, JsonText, json_text};
 use crate::http::rfc3339;
 
 /// `hold` as the API shows it; `available_after` (each SKU's `available` right
@@ -44,8 +44,8 @@ fn view(hold: &Hold, available_after: &[(String, i64)]) -> ReservationView {
     }
 }
 
-fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, serde_json::Value) {
-    (status, serde_json::to_value(body).unwrap_or_default())
+fn json(status: StatusCode, body: &impl serde::Serialize) -> (StatusCode, JsonText) {
+    (status, json_text(body))
 }
 
 /// `POST /api/v1/reservations`: 201 held (a retry gets the same 201 and body), 409
@@ -150,7 +150,7 @@ async fn reserve(
     state: &ApiState,
     request: ReserveRequest,
     ask_redis: bool,
-) -> Result<(StatusCode, serde_json::Value), ApiError> {
+) -> Result<(StatusCode, JsonText), ApiError> {
     let engine = &state.backends.engine;
     // Shed load after a sell-out: answer from memory while the SKU is known
     // empty, without the reserve script. The answer is kept in the id's claim
@@ -265,7 +265,7 @@ async fn shown_or_current(
     state: &ApiState,
     id: &str,
     shown: Option<Hold>,
-) -> Result<(StatusCode, serde_json::Value), ApiError> {
+) -> Result<(StatusCode, JsonText), ApiError> {
     if let Some(hold) = shown {
         return Ok(json(StatusCode::OK, &view(&hold, &[])));
     }

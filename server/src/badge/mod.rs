@@ -127,7 +127,7 @@ pub struct BadgeHub {
     reloading: tokio::sync::Mutex<()>,
     connections: Mutex<HashMap<IpAddr, usize>>,
     /// Polls per client address.
-    pub polls: RateLimiter,
+    pub polls: RateLimiter<IpAddr>,
 }
 
 /// The catalogue's thresholds in memory, and when they were read.

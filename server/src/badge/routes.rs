@@ -93,7 +93,7 @@ async fn poll(
     Query(q): Query<PollQuery>,
 ) -> Response {
     // The client's address as the edge resolved it (through trusted proxies).
-    if let Err(secs) = hub.polls.check(&client.to_string()) {
+    if let Err(secs) = hub.polls.check(&client) {
         let retry = [(header::RETRY_AFTER, secs.to_string())];
         return (StatusCode::TOO_MANY_REQUESTS, retry, "polling too fast").into_response();
     }

@@ -24,10 +24,10 @@ pub struct TokenCheck {
     /// Where tokens are kept.
     pub pg: PgPool,
     /// Requests per API token.
-    pub per_token: Arc<RateLimiter>,
+    pub per_token: Arc<RateLimiter<i64>>,
     /// Checks of tokens not yet known, per client address: a flood of invented
     /// tokens costs PostgreSQL nothing past this (429 instead).
-    pub unknown_per_address: Arc<RateLimiter>,
+    pub unknown_per_address: Arc<RateLimiter<std::net::IpAddr>>,
 }
 
 impl TokenCheck {
@@ -65,6 +65,15 @@ pub const UNKNOWN_TOKENS_PER_ADDRESS: u32 = 10;
 pub struct Caller(pub TokenInfo);
 
 impl Caller {
+    /// `info`'s caller, once its token's rate limit lets the request through.
+    fn limited(check: &TokenCheck, info: TokenInfo) -> Result<Self, ApiError> {
+        check
+            .per_token
+            .check(&info.id)
+            .map_err(ApiError::too_many)?;
+        Ok(Self(info))
+    }
+
     /// Refuses the call (403) unless the token carries `scope`.
     pub fn require(&self, scope: Scope) -> Result<(), ApiError> {
         if self.0.allows(scope) {
@@ -92,21 +101,20 @@ where
             .map(str::trim)
             .filter(|s| tokens::well_formed(s))
             .ok_or_else(ApiError::unauthorized)?;
+        if let Some(info) = check.cache.fresh_live(secret) {
+            return Self::limited(&check, info);
+        }
         if !check.cache.knows(secret)
             && let Some(ClientIp(client)) = parts.extensions.get::<ClientIp>()
         {
             check
                 .unknown_per_address
-                .check(&client.to_string())
+                .check(client)
                 .map_err(ApiError::too_many)?;
         }
         let Some(info) = check.cache.verify(&check.pg, secret).await? else {
             return Err(ApiError::unauthorized());
         };
-        check
-            .per_token
-            .check(&format!("t{}", info.id))
-            .map_err(ApiError::too_many)?;
-        Ok(Self(info))
+        Self::limited(&check, info)
     }
 }

@@ -124,6 +124,11 @@ impl EdgeConfig {
     }
 }
 
+/// The policy of every answer that is not a page with its own nonce: the same
+/// text each time, so made once.
+static POLICY: std::sync::LazyLock<Option<HeaderValue>> =
+    std::sync::LazyLock::new(|| HeaderValue::from_str(&content_security_policy(None)).ok());
+
 /// The name or address of a `Host` value without its port, if the value is
 /// well formed: `name[:port]` (letters, digits, `-` and `.`), or `[v6][:port]`.
 fn host_name(host: &str) -> Option<&str> {
@@ -283,19 +288,20 @@ pub async fn edge(
     mut request: Request,
     next: Next,
 ) -> Response {
-    let hosts: Vec<&str> = request
+    let mut hosts = request
         .headers()
         .get_all(header::HOST)
         .iter()
-        .map(|h| h.to_str().unwrap_or(""))
-        .collect();
+        .map(|h| h.to_str().unwrap_or(""));
+    let host = hosts.next();
     let authority = request.uri().authority().map(|a| a.as_str());
     // One Host, and an absolute-form target's authority too, must name us.
-    let addressed_here = match (hosts.as_slice(), authority) {
-        ([host], Some(a)) => edge.host_allowed(host) && edge.host_allowed(a),
-        ([host], None) => edge.host_allowed(host),
-        ([], Some(a)) => edge.host_allowed(a),
-        _ => false,
+    let addressed_here = match (host, hosts.next(), authority) {
+        (Some(_), Some(_), _) => false,
+        (Some(host), None, Some(a)) => edge.host_allowed(host) && edge.host_allowed(a),
+        (Some(host), None, None) => edge.host_allowed(host),
+        (None, _, Some(a)) => edge.host_allowed(a),
+        (None, _, None) => false,
     };
     let mut response = if addressed_here {
         let peer = request
@@ -325,9 +331,9 @@ pub async fn edge(
     // A page set its own, with its nonce; every other answer gets the policy
     // without one.
     if !h.contains_key(header::CONTENT_SECURITY_POLICY)
-        && let Ok(policy) = HeaderValue::from_str(&content_security_policy(None))
+        && let Some(policy) = &*POLICY
     {
-        h.insert(header::CONTENT_SECURITY_POLICY, policy);
+        h.insert(header::CONTENT_SECURITY_POLICY, policy.clone());
     }
     h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(

@@ -2,7 +2,6 @@
 //! status and any `Retry-After`) and a JSON body `{code, message, field?, sku?,
 //! available?}`. Engine errors are mapped here, once: logged, shown opaquely.
 
-use axum::Json;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use holdfast_app::dto::api::ErrorBody;
@@ -168,9 +167,9 @@ impl ApiError {
         err
     }
 
-    /// The body as JSON, for storing an answer under an `Idempotency-Key`.
-    pub fn body_json(&self) -> serde_json::Value {
-        serde_json::to_value(&*self.body).unwrap_or_default()
+    /// The body as JSON text, as answered (and stored under an `Idempotency-Key`).
+    pub fn body_json(&self) -> JsonText {
+        json_text(&*self.body)
     }
 }
 
@@ -180,9 +179,32 @@ impl From<EngineError> for ApiError {
     }
 }
 
+/// An answer's JSON body, serialised once: straight from the handler's own
+/// types to text, never through a `serde_json::Value` tree (a map and a
+/// string per field, on every checkout call).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct JsonText(String);
+
+impl JsonText {
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// `body` as [`JsonText`].
+pub fn json_text(body: &(impl serde::Serialize + ?Sized)) -> JsonText {
+    JsonText(serde_json::to_string(body).unwrap_or_else(|e| {
+        // Only a map with non-string keys fails, and no answer has one.
+        tracing::error!(error = %e, "an answer could not be serialised");
+        "null".to_owned()
+    }))
+}
+
 /// `status` with JSON `body` and, when given, `Retry-After`.
-pub fn respond(status: StatusCode, body: serde_json::Value, retry_after: Option<u64>) -> Response {
-    let mut response = (status, Json(body)).into_response();
+pub fn respond(status: StatusCode, body: JsonText, retry_after: Option<u64>) -> Response {
+    let json = HeaderValue::from_static("application/json");
+    let mut response = (status, [(header::CONTENT_TYPE, json)], body.0).into_response();
     if let Some(secs) = retry_after
         && let Ok(v) = HeaderValue::from_str(&secs.to_string())
     {
