@@ -27,6 +27,7 @@ use holdfast_engine::{Backends, EngineConfig, EngineError, catalog, postgres, re
 use leptos::prelude::provide_context;
 use leptos_axum::{AxumRouteListing, LeptosRoutes, generate_route_list};
 use tokio::net::TcpListener;
+use tower_http::trace::TraceLayer;
 
 use crate::background::{Background, BackgroundConfig};
 use crate::badge::BadgeConfig;
@@ -164,6 +165,7 @@ pub fn router(state: AppState) -> Router {
             http_metrics,
             crate::http::observe::observe,
         ))
+        .layer(TraceLayer::new_for_http())
         .layer(axum::middleware::from_fn(
             crate::http::request_id::request_id,
         ))

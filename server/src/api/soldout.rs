@@ -90,7 +90,9 @@ pub async fn clear_on_restock(
                 // left: one read late (the feed gathers) would otherwise wipe
                 // the sell-out the next attempt saw.
                 Ok(e) if e.kind.can_restock() && e.available.is_some_and(|a| a > 0) => {
-                    cache.clear(&e.sku)
+                    // Marked under the SKU the shopper named; a split
+                    // SKU's events name its part (`SKU~j/k`).
+                    cache.clear(e.whole_sku())
                 }
                 Ok(_) => {}
                 Err(RecvError::Lagged(_)) => cache.clear_all(),
@@ -189,6 +191,12 @@ mod tests {
         );
         tx.send(std::sync::Arc::new(event(EventKind::Released, 1)))
             .unwrap();
+        cleared(&cache, "A").await;
+        // A split SKU's part restocked clears the SKU itself.
+        cache.mark("A");
+        let mut part = event(EventKind::Released, 1);
+        part.sku = "A~2/4".into();
+        tx.send(std::sync::Arc::new(part)).unwrap();
         cleared(&cache, "A").await;
         stop_tx.send(()).unwrap();
         task.await.unwrap();
