@@ -151,19 +151,14 @@ impl Event {
         crate::keys::base_sku(&self.sku)
     }
 
-    /// The event stream entry `id` of `shard` records (its `fields` as
-    /// written, see [`crate::redis_conn::Entry`]); `None` when it is no event
-    /// (no kind or SKU: an entry trimmed while pending has no fields).
-    pub(crate) fn from_entry(
-        id: String,
-        shard: u16,
-        fields: Vec<(String, Vec<u8>)>,
-    ) -> Option<Self> {
-        let mut event = Self {
+    /// An event of `kind` about `sku`, with every other figure unknown (what
+    /// a stream entry's fields then fill in).
+    pub fn new(id: String, shard: u16, kind: EventKind, sku: String) -> Self {
+        Self {
             id,
             shard,
-            kind: EventKind::Snapshot,
-            sku: String::new(),
+            kind,
+            sku,
             qty: 0,
             reservation_id: None,
             available: None,
@@ -178,7 +173,25 @@ impl Event {
             buyer: None,
             state: None,
             epoch: None,
-        };
+        }
+    }
+
+    /// Whether this event shows stock coming back: of a kind that can restock
+    /// ([`EventKind::can_restock`]) and leaving units available. A hold's
+    /// event reporting units left is not one, however late it is read.
+    pub fn shows_restock(&self) -> bool {
+        self.kind.can_restock() && self.available.is_some_and(|a| a > 0)
+    }
+
+    /// The event stream entry `id` of `shard` records (its `fields` as
+    /// written, see [`crate::redis_conn::Entry`]); `None` when it is no event
+    /// (no kind or SKU: an entry trimmed while pending has no fields).
+    pub(crate) fn from_entry(
+        id: String,
+        shard: u16,
+        fields: Vec<(String, Vec<u8>)>,
+    ) -> Option<Self> {
+        let mut event = Self::new(id, shard, EventKind::Snapshot, String::new());
         let (mut kind, mut sku) = (None, None);
         // One pass: a field written twice keeps its last value.
         for (name, value) in fields {

@@ -71,9 +71,8 @@ impl SoldOutCache {
     }
 }
 
-/// Clears `cache` whenever `events` show a SKU's stock coming back (an event
-/// of a kind that can restock, [`holdfast_engine::events::EventKind::can_restock`], leaving units
-/// available), until
+/// Clears `cache` whenever `events` show a SKU's stock coming back
+/// ([`holdfast_engine::events::Event::shows_restock`]), until
 /// `shutdown`; after missed events (a lag) it forgets everything.
 pub async fn clear_on_restock(
     mut events: tokio::sync::broadcast::Receiver<std::sync::Arc<holdfast_engine::events::Event>>,
@@ -86,10 +85,10 @@ pub async fn clear_on_restock(
         tokio::select! {
             () = &mut shutdown => return,
             event = events.recv() => match event {
-                // A hold's event is not a restock, even when it reports units
-                // left: one read late (the feed gathers) would otherwise wipe
-                // the sell-out the next attempt saw.
-                Ok(e) if e.kind.can_restock() && e.available.is_some_and(|a| a > 0) => {
+                // Not a hold's event reporting units left: one read late (the
+                // feed gathers) would otherwise wipe the sell-out the next
+                // attempt saw.
+                Ok(e) if e.shows_restock() => {
                     // Marked under the SKU the shopper named; a split
                     // SKU's events name its part (`SKU~j/k`).
                     cache.clear(e.whole_sku())
@@ -129,26 +128,9 @@ mod tests {
         kind: holdfast_engine::events::EventKind,
         available: i64,
     ) -> holdfast_engine::events::Event {
-        holdfast_engine::events::Event {
-            id: "1-0".into(),
-            shard: 0,
-            kind,
-            sku: "A".into(),
-            qty: 1,
-            reservation_id: None,
-            available: Some(available),
-            reserved: None,
-            sold_pending: None,
-            at_ms: 0,
-            source: None,
-            event_id: None,
-            owed: None,
-            oversold: None,
-            version: None,
-            buyer: None,
-            state: None,
-            epoch: None,
-        }
+        let mut e = holdfast_engine::events::Event::new("1-0".into(), 0, kind, "A".into());
+        e.available = Some(available);
+        e
     }
 
     /// Waits (at most 5 s) until the clearing task has forgotten `sku`.
