@@ -54,6 +54,8 @@
 --   {'changing', sku}                 the SKU's parts are being changed: nothing moves
 --   {'short', sku, available}         a part of a split SKU has too few units: nothing
 --                                     moves or is remembered (the engine gathers, see split.rs)
+--   {'lapsed', deadline_ms}           ARGV[6] is a deadline already past: nothing moves
+--                                     or is remembered
 local function whole(v)
   local x = tonumber(v)
   if x and x == math.floor(x) and x >= 1 and x < 1e15 then return x end
@@ -118,6 +120,10 @@ end
 -- drop's schedule, whatever its own clock says.
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+-- A cart's later part whose deadline has already passed would be a hold
+-- that ended before it was made: nothing is written (the engine undoes the
+-- cart's other parts and the caller retries).
+if fixed_deadline > 0 and fixed_deadline <= now then return {'lapsed', fixed_deadline} end
 
 -- Check every line before changing anything: all or nothing. Each counter is
 -- read once, here: the writes below set what this read and the line's qty give

@@ -33,9 +33,25 @@ use crate::model::{
 /// phases); the reaper then finishes what the home part decided.
 pub const STALE_CONFIRMING: Duration = Duration::from_secs(30);
 
+/// How long one attempt may build a cart before another may (`hf:building:{<rid>}`).
+/// A build is a few script calls, each cut off by the connection's response
+/// timeout (5 s), so it ends well within this unless Redis stalls for longer.
+pub const BUILD_LEASE: Duration = Duration::from_secs(60);
+
+/// How long the lease outlives an attempt whose last call failed in transit:
+/// past the response timeout, so a command still on its way has landed or
+/// been dropped before the next attempt looks at the parts.
+const BUILD_LINGER: Duration = Duration::from_secs(6);
+
 impl Engine {
     /// Reserves a cart whose lines fall in `groups` (several shards), all or
     /// nothing, with one deadline.
+    ///
+    /// One attempt at a time builds a cart ([`BUILD_LEASE`]): two attempts
+    /// with the same request (a retry after a deadline, while the first still
+    /// runs in its task) would each take the other's parts for their own, and
+    /// one's undo could delete a part the other answered 201 for. A second
+    /// attempt meanwhile is [`EngineError::Busy`] (409, retry in a moment).
     pub(crate) async fn reserve_cart(
         &self,
         req: &ReserveRequest,
@@ -44,28 +60,99 @@ impl Engine {
         fp: &str,
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = &req.reservation_id;
-        let cart = groups
-            .iter()
-            .map(|(s, _)| s.to_string())
-            .collect::<Vec<_>>()
-            .join(",");
         // The id is claimed for this request first (see `reserve_alone`): owned
-        // by another, nothing is written.
+        // by another, nothing is written. The lease is taken in the same trip.
+        let build = self.keys.cart_build(rid);
+        let token = uuid::Uuid::new_v4().simple().to_string();
         let mut pipe = redis::pipe();
         self.claim_into(&mut pipe, rid, fp);
-        let (owner,): (Option<String>,) = pipe.query_async(&mut self.conn.clone()).await?;
-        if owner.is_some_and(|o| crate::engine::Claim::parse(&o).fp != fp) {
-            return Ok(ReserveOutcome::Conflict {
-                reservation_id: rid.clone(),
-            });
+        pipe.cmd("SET")
+            .arg(&build)
+            .arg(&token)
+            .arg("NX")
+            .arg("PX")
+            .arg(BUILD_LEASE.as_millis() as u64);
+        let (owner, leased): (Option<String>, Option<String>) =
+            pipe.query_async(&mut self.conn.clone()).await?;
+        let conflict = owner.is_some_and(|o| crate::engine::Claim::parse(&o).fp != fp);
+        if leased.is_none() {
+            return if conflict {
+                Ok(ReserveOutcome::Conflict {
+                    reservation_id: rid.clone(),
+                })
+            } else {
+                Err(EngineError::Busy(format!(
+                    "reservation {rid} is still being made by an earlier attempt; retry in a moment"
+                )))
+            };
         }
-        // What an earlier attempt left: a retry completes it; anything else with
-        // this id anywhere is a conflict (detected across every shard).
-        let existing = self.locate_parts(rid).await?;
-        let ours = |p: &Part| {
-            groups.iter().any(|(s, lines)| {
-                *s == p.shard && p.hold.lines == *lines && p.cart == parse_cart(&cart)
+        let outcome = if conflict {
+            Ok(ReserveOutcome::Conflict {
+                reservation_id: rid.clone(),
             })
+        } else {
+            self.build_cart(req, groups, ttl, fp).await
+        };
+        // Every call answered: nothing of this attempt can still reach Redis,
+        // so the next may start at once. A call cut short (a timeout, a lost
+        // connection) may still be on its way: the lease stays a while more.
+        let linger = match &outcome {
+            Err(EngineError::Redis(_)) => BUILD_LINGER,
+            _ => Duration::ZERO,
+        };
+        if let Err(e) = self.end_build(&build, &token, linger).await {
+            tracing::warn!(reservation = %rid, error = %e,
+                "could not give a cart's build lease back; it lapses by itself");
+        }
+        outcome
+    }
+
+    /// Gives the build lease `key` (held with `token`) back, at once or
+    /// after `linger`.
+    async fn end_build(&self, key: &str, token: &str, linger: Duration) -> Result<(), EngineError> {
+        let inv = if linger.is_zero() {
+            let mut inv = self.scripts.lock_release.prepare_invoke();
+            inv.key(key).arg(token).arg("0");
+            inv
+        } else {
+            let mut inv = self.scripts.lock_extend.prepare_invoke();
+            inv.key(key).arg(token).arg(linger.as_millis() as u64);
+            inv
+        };
+        inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
+        Ok(())
+    }
+
+    /// [`Engine::reserve_cart`]'s work, under the build lease.
+    async fn build_cart(
+        &self,
+        req: &ReserveRequest,
+        groups: &[(u16, Vec<Line>)],
+        ttl: Duration,
+        fp: &str,
+    ) -> Result<ReserveOutcome, EngineError> {
+        let rid = &req.reservation_id;
+        // What an earlier attempt left: a retry completes it; anything else with
+        // this id anywhere is a conflict (detected across every shard). The
+        // same request may list its lines in another order (the fingerprint
+        // does not count it): parts are matched as sets, and the parts already
+        // made keep their cart list (and so their home part).
+        let mut existing = self.locate_parts(rid).await?;
+        let mut shards: Vec<u16> = groups.iter().map(|(s, _)| *s).collect();
+        let cart = match existing.first() {
+            Some(p) if same_set(&p.cart, &shards) => p.cart.clone(),
+            Some(_) => {
+                return Ok(ReserveOutcome::Conflict {
+                    reservation_id: rid.clone(),
+                });
+            }
+            None => std::mem::take(&mut shards),
+        };
+        let ours = |p: &Part| {
+            p.cart == cart
+                && groups
+                    .iter()
+                    .any(|(s, lines)| *s == p.shard && same_lines(&p.hold.lines, lines))
         };
         if existing.iter().any(|p| !ours(p)) {
             return Ok(ReserveOutcome::Conflict {
@@ -73,6 +160,7 @@ impl Engine {
             });
         }
         if existing.len() == groups.len() {
+            // Complete: the first answer again, from the parts' records.
             let home = &existing[0].hold;
             return Ok(ReserveOutcome::AlreadyReserved {
                 reservation_id: rid.clone(),
@@ -82,16 +170,40 @@ impl Engine {
                     .find(|s| *s != HoldState::Held)
                     .unwrap_or(HoldState::Held),
                 expires_at_ms: home.expires_at_ms,
-                available_after: Vec::new(),
+                available_after: existing.iter().flat_map(|p| p.after.clone()).collect(),
             });
         }
+        if !existing.is_empty() {
+            // Part-made by an attempt that failed, and ended since (the reaper
+            // expired it whole) or past its deadline: no part may be added with
+            // a deadline gone. It is taken back, and the cart made afresh.
+            let now = self.redis_time_ms().await?;
+            if existing
+                .iter()
+                .any(|p| p.hold.state != HoldState::Held || p.hold.expires_at_ms <= now)
+            {
+                for p in &existing {
+                    self.undo_part(p.shard, rid, &p.hold.lines, fp).await?;
+                }
+                existing.clear();
+            }
+        }
+        let cart_list = cart
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(",");
         let mut deadline = existing.first().map_or(0, |p| p.hold.expires_at_ms);
         let mut made: Vec<(u16, Vec<Line>)> = existing
             .iter()
             .map(|p| (p.shard, p.hold.lines.clone()))
             .collect();
-        let mut after = Vec::new();
-        for (shard, lines) in groups {
+        let mut after: Vec<(String, i64)> = existing.iter().flat_map(|p| p.after.clone()).collect();
+        // The home part first when the cart is new, so it always has the deadline.
+        for shard in &cart {
+            let Some((_, lines)) = groups.iter().find(|(s, _)| s == shard) else {
+                continue;
+            };
             if made.iter().any(|(s, _)| s == shard) {
                 continue;
             }
@@ -103,7 +215,7 @@ impl Engine {
                     ttl,
                     fp,
                     deadline_ms: deadline,
-                    cart: &cart,
+                    cart: &cart_list,
                 })
                 .await;
             match outcome {
@@ -320,9 +432,14 @@ impl Engine {
     }
 }
 
-/// The cart's shards from a `parts` field.
-fn parse_cart(parts: &str) -> Vec<u16> {
-    parts.split(',').filter_map(|s| s.parse().ok()).collect()
+/// Whether `a` and `b` hold the same shards, in any order.
+fn same_set(a: &[u16], b: &[u16]) -> bool {
+    a.len() == b.len() && a.iter().all(|s| b.contains(s))
+}
+
+/// Whether two lists of lines are the same lines, in any order.
+fn same_lines(a: &[Line], b: &[Line]) -> bool {
+    a.len() == b.len() && a.iter().all(|l| b.contains(l))
 }
 
 /// Sorts the home part (the first shard of the cart list) first.

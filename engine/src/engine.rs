@@ -154,7 +154,7 @@ impl<'a> Claim<'a> {
 /// The `state` of a refused request's record in a hold hash (`reserve.lua`).
 const REFUSED: &str = "refused";
 
-const HOLD_FIELDS: [&str; 8] = [
+const HOLD_FIELDS: [&str; 9] = [
     "state",
     "lines",
     "buyer",
@@ -163,6 +163,7 @@ const HOLD_FIELDS: [&str; 8] = [
     "parts",
     "preparing",
     "fp",
+    "after",
 ];
 
 /// Where the request fingerprint is in a row of [`HOLD_FIELDS`].
@@ -790,6 +791,14 @@ impl Engine {
                 );
                 ReserveOutcome::NotWarmed { sku }
             }
+            // A cart's part asked for a deadline already past: the cart took
+            // longer to make than its hold time (a slow Redis).
+            "lapsed" => {
+                return Err(EngineError::Busy(format!(
+                    "reservation {rid}: its hold time ended while its parts were being made; \
+                     retry in a moment"
+                )));
+            }
             // The SKU's parts are being changed ([`crate::split`]): retry shortly.
             "changing" => {
                 return Err(EngineError::Busy(format!(
@@ -1339,7 +1348,10 @@ impl Engine {
                     .query_async(&mut self.conn.clone())
                     .await?;
                 let hold = match parse_hold(&rid, &row) {
-                    Ok(Some(hold)) if !Part::new(shard, hold.clone(), &row).cart.is_empty() => {
+                    Ok(Some(hold))
+                        if !Part::new(shard, hold.clone(), &row).cart.is_empty()
+                            && !self.orphaned(&rid, &row).await? =>
+                    {
                         // A part of a cart: the cart ends whole, never one part alone.
                         match self.expire_cart(&rid).await {
                             Ok(n) => report.released += n,
@@ -1388,6 +1400,23 @@ impl Engine {
             }
         }
         Ok(report)
+    }
+
+    /// Whether the part of `rid` read as `row` (a [`HOLD_FIELDS`] row) belongs
+    /// to no reservation: the id's claim names another request (the claim was
+    /// lost with Redis' data and taken since, or a losing request's undo was
+    /// cut short). No cart of the owner's includes it, so [`Engine::expire_cart`]
+    /// never finds it: it ends alone, or would sit at the front of the due set
+    /// for ever.
+    async fn orphaned(&self, rid: &str, row: &[Option<String>]) -> Result<bool, EngineError> {
+        let Some(fp) = row.get(FP_FIELD).cloned().flatten() else {
+            return Ok(false);
+        };
+        let owner: Option<String> = redis::cmd("GET")
+            .arg(self.keys.claim(rid))
+            .query_async(&mut self.conn.clone())
+            .await?;
+        Ok(owner.is_some_and(|o| Claim::parse(&o).fp != fp))
     }
 
     /// Moves hold `rid` from shard `shard`'s due set to its set-aside set, for an
@@ -1652,6 +1681,9 @@ pub(crate) struct Part {
     pub(crate) cart: Vec<u16>,
     /// When its confirmation was prepared (Unix ms), while `confirming`.
     pub(crate) preparing_ms: Option<i64>,
+    /// Each line's `available` right after the part was made (its first
+    /// answer); empty when not read.
+    pub(crate) after: Vec<(String, i64)>,
 }
 
 impl Part {
@@ -1662,6 +1694,7 @@ impl Part {
             hold: known.hold.clone(),
             cart: Vec::new(),
             preparing_ms: None,
+            after: Vec::new(),
         }
     }
 
@@ -1677,6 +1710,7 @@ impl Part {
                 .filter_map(|s| s.parse().ok())
                 .collect(),
             preparing_ms: field(6).and_then(|v| v.parse().ok()),
+            after: first_answer(&field(1).unwrap_or_default(), &field(8).unwrap_or_default()),
         }
     }
 }

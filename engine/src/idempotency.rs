@@ -35,11 +35,27 @@ const PENDING_TTL_SECS: u64 = 10;
 struct Stored {
     fp: String,
     status: Option<u16>,
+    /// The answer as a tree: how records written before `text` hold it (read,
+    /// never written; such a record lapses within [`KEY_TTL_SECS`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     body: Option<serde_json::Value>,
+    /// The answer's JSON text as first sent, so that a replay is the same
+    /// bytes (a tree would give its keys back in another order).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    text: Option<String>,
     /// The last attempt failed in a way that invites a retry (5xx, 429): what it
     /// did is uncertain, so the retry must ask Redis rather than any shortcut.
     #[serde(default)]
     failed: bool,
+}
+
+impl Stored {
+    /// The stored answer (status and JSON text), if the first request has
+    /// been answered; a record written before `text` gives its tree's text.
+    fn answer(self) -> Option<(u16, String)> {
+        let text = self.text.or_else(|| self.body.map(|b| b.to_string()))?;
+        Some((self.status?, text))
+    }
 }
 
 /// What to do with a request carrying a key.
@@ -53,8 +69,9 @@ pub enum Begin {
         /// An earlier attempt failed in a way that leaves its effect uncertain.
         after_failure: bool,
     },
-    /// Seen before with the same request: answer with this status and body.
-    Replay(u16, serde_json::Value),
+    /// Seen before with the same request: answer with this status and JSON
+    /// text (the first answer's bytes).
+    Replay(u16, String),
     /// The key was used for a different request.
     Reused,
     /// The first request with this key is still running.
@@ -129,6 +146,7 @@ pub async fn begin(
             fp: fp.to_owned(),
             status: None,
             body: None,
+            text: None,
             failed,
         })
         .unwrap_or_default()
@@ -178,13 +196,13 @@ pub async fn begin(
             Begin::InProgress
         });
     }
-    Ok(match (stored.status, stored.body) {
-        (Some(status), Some(body)) => Begin::Replay(status, body),
-        _ => Begin::InProgress,
+    Ok(match stored.answer() {
+        Some((status, text)) => Begin::Replay(status, text),
+        None => Begin::InProgress,
     })
 }
 
-/// Stores the answer to `key` (`status` and `body`) when it is `kept` (see
+/// Stores the answer to `key` (`status` and the JSON text `body`) when it is `kept` (see
 /// [`holdfast_domain::ErrorCode::kept_for_replay`]); otherwise marks the key as
 /// failed so the retry runs again and asks Redis itself. A failure to store is logged, not returned: the caller's answer
 /// stands, and a retry will simply run again.
@@ -194,7 +212,7 @@ pub async fn finish(
     key: &str,
     fp: &str,
     status: u16,
-    body: &serde_json::Value,
+    body: &str,
     kept: bool,
 ) {
     let mut conn = engine.connection();
@@ -204,6 +222,7 @@ pub async fn finish(
             fp: fp.to_owned(),
             status: None,
             body: None,
+            text: None,
             failed: true,
         };
         redis::cmd("SET")
@@ -217,7 +236,8 @@ pub async fn finish(
         let stored = Stored {
             fp: fp.to_owned(),
             status: Some(status),
-            body: Some(body.clone()),
+            body: None,
+            text: Some(body.to_owned()),
             failed: false,
         };
         redis::cmd("SET")
@@ -230,5 +250,34 @@ pub async fn finish(
     };
     if let Err(e) = result {
         tracing::warn!(error = %e, "could not store an idempotent answer; a retry will run again");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_is_kept_as_its_text_and_an_older_record_still_replays() {
+        let text = r#"{"id":"r1","state":"held","available_after":3}"#;
+        let record = Stored {
+            fp: "f".into(),
+            status: Some(201),
+            body: None,
+            text: Some(text.into()),
+            failed: false,
+        };
+        let written = serde_json::to_string(&record).unwrap();
+        assert!(!written.contains("\"body\""), "{written}");
+        let read: Stored = serde_json::from_str(&written).unwrap();
+        assert_eq!(read.answer(), Some((201, text.to_owned())));
+
+        let older = r#"{"fp":"f","status":201,"body":{"b":1,"a":2},"failed":false}"#;
+        let read: Stored = serde_json::from_str(older).unwrap();
+        assert_eq!(read.answer(), Some((201, r#"{"a":2,"b":1}"#.to_owned())));
+
+        let pending = r#"{"fp":"f","status":null,"failed":false}"#;
+        let read: Stored = serde_json::from_str(pending).unwrap();
+        assert_eq!(read.answer(), None, "claimed, not answered yet");
     }
 }

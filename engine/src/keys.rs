@@ -32,6 +32,7 @@
 //! | `hf:{hfN.j}:seen:<source>:<id>` | string | a feed event already applied (24 h) |
 //! | `hf:lock:{<name>}` / `…:fence` | string | a lease's holder token / its fencing counter (`debts:<sku>`: a payment handing a split SKU's debt on) |
 //! | `hf:claim:{<rid>}` | string | which request owns reservation id `rid`: its fingerprint, set once by the first attempt (kept as long as the longest hold and its tombstone: 25 h by default); every path checks it, so one id is never held for two requests |
+//! | `hf:building:{<rid>}` | string | the attempt building cart `rid` now (a random token, a lease of [`crate::cart::BUILD_LEASE`]); a second attempt meanwhile is told to retry |
 //! | `hf:idem:{t<token>}:<sha256(key)>` | string | an `Idempotency-Key`'s claim or stored answer (24 h): carts over several shards, confirm and release with a key (a one-shard hold is its own record) |
 //! | `hf:ingest:{<lane>}` / `…:paused` | stream / string | a webhook lane's payloads / its pause flag |
 //! | `hf:ingest:{dead}` | stream | payloads and events that could not be applied |
@@ -111,6 +112,12 @@ impl Keyspace {
     /// every attempt under the id meets, whichever shards its lines are in.
     pub fn claim(&self, rid: &str) -> String {
         format!("hf:claim:{{{rid}}}")
+    }
+
+    /// Who is building cart `rid` now (a lease holding a random token, in the
+    /// claim's slot): one attempt at a time writes or undoes a cart's parts.
+    pub fn cart_build(&self, rid: &str) -> String {
+        format!("hf:building:{{{rid}}}")
     }
 
     /// Where the answer to `Idempotency-Key` `key` of API token `token_id` is kept

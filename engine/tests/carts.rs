@@ -44,23 +44,33 @@ async fn figures(engine: &Engine, sku: &str) -> (i64, i64, i64) {
     (f.available, f.reserved, f.sold_pending)
 }
 
-/// Runs `lua/confirm.lua` in `mode` on the part of `rid` in `sku`'s shard, as a
-/// confirmer that then dies would leave it.
-async fn confirm_part(redis: &TestRedis, engine: &Engine, rid: &str, sku: &str, mode: &str) {
+/// `script` invoked on the part of `rid` in `sku`'s shard: its keys (hold,
+/// due set, stream, then the line's counter, holds and buyer counter), for
+/// the caller's arguments.
+fn on_part<'a>(
+    script: &'a redis::Script,
+    engine: &Engine,
+    rid: &str,
+    sku: &str,
+) -> redis::ScriptInvocation<'a> {
     let ks = engine.keyspace();
     let shard = ks.shard_of(sku);
-    let script = redis::Script::new(include_str!("../../lua/confirm.lua"));
     let mut inv = script.prepare_invoke();
     inv.key(ks.hold(shard, rid))
         .key(ks.due(shard))
         .key(ks.events(shard))
         .key(ks.sku(sku))
         .key(ks.sku_holds(sku))
-        .key(ks.buyer(sku, ""))
-        .arg(rid)
-        .arg(86_400_000)
-        .arg(mode)
-        .arg(sku);
+        .key(ks.buyer(sku, ""));
+    inv
+}
+
+/// Runs `lua/confirm.lua` in `mode` on the part of `rid` in `sku`'s shard, as a
+/// confirmer that then dies would leave it.
+async fn confirm_part(redis: &TestRedis, engine: &Engine, rid: &str, sku: &str, mode: &str) {
+    let script = redis::Script::new(include_str!("../../lua/confirm.lua"));
+    let mut inv = on_part(&script, engine, rid, sku);
+    inv.arg(rid).arg(86_400_000).arg(mode).arg(sku);
     let _: redis::Value = inv
         .invoke_async(&mut redis.connection().await)
         .await
@@ -519,4 +529,266 @@ async fn a_cart_whose_caller_gives_up_is_whole_or_undone() {
     }
     let held: i64 = figures(&engine, &skus[0]).await.1;
     assert_eq!(held, whole as i64, "each whole cart holds one unit of each");
+}
+
+/// Takes back the part of cart `rid` in `sku`'s shard (`release.lua`'s undo),
+/// as an attempt whose undo was cut short between parts leaves a cart: part
+/// made, units conserved.
+async fn undo_part(redis: &TestRedis, engine: &Engine, rid: &str, sku: &str) {
+    let script = redis::Script::new(include_str!("../../lua/release.lua"));
+    let mut inv = on_part(&script, engine, rid, sku);
+    inv.arg(rid).arg("undo").arg(86_400_000).arg(sku);
+    let reply: Vec<redis::Value> = inv
+        .invoke_async(&mut redis.connection().await)
+        .await
+        .unwrap();
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"released".to_vec()))
+    );
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+#[tokio::test]
+async fn a_retry_is_the_same_cart_whatever_the_order_of_its_lines() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    let ReserveOutcome::Reserved {
+        expires_at_ms,
+        mut available_after,
+        ..
+    } = engine.reserve(&cart("o-1", &[&a, &b], 2)).await.unwrap()
+    else {
+        panic!("not reserved")
+    };
+    available_after.sort();
+    match engine.reserve(&cart("o-1", &[&b, &a], 2)).await.unwrap() {
+        ReserveOutcome::AlreadyReserved {
+            expires_at_ms: again,
+            available_after: mut after,
+            ..
+        } => {
+            after.sort();
+            assert_eq!(
+                (again, after),
+                (expires_at_ms, available_after),
+                "the first answer"
+            );
+        }
+        other => panic!("{other:?}"),
+    }
+    // Part-made (an undo cut short), then retried in the other order: made whole.
+    engine.reserve(&cart("o-2", &[&a, &b], 1)).await.unwrap();
+    undo_part(&redis, &engine, "o-2", &b).await;
+    let again = engine.reserve(&cart("o-2", &[&b, &a], 1)).await.unwrap();
+    assert!(
+        matches!(again, ReserveOutcome::Reserved { .. }),
+        "{again:?}"
+    );
+    let hold = engine.hold("o-2").await.unwrap().unwrap();
+    assert_eq!(hold.lines.len(), 2, "{hold:?}");
+    assert_eq!(figures(&engine, &a).await, (2, 3, 0));
+    assert_eq!(figures(&engine, &b).await, (2, 3, 0));
+    assert_eq!(
+        engine.confirm("o-2").await.unwrap(),
+        ConfirmOutcome::Confirmed
+    );
+}
+
+#[tokio::test]
+async fn a_retry_never_adds_a_part_to_a_cart_whose_deadline_has_passed() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    // Two carts part-made, 1 s holds; one is then expired whole by the reaper,
+    // the other only past its deadline.
+    for rid in ["d-1", "d-2"] {
+        engine.reserve(&cart(rid, &[&a, &b], 1)).await.unwrap();
+        undo_part(&redis, &engine, rid, &b).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    let mut conn = redis.connection().await;
+    let ks = engine.keyspace();
+    redis::cmd("ZREM")
+        .arg(ks.due(ks.shard_of(&a)))
+        .arg("d-2")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    engine.reap_once(100).await.unwrap();
+    assert_eq!(
+        figures(&engine, &a).await,
+        (4, 1, 0),
+        "d-1 expired, d-2 not reaped"
+    );
+    for rid in ["d-1", "d-2"] {
+        match engine.reserve(&cart(rid, &[&a, &b], 1)).await.unwrap() {
+            ReserveOutcome::Reserved { expires_at_ms, .. } => {
+                assert!(expires_at_ms > now_ms() + 500, "{rid}: a fresh deadline");
+            }
+            other => panic!("{rid}: {other:?}"),
+        }
+        let hold = engine.hold(rid).await.unwrap().unwrap();
+        assert_eq!(
+            (hold.state, hold.lines.len()),
+            (HoldState::Held, 2),
+            "{rid}"
+        );
+    }
+    assert_eq!(figures(&engine, &a).await, (3, 2, 0), "one unit each, once");
+    assert_eq!(figures(&engine, &b).await, (3, 2, 0));
+
+    // The script itself refuses a part whose deadline has passed, writing nothing.
+    let shard = ks.shard_of(&b);
+    let script = redis::Script::new(include_str!("../../lua/reserve.lua"));
+    let mut inv = on_part(&script, &engine, "d-3", &b);
+    inv.arg("d-3")
+        .arg(1_000)
+        .arg("")
+        .arg("fp")
+        .arg(1_000)
+        .arg(now_ms() - 10)
+        .arg(format!("{},{shard}", ks.shard_of(&a)))
+        .arg(86_400_000)
+        .arg(&b)
+        .arg(1);
+    let reply: Vec<redis::Value> = inv.invoke_async(&mut conn).await.unwrap();
+    assert_eq!(
+        reply.first(),
+        Some(&redis::Value::BulkString(b"lapsed".to_vec()))
+    );
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(ks.hold(shard, "d-3"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!exists);
+    assert_eq!(figures(&engine, &b).await, (3, 2, 0));
+}
+
+#[tokio::test]
+async fn one_attempt_at_a_time_builds_a_cart() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let skus = three_shards(&engine);
+    for sku in &skus {
+        stock(&engine, sku, 1_000).await;
+    }
+    let names: Vec<&str> = skus.iter().map(String::as_str).collect();
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+
+    // While another attempt holds the lease: busy, nothing written.
+    redis::cmd("SET")
+        .arg(ks.cart_build("one-1"))
+        .arg("another")
+        .arg("PX")
+        .arg(60_000)
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let busy = engine.reserve(&cart("one-1", &names, 1)).await;
+    assert!(
+        matches!(busy, Err(holdfast_engine::EngineError::Busy(_))),
+        "{busy:?}"
+    );
+    assert_eq!(figures(&engine, &skus[0]).await, (1_000, 0, 0));
+    redis::cmd("DEL")
+        .arg(ks.cart_build("one-1"))
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    let made = engine.reserve(&cart("one-1", &names, 1)).await.unwrap();
+    assert!(matches!(made, ReserveOutcome::Reserved { .. }), "{made:?}");
+    let lease: bool = redis::cmd("EXISTS")
+        .arg(ks.cart_build("one-1"))
+        .query_async(&mut conn)
+        .await
+        .unwrap();
+    assert!(!lease, "given back when the attempt ends");
+
+    // Copies of one request at once: every copy answered "held" answers for a
+    // whole cart, and each cart holds its units once.
+    let mut whole = 1;
+    for i in 0..20 {
+        let rid = format!("copies-{i}");
+        let copies = (0..8).map(|_| {
+            let engine = engine.clone();
+            let req = cart(&rid, &names, 1);
+            tokio::spawn(async move { engine.reserve(&req).await })
+        });
+        let answers = futures_util::future::join_all(copies).await;
+        let mut held = false;
+        for answer in answers {
+            match answer.unwrap() {
+                Ok(ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. }) => {
+                    held = true;
+                }
+                Err(holdfast_engine::EngineError::Busy(_)) => {}
+                other => panic!("{rid}: {other:?}"),
+            }
+        }
+        let hold = engine.hold(&rid).await.unwrap();
+        if held {
+            let hold = hold.unwrap_or_else(|| panic!("{rid}: answered held, but gone"));
+            assert_eq!(
+                (hold.state, hold.lines.len()),
+                (HoldState::Held, 3),
+                "{rid}"
+            );
+            whole += 1;
+        } else {
+            assert_eq!(hold, None, "{rid}");
+        }
+    }
+    for sku in &skus {
+        assert_eq!(
+            figures(&engine, sku).await,
+            (1_000 - whole, whole, 0),
+            "{sku}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_part_of_a_cart_whose_id_another_request_now_owns_still_expires() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    engine.reserve(&cart("own-1", &[&a, &b], 1)).await.unwrap();
+    // The claim lost (a node that restarted without its data) and taken by
+    // another request since: the parts belong to no reservation.
+    let ks = engine.keyspace();
+    let mut conn = redis.connection().await;
+    redis::cmd("SET")
+        .arg(ks.claim("own-1"))
+        .arg("another-request")
+        .query_async::<()>(&mut conn)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_100)).await;
+    engine.reap_once(100).await.unwrap();
+    assert_eq!(figures(&engine, &a).await, (5, 0, 0), "its units came back");
+    assert_eq!(figures(&engine, &b).await, (5, 0, 0));
+    for sku in [&a, &b] {
+        let due: i64 = redis::cmd("ZCARD")
+            .arg(ks.due(ks.shard_of(sku)))
+            .query_async(&mut conn)
+            .await
+            .unwrap();
+        assert_eq!(due, 0, "nothing left at the front of the due set");
+    }
 }

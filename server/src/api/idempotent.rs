@@ -15,7 +15,7 @@ use holdfast_engine::idempotency::{self, Begin};
 
 use super::ApiState;
 use crate::http::deadline::Deadline;
-use crate::http::error::{ApiError, JsonText, json_text, respond};
+use crate::http::error::{ApiError, JsonText, respond};
 
 /// The `Idempotency-Key` header, validated (1 to 255 visible ASCII characters).
 pub fn key(headers: &HeaderMap) -> Result<Option<String>, ApiError> {
@@ -62,7 +62,7 @@ where
         Err(e) => return ApiError::from(e).into_response(),
         Ok(Begin::Replay(status, body)) => {
             let status = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
-            return respond(status, json_text(&body), None);
+            return respond(status, JsonText::stored(body), None);
         }
         Ok(Begin::Reused) => {
             return ApiError::new(
@@ -82,9 +82,17 @@ where
         Ok(Begin::Fresh { after_failure }) => after_failure,
     };
     let (status, body, retry, kept) = bounded(deadline, work(after_failure)).await;
-    // The store keeps a tree (the cart path only: a one-shard hold is its own record).
-    let stored = serde_json::from_str(body.as_str()).unwrap_or_default();
-    idempotency::finish(engine, token_id, &key, &fp, status.as_u16(), &stored, kept).await;
+    // The cart path only: a one-shard hold is its own record.
+    idempotency::finish(
+        engine,
+        token_id,
+        &key,
+        &fp,
+        status.as_u16(),
+        body.as_str(),
+        kept,
+    )
+    .await;
     respond(status, body, retry)
 }
 

@@ -190,6 +190,12 @@ impl JsonText {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+
+    /// An answer's text as the idempotency store kept it (written by
+    /// [`json_text`] when first sent).
+    pub fn stored(text: String) -> Self {
+        Self(text)
+    }
 }
 
 /// `body` as [`JsonText`].
