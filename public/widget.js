@@ -143,7 +143,14 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     let opened = false;
     try { ws = new WebSocket(origin.replace(/^http/, 'ws') + '/public/ws'); } catch (_) { ws = null; startPolling(); return; }
     ws.onopen = () => { opened = true; tries = 0; stopPolling(); ws.send(JSON.stringify({ subscribe: skus() })); };
-    ws.onmessage = (m) => { try { const b = JSON.parse(m.data); if (b.sku) show(b); } catch (_) {} };
+    ws.onmessage = (m) => {
+      try {
+        const b = JSON.parse(m.data);
+        if (b.sku) show(b);
+        // Refused for now (too many subscribes from this address): ask again, jittered.
+        else if (b.retry_after) setTimeout(subscribe, (b.retry_after * 1000) * (1 + Math.random()));
+      } catch (_) {}
+    };
     ws.onclose = () => {
       ws = null;
       if (!opened) startPolling();

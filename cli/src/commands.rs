@@ -321,7 +321,7 @@ async fn dead_letters(global: &GlobalArgs, cmd: DeadLetterCommand) -> anyhow::Re
             }
         }
         DeadLetterCommand::Replay { id } => match ingest::replay(&mut conn, &id).await? {
-            Some(new_id) => {
+            ingest::Replay::Requeued(new_id) => {
                 note(
                     &backends.pg,
                     &cli_actor(),
@@ -332,7 +332,11 @@ async fn dead_letters(global: &GlobalArgs, cmd: DeadLetterCommand) -> anyhow::Re
                 .await;
                 println!("dead letter {id} is back on its lane as {new_id}")
             }
-            None => anyhow::bail!("no dead letter {id}"),
+            ingest::Replay::Unknown => anyhow::bail!("no dead letter {id}"),
+            ingest::Replay::Cut(length) => anyhow::bail!(
+                "dead letter {id} was kept cut short (its {length}-byte payload came while the \
+                 dead letters were full): it cannot be replayed; ask its sender to send it again"
+            ),
         },
     }
     Ok(())

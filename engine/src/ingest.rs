@@ -317,6 +317,18 @@ pub struct DeadLetter {
     pub reason: String,
 }
 
+/// Most dead letters kept (the oldest go first).
+const DEAD_LETTERS_KEPT: u64 = 100_000;
+
+/// Memory the dead letters may take in Redis before a large payload is kept
+/// cut short: a sender whose payloads all fail (2 MiB each, up to the
+/// webhook rate) would otherwise fill Redis, which evicts nothing, and
+/// checkout's writes would fail.
+pub const DEAD_STORE_BYTES: u64 = 256 * 1024 * 1024;
+
+/// What is kept of a payload buried while the store is at [`DEAD_STORE_BYTES`].
+pub const DEAD_BODY_KEPT_WHEN_FULL: usize = 4 * 1024;
+
 async fn bury(
     conn: &mut RedisConn,
     lane: Lane,
@@ -324,23 +336,48 @@ async fn bury(
     body: &str,
     reason: &str,
 ) -> Result<(), EngineError> {
-    redis::cmd("XADD")
-        .arg(DEAD_KEY)
+    let mut cmd = redis::cmd("XADD");
+    cmd.arg(DEAD_KEY)
         .arg("MAXLEN")
         .arg("~")
-        .arg(100_000)
+        .arg(DEAD_LETTERS_KEPT)
         .arg("*")
         .arg("lane")
         .arg(lane.as_str())
         .arg("source")
-        .arg(source)
-        .arg("body")
-        .arg(body)
-        .arg("reason")
-        .arg(reason)
-        .query_async::<()>(conn)
-        .await?;
+        .arg(source);
+    if body.len() > DEAD_BODY_KEPT_WHEN_FULL && dead_store_bytes(conn).await? >= DEAD_STORE_BYTES {
+        let mut end = DEAD_BODY_KEPT_WHEN_FULL;
+        while !body.is_char_boundary(end) {
+            end -= 1;
+        }
+        tracing::warn!(
+            source,
+            bytes = body.len(),
+            "the dead-letter store is at its cap: a payload was kept cut short"
+        );
+        cmd.arg("body").arg(&body[..end]).arg("cut").arg(body.len()).arg("reason").arg(format!(
+            "{reason} (kept cut short: the dead letters hold {} MiB, so only the first {} bytes of \
+             this {}-byte payload were kept; it cannot be replayed, ask its sender to send it again)",
+            DEAD_STORE_BYTES >> 20,
+            end,
+            body.len()
+        ));
+    } else {
+        cmd.arg("body").arg(body).arg("reason").arg(reason);
+    }
+    cmd.query_async::<()>(conn).await?;
     Ok(())
+}
+
+/// What the dead letters take in Redis now (Redis' own estimate).
+async fn dead_store_bytes(conn: &mut RedisConn) -> Result<u64, EngineError> {
+    let bytes: Option<u64> = redis::cmd("MEMORY")
+        .arg("USAGE")
+        .arg(DEAD_KEY)
+        .query_async(conn)
+        .await?;
+    Ok(bytes.unwrap_or(0))
 }
 
 /// How many dead letters wait.
@@ -373,9 +410,21 @@ pub async fn dead_letters(
         .collect())
 }
 
+/// What became of a dead letter asked to be replayed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Replay {
+    /// Back on its lane, as this entry.
+    Requeued(String),
+    /// No such dead letter (never, or replayed already).
+    Unknown,
+    /// Kept cut short (the store was at [`DEAD_STORE_BYTES`]): it cannot be
+    /// replayed; its sender must send it again. The payload's whole length.
+    Cut(u64),
+}
+
 /// Puts dead letter `id` back on its lane (after the cause was fixed, e.g. the SKU
-/// was created and warmed); returns the new lane entry id, or `None` if unknown.
-pub async fn replay(conn: &mut RedisConn, id: &str) -> Result<Option<String>, EngineError> {
+/// was created and warmed).
+pub async fn replay(conn: &mut RedisConn, id: &str) -> Result<Replay, EngineError> {
     let rows: Vec<(String, HashMap<String, String>)> = redis::cmd("XRANGE")
         .arg(DEAD_KEY)
         .arg(id)
@@ -383,8 +432,11 @@ pub async fn replay(conn: &mut RedisConn, id: &str) -> Result<Option<String>, En
         .query_async(conn)
         .await?;
     let Some((_, f)) = rows.into_iter().next() else {
-        return Ok(None);
+        return Ok(Replay::Unknown);
     };
+    if let Some(length) = f.get("cut") {
+        return Ok(Replay::Cut(length.parse().unwrap_or(0)));
+    }
     // A letter from an unknown lane (written by an older version) goes to feeds.
     let lane = f
         .get("lane")
@@ -408,7 +460,7 @@ pub async fn replay(conn: &mut RedisConn, id: &str) -> Result<Option<String>, En
         .arg(id)
         .query_async::<()>(conn)
         .await?;
-    Ok(Some(new_id))
+    Ok(Replay::Requeued(new_id))
 }
 
 /// What a lane's consumers did.

@@ -317,7 +317,8 @@ pub struct ServeArgs {
     #[arg(long, env = "HOLDFAST_BADGE_MAX_SUBSCRIPTIONS", default_value_t = 20,
           value_parser = clap::value_parser!(u64).range(1..=1_000))]
     pub badge_max_subscriptions: u64,
-    /// Badge polls per second per client address (bursts of twice that).
+    /// Badge polls per second per client address (bursts of twice that); a
+    /// socket's subscribe message counts as one.
     #[arg(long, env = "HOLDFAST_BADGE_POLLS_PER_SECOND", default_value_t = 10,
           value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub badge_polls_per_second: u32,
@@ -393,6 +394,7 @@ pub struct ServeArgs {
     pub request_timeout_secs: u64,
     /// Most client connections open at once, WebSockets included; more wait to
     /// be accepted. Lowered at start-up to what the open-file limit allows.
+    /// WebSockets may hold nine in ten of them: requests always have a tenth.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,

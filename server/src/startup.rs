@@ -34,6 +34,7 @@ use crate::badge::BadgeConfig;
 use crate::config::{GlobalArgs, ServeArgs};
 use crate::http::deadline::Deadline;
 use crate::http::edge::{ConnectionSlot, EdgeConfig};
+use crate::http::per_address::PerAddress;
 use crate::live::hub::LiveConfig;
 use crate::state::{AppState, StateOptions, leptos_options};
 use crate::workers::{WorkerConfig, WorkerStats, Workers};
@@ -229,12 +230,17 @@ pub async fn serve(
     let mut builder = http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(edge.header_read_timeout);
+        .header_read_timeout(edge.header_read_timeout)
+        .max_header_size(MAX_HEAD)
+        .max_buf_size(MAX_HEAD);
     // Told when to stop; each connection holds a clone of `open` while it runs.
     let (stopping, stop_rx) = tokio::sync::watch::channel(false);
     let open = Arc::new(());
     let max = usable_connections(edge.max_connections);
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
+    let sockets = Arc::new(tokio::sync::Semaphore::new(
+        crate::http::edge::socket_share(max),
+    ));
     let per_address = Arc::new(PerAddress::default());
     tokio::pin!(shutdown);
     loop {
@@ -276,7 +282,10 @@ pub async fn serve(
         // reading holds at most this much memory in the kernel.
         let _ = socket2::SockRef::from(&stream).set_send_buffer_size(SEND_BUFFER);
         // Held by this connection and by any WebSocket it becomes.
-        let slot = ConnectionSlot(Arc::new((permit, counted)));
+        let slot = ConnectionSlot {
+            held: Arc::new((permit, counted)),
+            sockets: sockets.clone(),
+        };
         let held = slot.clone();
         // Handlers see the peer as `ConnectInfo`, as with axum's own server.
         let service = router.clone().map_request(
@@ -329,54 +338,15 @@ pub async fn serve(
     Ok(())
 }
 
+/// The most a request's line and headers may take (larger: 431), and about
+/// the most a connection's read buffer grows to while it waits for them.
+/// hyper's own bound is about 400 KiB, which slow senders on thousands of
+/// connections could hold at once.
+const MAX_HEAD: usize = 64 * 1024;
+
 /// Each client connection's kernel send buffer, in bytes (the kernel doubles
 /// it for its own bookkeeping).
 const SEND_BUFFER: usize = 256 * 1024;
-
-/// Open connections per client address.
-#[derive(Default)]
-struct PerAddress(std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>);
-
-/// One connection's count for its address, given back when dropped.
-struct AddressPlace {
-    table: Arc<PerAddress>,
-    address: std::net::IpAddr,
-}
-
-impl PerAddress {
-    /// Counts a connection from `address`; `None` when it already has `max`.
-    fn take(self: &Arc<Self>, address: std::net::IpAddr, max: usize) -> Option<AddressPlace> {
-        let mut table = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let n = table.entry(address).or_insert(0);
-        if *n >= max {
-            return None;
-        }
-        *n += 1;
-        Some(AddressPlace {
-            table: self.clone(),
-            address,
-        })
-    }
-}
-
-impl Drop for AddressPlace {
-    fn drop(&mut self) {
-        let mut table = self
-            .table
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(n) = table.get_mut(&self.address) {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                table.remove(&self.address);
-            }
-        }
-    }
-}
 
 /// `wanted`, lowered (with a warning) to what the process's open-file limit
 /// leaves after a reserve for Redis, PostgreSQL and files: past it, accepting

@@ -533,30 +533,43 @@ async fn one_address_gets_its_share_of_connections_and_sockets_count(pool: PgPoo
     );
 }
 
+/// A server with the live feed and at most `max_connections` connections.
+async fn capped(pool: PgPool, redis: &TestRedis, max_connections: usize) -> common::TestServer {
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        edge: EdgeConfig {
+            max_connections,
+            ..EdgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    common::spawn_with(backends, options, Some(&redis.url())).await
+}
+
+/// Opens a badge socket on `server`.
+async fn badge_socket(
+    server: &common::TestServer,
+) -> Result<
+    tokio_tungstenite::WebSocketStream<tokio_tungstenite::MaybeTlsStream<TcpStream>>,
+    tokio_tungstenite::tungstenite::Error,
+> {
+    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
+    let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+        .into_client_request()
+        .unwrap();
+    Ok(tokio_tungstenite::connect_async(req).await?.0)
+}
+
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn websockets_hold_their_place_under_the_connection_cap(pool: PgPool) {
     let redis = TestRedis::start();
     users::create(&pool, "admin", Role::Admin, PASSWORD, false)
         .await
         .unwrap();
-    let backends = common::backends(pool, &redis.url()).await;
-    let options = StateOptions {
-        edge: EdgeConfig {
-            max_connections: 2,
-            ..EdgeConfig::default()
-        },
-        ..StateOptions::default()
-    };
-    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
-    use tokio_tungstenite::tungstenite::client::IntoClientRequest;
-    let socket = || {
-        let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
-            .into_client_request()
-            .unwrap();
-        tokio_tungstenite::connect_async(req)
-    };
-    let first = socket().await.unwrap().0;
-    let _second = socket().await.unwrap().0;
+    let server = capped(pool, &redis, 2).await;
+    let socket = || badge_socket(&server);
+    let first = socket().await.unwrap();
+    let _second = socket().await.unwrap();
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(
         !common::healthy(&server).await,
@@ -565,6 +578,61 @@ async fn websockets_hold_their_place_under_the_connection_cap(pool: PgPool) {
     drop(first);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(common::healthy(&server).await);
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn websockets_leave_a_tenth_of_the_places_to_requests(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = capped(pool, &redis, 10).await;
+    let socket = || badge_socket(&server);
+    let mut open = Vec::new();
+    for _ in 0..9 {
+        open.push(socket().await.unwrap());
+    }
+    match socket().await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(answer)) => {
+            assert_eq!(answer.status(), 503);
+            assert!(answer.headers().contains_key("retry-after"));
+        }
+        other => panic!("a tenth socket: {:?}", other.map(|_| ())),
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        common::healthy(&server).await,
+        "requests keep a tenth of the places"
+    );
+    drop(open.pop());
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(socket().await.is_ok(), "a socket's place came back");
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn request_headers_past_64_kib_are_refused(pool: PgPool) {
+    let redis = TestRedis::start();
+    let server = server_with(pool, &redis, EdgeConfig::default()).await;
+    let send = |size: usize| {
+        let server_addr = addr(&server);
+        async move {
+            let mut stream = TcpStream::connect(server_addr).await.unwrap();
+            let head = format!(
+                "GET /healthz HTTP/1.1\r\nHost: {server_addr}\r\nX-Padding: {}\r\nConnection: close\r\n\r\n",
+                "p".repeat(size)
+            );
+            // The server may answer and close before it has read it all.
+            let _ = stream.write_all(head.as_bytes()).await;
+            let mut answer = Vec::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_to_end(&mut answer)).await;
+            String::from_utf8_lossy(&answer).into_owned()
+        }
+    };
+    let small = send(8 * 1024).await;
+    assert!(small.starts_with("HTTP/1.1 200"), "{small}");
+    let large = send(100 * 1024).await;
+    assert!(
+        large.is_empty() || large.starts_with("HTTP/1.1 431"),
+        "{large}"
+    );
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

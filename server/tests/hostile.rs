@@ -498,11 +498,14 @@ async fn a_body_that_never_arrives_is_the_callers_timeout_not_a_server_error(poo
     let addr = server.base.trim_start_matches("http://").to_owned();
     for path in ["/ingest/erp", "/ingest/nobody", "/api/v1/reservations"] {
         let mut tcp = tokio::net::TcpStream::connect(&addr).await.unwrap();
-        // Ten bytes promised, one sent.
+        // Ten bytes promised, one sent (a webhook's signature headers with it:
+        // without them it is refused before its body is waited for).
         let req = format!(
             "POST {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-             Authorization: Bearer hf_{:064x}\r\nContent-Length: 10\r\n\r\n{{",
-            0
+             Authorization: Bearer hf_{:064x}\r\nX-Holdfast-Timestamp: {}\r\n\
+             X-Holdfast-Signature: sha256=00\r\nContent-Length: 10\r\n\r\n{{",
+            0,
+            chrono::Utc::now().timestamp()
         );
         tcp.write_all(req.as_bytes()).await.unwrap();
         // The whole answer (the server closes the connection after it).
@@ -521,5 +524,51 @@ async fn a_body_that_never_arrives_is_the_callers_timeout_not_a_server_error(poo
             // The API checks the token before it reads a body.
             assert!(head.starts_with("HTTP/1.1 401"), "{path}: {head}");
         }
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn badge_subscribes_count_against_their_address_across_sockets(pool: PgPool) {
+    use futures_util::StreamExt;
+    let redis = TestRedis::start();
+    let backends = common::backends(pool, &redis.url()).await;
+    let options = StateOptions {
+        badge: holdfast_server::badge::BadgeConfig {
+            // Bursts of two a second from one address.
+            polls_per_second: 1,
+            ..holdfast_server::badge::BadgeConfig::default()
+        },
+        ..StateOptions::default()
+    };
+    let server = common::spawn_with(backends, options, Some(&redis.url())).await;
+    // A fresh socket per subscribe (each with its own pace): the address's
+    // count still applies, and the refusal says when to ask again.
+    let mut answers = Vec::new();
+    for i in 0..4 {
+        let req = format!("{}/public/ws", server.base.replace("http://", "ws://"))
+            .into_client_request()
+            .unwrap();
+        let (mut ws, _) = tokio_tungstenite::connect_async(req).await.unwrap();
+        ws.send(Message::Text(
+            format!(r#"{{"subscribe": ["INVENTED-{i}"]}}"#).into(),
+        ))
+        .await
+        .unwrap();
+        let first = tokio::time::timeout(std::time::Duration::from_secs(3), async {
+            while let Some(Ok(msg)) = ws.next().await {
+                if let Message::Text(t) = msg {
+                    return serde_json::from_str::<serde_json::Value>(&t).unwrap();
+                }
+            }
+            serde_json::Value::Null
+        })
+        .await
+        .unwrap();
+        answers.push(first);
+    }
+    assert_eq!(answers[0]["sku"], "INVENTED-0", "{answers:?}");
+    assert_eq!(answers[1]["sku"], "INVENTED-1", "{answers:?}");
+    for refused in &answers[2..] {
+        assert_eq!(refused["retry_after"], 1, "{answers:?}");
     }
 }

@@ -304,12 +304,10 @@ async fn bad_payloads_and_unknown_skus_are_dead_lettered_and_can_be_replayed(poo
 
     // The SKU is created and warmed; the dead letter is replayed and applies.
     stock(&engine, "NEW-1", 0).await;
-    assert!(
-        ingest::replay(&mut conn, &dead[0].id)
-            .await
-            .unwrap()
-            .is_some()
-    );
+    assert!(matches!(
+        ingest::replay(&mut conn, &dead[0].id).await.unwrap(),
+        ingest::Replay::Requeued(_)
+    ));
     drain(&mut c, &redis).await;
     assert_eq!(engine.figures("NEW-1").await.unwrap().unwrap().available, 7);
     assert_eq!(ingest::dead_letters(&mut conn, 10).await.unwrap().len(), 1);
@@ -549,4 +547,173 @@ async fn the_largest_webhook_body_is_a_setting(pool: PgPool) {
     let (s, body) = hook.send("erp", &big, now, &sign(SECRET, now, &big)).await;
     assert_eq!(s, StatusCode::PAYLOAD_TOO_LARGE);
     assert_eq!(body["code"], "payload_too_large");
+}
+
+/// Starts `POST /ingest/erp` from local address `from` declaring a body of
+/// `length` bytes, with signature headers when `signed`, and sends 10 bytes of it.
+async fn start_body(
+    base: &str,
+    from: std::net::Ipv4Addr,
+    length: usize,
+    signed: bool,
+) -> tokio::net::TcpStream {
+    use tokio::io::AsyncWriteExt;
+    let host = base.trim_start_matches("http://");
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((from, 0).into()).unwrap();
+    let mut stream = socket.connect(host.parse().unwrap()).await.unwrap();
+    let headers = if signed {
+        format!(
+            "X-Holdfast-Timestamp: {}\r\nX-Holdfast-Signature: sha256=00\r\n",
+            chrono::Utc::now().timestamp()
+        )
+    } else {
+        String::new()
+    };
+    stream
+        .write_all(
+            format!(
+                "POST /ingest/erp HTTP/1.1\r\nHost: {host}\r\nContent-Length: {length}\r\n{headers}\r\n{{\"padding"
+            )
+            .as_bytes(),
+        )
+        .await
+        .unwrap();
+    stream
+}
+
+/// The status of the answer read from `stream` within `within`, if any.
+async fn status_within(stream: &mut tokio::net::TcpStream, within: Duration) -> Option<u16> {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 64];
+    let n = tokio::time::timeout(within, stream.read(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    std::str::from_utf8(&buf[..n])
+        .ok()?
+        .split(' ')
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn webhook_bodies_are_read_only_signed_and_a_few_at_a_time(pool: PgPool) {
+    let (hook, _redis, _engine) = setup_with(pool, 0, |_| {}).await;
+    let max = holdfast_server::routes::ingest::BODY_LIMIT;
+    let local = std::net::Ipv4Addr::LOCALHOST;
+
+    // No signature headers: refused at once, its body never waited for.
+    let mut unsigned = start_body(&hook.base, local, max, false).await;
+    assert_eq!(
+        status_within(&mut unsigned, Duration::from_secs(1)).await,
+        Some(401)
+    );
+
+    // One sender's bodies being read at once are bounded: the next is 429 at
+    // once, and a place comes back when a body ends.
+    let per_address = holdfast_server::routes::ingest::BODIES_PER_ADDRESS;
+    let mut open = Vec::new();
+    for _ in 0..per_address {
+        open.push(start_body(&hook.base, local, max, true).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut one_more = start_body(&hook.base, local, 100, true).await;
+    assert_eq!(
+        status_within(&mut one_more, Duration::from_secs(1)).await,
+        Some(429)
+    );
+    let (s, _) = hook
+        .signed(&json!({"event_id": "f-1", "type": "delta", "sku": "F-1", "delta": 1}))
+        .await;
+    assert_eq!(s, StatusCode::TOO_MANY_REQUESTS, "the same sender");
+    drop(open);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (s, _) = hook
+        .signed(&json!({"event_id": "f-2", "type": "delta", "sku": "F-1", "delta": 1}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "places given back");
+
+    // Every sender together: at most BODIES_IN_FLIGHT of the largest bodies.
+    let in_flight = holdfast_server::routes::ingest::BODIES_IN_FLIGHT;
+    let mut open = Vec::new();
+    for i in 0..in_flight {
+        let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / per_address) as u8);
+        open.push(start_body(&hook.base, from, max, true).await);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut another_sender = start_body(
+        &hook.base,
+        std::net::Ipv4Addr::new(127, 0, 0, 200),
+        max,
+        true,
+    )
+    .await;
+    assert_eq!(
+        status_within(&mut another_sender, Duration::from_secs(1)).await,
+        Some(429)
+    );
+    for stream in &mut open {
+        assert_eq!(
+            status_within(stream, Duration::from_millis(10)).await,
+            None,
+            "each of those still being read"
+        );
+    }
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn a_full_dead_letter_store_keeps_a_large_payload_cut_short(pool: PgPool) {
+    let (hook, redis, engine) = setup(pool, 100).await;
+    let mut conn = redis.connection().await;
+    // Dead letters past the store's cap.
+    let filler = "x".repeat(2 * 1024 * 1024);
+    let full = ingest::DEAD_STORE_BYTES as usize / filler.len() + 32;
+    for _ in 0..full {
+        redis::cmd("XADD")
+            .arg(ingest::DEAD_KEY)
+            .arg("*")
+            .arg("lane")
+            .arg("feeds")
+            .arg("source")
+            .arg("erp")
+            .arg("body")
+            .arg(&filler)
+            .arg("reason")
+            .arg("filler")
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
+    // A payload that cannot be parsed, larger than what a full store keeps.
+    let bad = format!("{{\"events\": \"{}\"", "y".repeat(20_000));
+    let ts = chrono::Utc::now().timestamp();
+    let (s, _) = hook
+        .send("erp", bad.as_bytes(), ts, &sign(SECRET, ts, bad.as_bytes()))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    let (mut c, _) = consumer(&engine, &redis).await;
+    drain(&mut c, &redis).await;
+    let newest = ingest::dead_letters(&mut conn, 1).await.unwrap().remove(0);
+    assert_eq!(newest.body.len(), ingest::DEAD_BODY_KEPT_WHEN_FULL);
+    assert!(newest.reason.contains("cut short"), "{}", newest.reason);
+    assert_eq!(
+        ingest::replay(&mut conn, &newest.id).await.unwrap(),
+        ingest::Replay::Cut(bad.len() as u64)
+    );
+    // A small one is still kept whole.
+    let small = "not json";
+    let (s, _) = hook
+        .send(
+            "erp",
+            small.as_bytes(),
+            ts,
+            &sign(SECRET, ts, small.as_bytes()),
+        )
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED);
+    drain(&mut c, &redis).await;
+    let newest = ingest::dead_letters(&mut conn, 1).await.unwrap().remove(0);
+    assert_eq!(newest.body, small);
 }

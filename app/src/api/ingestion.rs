@@ -90,7 +90,7 @@ pub async fn replay_dead_letter(id: String) -> Result<String, ServerFnError> {
         .await
         .map_err(guard::internal("Replaying the dead letter"))?
     {
-        Some(entry) => {
+        ingest::Replay::Requeued(entry) => {
             guard::audit(
                 &caller,
                 "replay_dead_letter",
@@ -100,9 +100,16 @@ pub async fn replay_dead_letter(id: String) -> Result<String, ServerFnError> {
             .await;
             Ok(format!("Dead letter {id} is back on its lane."))
         }
-        None => Err(guard::refuse(
+        ingest::Replay::Unknown => Err(guard::refuse(
             http::StatusCode::NOT_FOUND,
             format!("There is no dead letter {id} (already replayed?)."),
+        )),
+        ingest::Replay::Cut(length) => Err(guard::refuse(
+            http::StatusCode::CONFLICT,
+            format!(
+                "Dead letter {id} was kept cut short (its {length}-byte payload came while the \
+                 dead letters were full), so it cannot be replayed: ask its sender to send it again."
+            ),
         )),
     }
 }

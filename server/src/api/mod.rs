@@ -132,13 +132,19 @@ where
     TokenCheck: FromRef<S>,
 {
     let (router, doc) = router_and_doc::<S>();
-    let doc = Arc::new(doc);
+    // Serialised once: anyone may fetch it, as often as they like.
+    let doc = axum::body::Bytes::from(serde_json::to_vec(&doc).unwrap_or_default());
     router
         .route(
             "/api/v1/openapi.json",
             get(move || {
                 let doc = doc.clone();
-                async move { axum::Json((*doc).clone()) }
+                async move {
+                    (
+                        [(axum::http::header::CONTENT_TYPE, "application/json")],
+                        doc,
+                    )
+                }
             }),
         )
         .layer(DefaultBodyLimit::max(max_body))

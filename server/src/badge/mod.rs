@@ -24,6 +24,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
 
+use crate::http::per_address::{AddressPlace, PerAddress};
 use crate::http::ratelimit::{Limit, RateLimiter};
 
 /// What a shopper sees for one SKU.
@@ -82,7 +83,8 @@ pub struct BadgeConfig {
     pub max_connections_per_client: usize,
     /// Most SKUs one connection (or one poll) may follow.
     pub max_subscriptions: usize,
-    /// Polls per second per client address (bursts of twice that).
+    /// Polls per second per client address (bursts of twice that); a socket's
+    /// subscribe message counts as one.
     pub polls_per_second: u32,
     /// Subscribe messages one connection may send in a burst; then one per
     /// [`BadgeConfig::resubscribe_every`].
@@ -125,7 +127,7 @@ pub struct BadgeHub {
     skus: Mutex<HashMap<String, watch::Sender<Badge>>>,
     thresholds: Mutex<Thresholds>,
     reloading: tokio::sync::Mutex<()>,
-    connections: Mutex<HashMap<IpAddr, usize>>,
+    connections: Arc<PerAddress>,
     /// Polls per client address.
     pub polls: RateLimiter<IpAddr>,
 }
@@ -158,7 +160,7 @@ impl BadgeHub {
             skus: Mutex::default(),
             thresholds: Mutex::default(),
             reloading: tokio::sync::Mutex::new(()),
-            connections: Mutex::default(),
+            connections: Arc::default(),
             polls: RateLimiter::new(Limit::per_second(config.polls_per_second)),
             config,
         }
@@ -209,34 +211,44 @@ impl BadgeHub {
         badges
     }
 
-    /// The badge of `sku` read from Redis now.
-    pub async fn current(&self, sku: &str) -> Badge {
-        let f = self.engine.figures(sku).await.ok().flatten();
-        Badge::of(sku, f.as_ref(), self.threshold(sku).await)
-    }
-
-    /// A receiver of `sku`'s badge: its current value now, the newest after each change.
-    pub async fn watch(&self, sku: &str) -> watch::Receiver<Badge> {
-        if let Ok(skus) = self.skus.lock()
-            && let Some(tx) = skus.get(sku)
-        {
-            return tx.subscribe();
+    /// A receiver of each of `skus`' badges: its current value now, the newest
+    /// after each change. The ones no socket watches yet are read from Redis
+    /// in one round trip.
+    pub async fn watch_many(&self, skus: Vec<String>) -> Vec<(String, watch::Receiver<Badge>)> {
+        let mut watched = Vec::with_capacity(skus.len());
+        let mut unread = Vec::new();
+        if let Ok(known) = self.skus.lock() {
+            for sku in skus {
+                match known.get(&sku) {
+                    Some(tx) => watched.push((sku, tx.subscribe())),
+                    None => unread.push(sku),
+                }
+            }
         }
-        let badge = self.current(sku).await;
-        if badge.state == StockState::Unknown {
-            // No counter: an invented or unwarmed SKU gets a one-off answer and
-            // no entry (it appears on the next subscribe once warmed).
-            return watch::channel(badge).1;
+        if unread.is_empty() {
+            return watched;
         }
-        let Ok(mut skus) = self.skus.lock() else {
-            return watch::channel(badge).1;
+        let badges = self.current_many(&unread).await;
+        let Ok(mut known) = self.skus.lock() else {
+            return watched;
         };
-        if skus.len() > 10_000 {
-            skus.retain(|_, tx| tx.receiver_count() > 0);
+        if known.len() > 10_000 {
+            known.retain(|_, tx| tx.receiver_count() > 0);
         }
-        skus.entry(sku.to_owned())
-            .or_insert_with(|| watch::channel(badge).0)
-            .subscribe()
+        for (sku, badge) in unread.into_iter().zip(badges) {
+            let rx = if badge.state == StockState::Unknown {
+                // No counter: an invented or unwarmed SKU gets a one-off answer
+                // and no entry (it appears on the next subscribe once warmed).
+                watch::channel(badge).1
+            } else {
+                known
+                    .entry(sku.clone())
+                    .or_insert_with(|| watch::channel(badge).0)
+                    .subscribe()
+            };
+            watched.push((sku, rx));
+        }
+        watched
     }
 
     fn publish(&self, badge: Badge) {
@@ -304,33 +316,13 @@ impl BadgeHub {
 
     /// Badge sockets open now, from every address.
     pub fn connections(&self) -> usize {
+        self.connections.total()
+    }
+
+    /// Counts a new connection from `ip`, given back when the place is
+    /// dropped; `None` when `ip` has its limit open.
+    pub fn admit(&self, ip: IpAddr) -> Option<AddressPlace> {
         self.connections
-            .lock()
-            .map_or(0, |c| c.values().sum::<usize>())
-    }
-
-    /// Counts a new connection from `ip`; `false` when it is over its limit.
-    pub fn admit(&self, ip: IpAddr) -> bool {
-        let Ok(mut c) = self.connections.lock() else {
-            return false;
-        };
-        let n = c.entry(ip).or_insert(0);
-        if *n >= self.config.max_connections_per_client {
-            return false;
-        }
-        *n += 1;
-        true
-    }
-
-    /// Forgets a closed connection from `ip`.
-    pub fn leave(&self, ip: IpAddr) {
-        if let Ok(mut c) = self.connections.lock()
-            && let Some(n) = c.get_mut(&ip)
-        {
-            *n = n.saturating_sub(1);
-            if *n == 0 {
-                c.remove(&ip);
-            }
-        }
+            .take(ip, self.config.max_connections_per_client)
     }
 }

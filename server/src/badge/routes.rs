@@ -154,7 +154,13 @@ async fn live(
     let client = connection
         .client
         .unwrap_or(std::net::IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED));
-    let Some(slot) = Slot::take(hub.clone(), client) else {
+    // Given back when dropped: after the socket closes, and also when the
+    // upgrade never happens (the closure holding it is dropped unrun), so a
+    // failed handshake cannot leak a place.
+    let Some(socket_place) = connection.socket_place() else {
+        return crate::http::edge::SocketPlace::refused();
+    };
+    let Some(place) = hub.admit(client) else {
         return (
             StatusCode::TOO_MANY_REQUESTS,
             [(header::RETRY_AFTER, "10")],
@@ -173,32 +179,11 @@ async fn live(
         // A frame is buffered whole before the message limit applies: bound it too.
         .max_frame_size(max_message)
         .on_upgrade(move |socket| async move {
-            serve_socket(&slot.hub, socket).await;
-            drop(slot);
+            serve_socket(&hub, socket, client).await;
+            drop((place, socket_place));
             // The connection's place under the server's caps, held until now.
             drop(connection.slot);
         })
-}
-
-/// A client address's connection slot, given back when dropped: after the
-/// socket closes, and also when the upgrade never happens (the closure holding
-/// it is dropped unrun), so a failed handshake cannot leak a slot.
-struct Slot {
-    hub: Arc<BadgeHub>,
-    ip: std::net::IpAddr,
-}
-
-impl Slot {
-    /// Takes a slot for `ip`; `None` when it has none left.
-    fn take(hub: Arc<BadgeHub>, ip: std::net::IpAddr) -> Option<Self> {
-        hub.admit(ip).then(|| Self { hub, ip })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        self.hub.leave(self.ip);
-    }
 }
 
 /// A subscription request from a page.
@@ -210,7 +195,7 @@ struct Subscribe {
 /// Serves one badge socket: subscriptions (paced: a burst, then one per
 /// `resubscribe_every`), the badges as they change, a ping every `ping_every`,
 /// and a close as soon as nothing has come back for `idle_timeout`.
-async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
+async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket, client: std::net::IpAddr) {
     let config = &hub.config;
     let mut streams = tokio_stream::StreamMap::new();
     let mut pace = Pace::new(config.subscribe_burst, config.resubscribe_every);
@@ -227,8 +212,10 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                 let Some(Ok(message)) = incoming else { return };
                 silence.as_mut().reset(tokio::time::Instant::now() + config.idle_timeout);
                 let Message::Text(text) = message else { continue };
-                if !pace.admit() {
-                    if !send_within(&mut socket, config.send_timeout, Message::Text(r#"{"error":"subscribing too often; wait a second"}"#.into())).await { return; }
+                // Paced per socket, and counted as a poll of the address: each
+                // subscribe costs a Redis read, and sockets can be opened anew.
+                if !pace.admit() || hub.polls.check(&client).is_err() {
+                    if !send_within(&mut socket, config.send_timeout, Message::Text(r#"{"error":"subscribing too often; wait a second","retry_after":1}"#.into())).await { return; }
                     continue;
                 }
                 let Ok(request) = serde_json::from_str::<Subscribe>(&text) else {
@@ -243,9 +230,8 @@ async fn serve_socket(hub: &BadgeHub, mut socket: WebSocket) {
                     continue;
                 }
                 streams = tokio_stream::StreamMap::new();
-                for sku in request.subscribe {
+                for (sku, rx) in hub.watch_many(request.subscribe).await {
                     // WatchStream yields the current badge first, then the newest after each change.
-                    let rx = hub.watch(&sku).await;
                     streams.insert(sku, WatchStream::new(rx));
                 }
             }

@@ -191,7 +191,39 @@ fn forwarded_chain(headers: &HeaderMap) -> Vec<IpAddr> {
 /// A connection's place under the connection caps, held by the connection and
 /// by a WebSocket it is upgraded to: the place is free once both are done.
 #[derive(Clone)]
-pub struct ConnectionSlot(pub Arc<dyn Send + Sync>);
+pub struct ConnectionSlot {
+    /// What the connection holds while it is open (its places under the caps).
+    pub held: Arc<dyn Send + Sync>,
+    /// The places WebSockets may hold: [`socket_share`] of the connection cap.
+    pub sockets: Arc<tokio::sync::Semaphore>,
+}
+
+/// How many of `max_connections` places WebSockets (badges, dashboards) may
+/// hold at once: nine in ten. Sockets stay open for hours and cost their
+/// holder almost nothing to keep, so without a share of their own, enough of
+/// them (answering pings, from a few hundred addresses) would take every
+/// place, and checkout's requests would wait to be accepted.
+pub fn socket_share(max_connections: usize) -> usize {
+    max_connections - max_connections / 10
+}
+
+/// A WebSocket's place under [`socket_share`], given back when dropped.
+pub struct SocketPlace {
+    _permit: Option<tokio::sync::OwnedSemaphorePermit>,
+}
+
+impl SocketPlace {
+    /// The answer when WebSockets hold their whole share: 503, retry shortly
+    /// (a badge falls back to polling meanwhile).
+    pub fn refused() -> Response {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [(header::RETRY_AFTER, "10")],
+            "live connections are at their share of the server's connections; retry shortly",
+        )
+            .into_response()
+    }
+}
 
 /// What the edge recorded about a request's connection: the client's address
 /// (for per-client limits) and its place under the caps (for a WebSocket to
@@ -207,6 +239,21 @@ impl Connection {
     /// The client address as a limiter key (empty when unknown).
     pub fn key(&self) -> String {
         self.client.map(|c| c.to_string()).unwrap_or_default()
+    }
+
+    /// A place for this connection to become a WebSocket; `None` when
+    /// WebSockets hold their whole share ([`socket_share`]). A connection
+    /// not served by [`crate::startup::serve`] is under no cap.
+    pub fn socket_place(&self) -> Option<SocketPlace> {
+        match &self.slot {
+            Some(slot) => slot
+                .sockets
+                .clone()
+                .try_acquire_owned()
+                .ok()
+                .map(|p| SocketPlace { _permit: Some(p) }),
+            None => Some(SocketPlace { _permit: None }),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ pub mod deadline;
 pub mod edge;
 pub mod error;
 pub mod observe;
+pub mod per_address;
 pub mod ratelimit;
 pub mod request_id;
 pub mod server_fns;

@@ -73,6 +73,9 @@ pub async fn live(
             return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
         }
     };
+    let Some(socket_place) = connection.socket_place() else {
+        return crate::http::edge::SocketPlace::refused();
+    };
     // A tab sends only small subscription messages: refuse anything larger,
     // frame by frame (a frame is buffered whole before a message limit applies).
     upgrade
@@ -85,8 +88,8 @@ pub async fn live(
                 user,
             };
             serve(socket, hub, query.cursor, session).await;
-            // The connection's place under the server's caps, held until now.
-            drop(connection.slot);
+            // The connection's places under the server's caps, held until now.
+            drop((connection.slot, socket_place));
         })
 }
 

@@ -6,8 +6,11 @@
 //! in constant time, and the raw payload is appended to the source's lane: the
 //! answer is 202 with the event id, in milliseconds, whatever the lane's backlog.
 //!
-//! Cheap checks come first: the client address must be within its rate
-//! before the body is read or a MAC computed. An unknown source goes through
+//! Cheap checks come first: the client address must be within its rate, and
+//! the signature's headers present and the timestamp fresh, before the body is
+//! read or a MAC computed; bodies being read at once are bounded per sender
+//! ([`BODIES_PER_ADDRESS`]) and in bytes, all senders together
+//! ([`BODIES_IN_FLIGHT`]). An unknown source goes through
 //! the same steps (a MAC under a placeholder key included) and gets the same
 //! 401 as a wrong signature, so neither the answer nor its timing says which
 //! sources exist.
@@ -30,10 +33,12 @@ use holdfast_engine::redis_conn::RedisConn;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use sha2::Sha256;
+use tokio::sync::Semaphore;
 
 use holdfast_app::server::guard::ClientIp;
 
 use crate::http::error::ApiError;
+use crate::http::per_address::PerAddress;
 use crate::http::ratelimit::{Limit, RateLimiter};
 
 /// Oldest (or furthest in the future) timestamp accepted, in seconds.
@@ -167,12 +172,28 @@ pub struct IngestState {
     /// Webhooks per source.
     pub per_source: Arc<RateLimiter>,
     /// Attempts per client address (any source name), before any verification.
-    pub per_caller: Arc<RateLimiter>,
+    pub per_caller: Arc<RateLimiter<std::net::IpAddr>>,
     /// Payloads accepted into a lane, by lane.
     pub payloads: Family<LaneLabel, Counter>,
     /// Bytes of the payloads accepted into a lane, by lane.
     pub bytes: Family<LaneLabel, Counter>,
+    /// Bytes of webhook bodies being read now, before any is verified: at most
+    /// [`BODIES_IN_FLIGHT`] of the largest at once.
+    pub receiving: Arc<Semaphore>,
+    /// Webhook bodies being read now, per client address.
+    pub reading: Arc<PerAddress>,
 }
+
+/// How many of the largest webhook bodies may be read at once, from every
+/// sender together. A body is read whole before its signature can be checked,
+/// so without a bound, senders that start bodies and never finish them hold
+/// memory until each request's deadline: 10,000 connections of 2 MiB would
+/// be 20 GiB. Past it a webhook is 429 (`Retry-After: 1`) at once.
+pub const BODIES_IN_FLIGHT: usize = 32;
+
+/// How many webhook bodies one client address may have being read at once,
+/// so that one sender cannot take every place of [`BODIES_IN_FLIGHT`].
+pub const BODIES_PER_ADDRESS: usize = 4;
 
 /// A counter per lane, each exported from the start (at 0).
 fn lane_counters() -> Family<LaneLabel, Counter> {
@@ -195,6 +216,7 @@ pub struct LaneLabel {
 impl IngestState {
     /// State over `redis` for `config`, allowing `per_source` webhooks per second per source.
     pub fn new(redis: RedisConn, config: IngestConfig, per_source: u32) -> Self {
+        let config_max_body = config.max_body;
         Self {
             redis,
             config: Arc::new(config),
@@ -206,10 +228,20 @@ impl IngestState {
             } else {
                 per_source
             }))),
+            receiving: Arc::new(Semaphore::new(receiving_budget(config_max_body))),
+            reading: Arc::default(),
             payloads: lane_counters(),
             bytes: lane_counters(),
         }
     }
+}
+
+/// The bytes [`BODIES_IN_FLIGHT`] bodies of `max_body` take, as permits (one
+/// per byte; a request takes as many as it declares, or `max_body`).
+fn receiving_budget(max_body: usize) -> usize {
+    BODIES_IN_FLIGHT
+        .saturating_mul(max_body.max(1))
+        .min(u32::MAX as usize)
 }
 
 /// The ingestion route; every webhook is answered within `deadline`.
@@ -306,8 +338,11 @@ async fn receive(
     // real sender's budget (a different address).
     // Keyed by the client address alone: a key per source name as given would
     // let invented names dodge the limit and grow the limiter without bound.
-    let who = client.map_or_else(String::new, |Extension(ClientIp(ip))| ip.to_string());
-    if let Err(secs) = state.per_caller.check(&who) {
+    let address = client.map_or(
+        std::net::IpAddr::from([0, 0, 0, 0]),
+        |Extension(ClientIp(ip))| ip,
+    );
+    if let Err(secs) = state.per_caller.check(&address) {
         return ApiError::too_many(secs).into_response();
     }
     let max_body = state.config.max_body;
@@ -326,6 +361,30 @@ async fn receive(
     if declared.is_some_and(|n| n > max_body as u64) {
         return too_large();
     }
+    // The signature's headers before the body: the same checks whatever the
+    // source, so a sender without them is refused without being read.
+    let (timestamp, signature) = match signed_headers(&headers) {
+        Ok(signed) => signed,
+        Err(e) => return e.into_response(),
+    };
+    // Memory for the body, from what this sender and every sender together
+    // are sending at once.
+    let Some(_place) = state.reading.take(address, BODIES_PER_ADDRESS) else {
+        tracing::debug!(%address, "a sender's webhook bodies in flight at their bound; answered 429");
+        return ApiError::too_many(1).into_response();
+    };
+    let need = declared.map_or(max_body, |n| n as usize).max(1);
+    let Ok(_receiving) = state
+        .receiving
+        .clone()
+        .try_acquire_many_owned(u32::try_from(need).unwrap_or(u32::MAX))
+    else {
+        tracing::debug!(
+            need,
+            "webhook bodies in flight at their bound; answered 429"
+        );
+        return ApiError::too_many(1).into_response();
+    };
     let body = match axum::body::to_bytes(body, max_body).await {
         Ok(b) => b,
         Err(e)
@@ -339,10 +398,6 @@ async fn receive(
             return ApiError::new(ErrorCode::BadRequest, "the body could not be read whole")
                 .into_response();
         }
-    };
-    let (timestamp, signature) = match signed_headers(&headers) {
-        Ok(signed) => signed,
-        Err(e) => return e.into_response(),
     };
     // An unknown source costs the same MAC as a known one, so timing does not
     // tell them apart either. verify_slice compares in constant time.
