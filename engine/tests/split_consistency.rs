@@ -502,8 +502,20 @@ async fn drift_is_found_and_corrected_while_shoppers_hold_and_release(pg: PgPool
         (1, 1),
         "measured and corrected under churn: {run:?}"
     );
-    engine.rebalance(sku).await.unwrap();
-    let (available, moving, reserved, pending, owed) = totals(&engine, sku).await;
+    // The rebalancer pays the debt with the other parts' units. One pass on a
+    // loaded machine once left it unpaid (CI, 2026-12-07: owed 150 after the
+    // pass); the server runs a pass every few seconds, so the test gives a
+    // few, bounded: a debt that is never paid still fails.
+    let mut settled = totals(&engine, sku).await;
+    for _ in 0..30 {
+        engine.rebalance(sku).await.unwrap();
+        settled = totals(&engine, sku).await;
+        if settled.4 == 0 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let (available, moving, reserved, pending, owed) = settled;
     assert_eq!((available + moving + pending, reserved, owed), (400, 0, 0));
     assert!(pending > 0, "the shoppers bought during the run");
 }
