@@ -629,6 +629,25 @@ async fn an_open_live_socket_closes_when_its_session_ends(pool: PgPool) {
     assert!(closed, "a logged-out tab stops receiving within seconds");
 }
 
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn one_account_opens_a_bounded_number_of_live_tabs(pool: PgPool) {
+    let (dash, _redis, _b) = setup(pool.clone()).await;
+    let cookie = dash.login("viewer", PASSWORD).await;
+    let max = holdfast_server::live::hub::TABS_PER_ACCOUNT;
+    let open_one = || live(&dash.base, Some(&cookie), Some(&dash.base), None);
+    let mut tabs = Vec::new();
+    for _ in 0..max {
+        // Under the handshake rate (5 a second per address).
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        tabs.push(open_one().await.expect("a tab within the account's bound"));
+    }
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(open_one().await.err(), Some(429), "one tab past the bound");
+    drop(tabs.pop());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(open_one().await.is_ok(), "a closed tab's place came back");
+}
+
 /// Clears every sign-in failure count (the guessing window), so a later
 /// answer is about the password alone.
 async fn forget_failed_sign_ins(redis: &TestRedis) {

@@ -1,26 +1,40 @@
-//! Counting what each client address has open at once (connections, badge
-//! sockets, webhook bodies being read), with a place given back when dropped.
+//! Counting what each client address (or account) has open at once
+//! (connections, badge sockets, webhook bodies being read, dashboard tabs),
+//! with a place given back when dropped.
 
 use std::collections::HashMap;
+use std::hash::Hash;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 
-/// What each address has open now; an address with nothing open has no entry,
-/// so the table is as large as the number of addresses with something open.
-#[derive(Debug, Default)]
-pub struct PerAddress(Mutex<HashMap<IpAddr, usize>>);
-
-/// One open thing's count for its address, given back when dropped (also
-/// when what holds it is dropped unrun, so no path leaks a place).
+/// What each key has open now; a key with nothing open has no entry, so the
+/// table is as large as the number of keys with something open.
 #[derive(Debug)]
-pub struct AddressPlace {
-    table: Arc<PerAddress>,
-    address: IpAddr,
+pub struct PerKey<K: Hash + Eq + Copy = IpAddr>(Mutex<HashMap<K, usize>>);
+
+/// What each client address has open now.
+pub type PerAddress = PerKey<IpAddr>;
+
+/// One open thing's count for its key, given back when dropped (also when
+/// what holds it is dropped unrun, so no path leaks a place).
+#[derive(Debug)]
+pub struct Place<K: Hash + Eq + Copy = IpAddr> {
+    table: Arc<PerKey<K>>,
+    address: K,
 }
 
-impl PerAddress {
+/// A place counted for a client address.
+pub type AddressPlace = Place<IpAddr>;
+
+impl<K: Hash + Eq + Copy> Default for PerKey<K> {
+    fn default() -> Self {
+        Self(Mutex::default())
+    }
+}
+
+impl<K: Hash + Eq + Copy> PerKey<K> {
     /// Counts one more for `address`; `None` when it already has `max`.
-    pub fn take(self: &Arc<Self>, address: IpAddr, max: usize) -> Option<AddressPlace> {
+    pub fn take(self: &Arc<Self>, address: K, max: usize) -> Option<Place<K>> {
         let mut table = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         let n = table.entry(address).or_insert(0);
         if *n >= max {
@@ -30,7 +44,7 @@ impl PerAddress {
             return None;
         }
         *n += 1;
-        Some(AddressPlace {
+        Some(Place {
             table: self.clone(),
             address,
         })
@@ -46,7 +60,7 @@ impl PerAddress {
     }
 }
 
-impl Drop for AddressPlace {
+impl<K: Hash + Eq + Copy> Drop for Place<K> {
     fn drop(&mut self) {
         let mut table = self.table.0.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(n) = table.get_mut(&self.address) {

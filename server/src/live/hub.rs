@@ -66,7 +66,14 @@ pub struct LiveHub {
     clients: AtomicUsize,
     /// `/live` handshakes per client address.
     pub handshakes: crate::http::ratelimit::RateLimiter,
+    /// Open tabs per account (each checks its session every few seconds).
+    pub tabs: Arc<crate::http::per_address::PerKey<i64>>,
 }
+
+/// Most dashboard tabs one account may have open at once: past it, one
+/// account's sockets (each checking its session in PostgreSQL every
+/// [`crate::live::ws::SESSION_RECHECK`]) could load the system of record.
+pub const TABS_PER_ACCOUNT: usize = 16;
 
 /// The dashboard sockets' limits.
 #[derive(Debug, Clone)]
@@ -140,6 +147,7 @@ impl LiveHub {
             tx: broadcast::channel(1_024).0,
             ops: watch::channel(None).0,
             clients: AtomicUsize::new(0),
+            tabs: Arc::default(),
             handshakes: crate::http::ratelimit::RateLimiter::new(
                 crate::http::ratelimit::Limit::per_second(config.handshakes_per_second),
             ),

@@ -76,6 +76,14 @@ pub async fn live(
     let Some(socket_place) = connection.socket_place() else {
         return crate::http::edge::SocketPlace::refused();
     };
+    let Some(tab) = hub.tabs.take(user.id, crate::live::hub::TABS_PER_ACCOUNT) else {
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(axum::http::header::RETRY_AFTER, "10")],
+            "too many dashboard tabs open for this account; close some",
+        )
+            .into_response();
+    };
     // A tab sends only small subscription messages: refuse anything larger,
     // frame by frame (a frame is buffered whole before a message limit applies).
     upgrade
@@ -89,7 +97,7 @@ pub async fn live(
             };
             serve(socket, hub, query.cursor, session).await;
             // The connection's places under the server's caps, held until now.
-            drop((connection.slot, socket_place));
+            drop((connection.slot, socket_place, tab));
         })
 }
 
