@@ -147,8 +147,15 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
       try {
         const b = JSON.parse(m.data);
         if (b.sku) show(b);
-        // Refused for now (too many subscribes from this address): ask again, jittered.
-        else if (b.retry_after) setTimeout(subscribe, (b.retry_after * 1000) * (1 + Math.random()));
+        // Refused for now (too many subscribes from this address): ask again
+        // on this socket, jittered; a socket closed meanwhile resubscribes when
+        // the next one opens.
+        else if (b.retry_after) {
+          const sock = ws;
+          setTimeout(() => {
+            if (ws === sock && sock.readyState === 1) sock.send(JSON.stringify({ subscribe: skus() }));
+          }, (b.retry_after * 1000) * (1 + Math.random()));
+        }
       } catch (_) {}
     };
     ws.onclose = () => {

@@ -33,10 +33,10 @@ use crate::model::{
 /// phases); the reaper then finishes what the home part decided.
 pub const STALE_CONFIRMING: Duration = Duration::from_secs(30);
 
-/// How long one attempt may build a cart before another may (`hf:building:{<rid>}`).
-/// A build is a few script calls, each cut off by the connection's response
-/// timeout (5 s), so it ends well within this unless Redis stalls for longer.
-pub const BUILD_LEASE: Duration = Duration::from_secs(60);
+/// The lease one attempt holds while it builds a cart (`hf:building:{<rid>}`),
+/// renewed every third of it while the build runs: an attempt whose process
+/// died keeps the id busy (409) at most this long.
+pub const BUILD_LEASE: Duration = Duration::from_secs(10);
 
 /// How long the lease outlives an attempt whose last call failed in transit:
 /// past the response timeout, so a command still on its way has landed or
@@ -73,7 +73,15 @@ impl Engine {
             .arg("PX")
             .arg(BUILD_LEASE.as_millis() as u64);
         let (owner, leased): (Option<String>, Option<String>) =
-            pipe.query_async(&mut self.conn.clone()).await?;
+            match pipe.query_async(&mut self.conn.clone()).await {
+                Ok(replies) => replies,
+                Err(e) => {
+                    // The lease may have been written all the same (the reply
+                    // was what got lost): shortened if it is this attempt's.
+                    let _ = self.end_build(&build, &token, BUILD_LINGER).await;
+                    return Err(e.into());
+                }
+            };
         let conflict = owner.is_some_and(|o| crate::engine::Claim::parse(&o).fp != fp);
         if leased.is_none() {
             return if conflict {
@@ -86,19 +94,38 @@ impl Engine {
                 )))
             };
         }
+        let mut in_doubt = false;
         let outcome = if conflict {
             Ok(ReserveOutcome::Conflict {
                 reservation_id: rid.clone(),
             })
         } else {
-            self.build_cart(req, groups, ttl, fp).await
+            // Renewed while the build runs, so a slow one (many shards, a slow
+            // Redis) keeps it, and one whose process died frees it soon.
+            let build_cart = self.build_cart(req, groups, ttl, fp, &mut in_doubt);
+            tokio::pin!(build_cart);
+            let mut renew = tokio::time::interval(BUILD_LEASE / 3);
+            renew.tick().await;
+            loop {
+                tokio::select! {
+                    outcome = &mut build_cart => break outcome,
+                    _ = renew.tick() => {
+                        if !matches!(self.extend_build(&build, &token, BUILD_LEASE).await, Ok(true)) {
+                            tracing::warn!(reservation = %rid,
+                                "a cart's build lease could not be renewed; another attempt may start");
+                        }
+                    }
+                }
+            }
         };
         // Every call answered: nothing of this attempt can still reach Redis,
         // so the next may start at once. A call cut short (a timeout, a lost
-        // connection) may still be on its way: the lease stays a while more.
-        let linger = match &outcome {
-            Err(EngineError::Redis(_)) => BUILD_LINGER,
-            _ => Duration::ZERO,
+        // connection), the build's or an undo's, may still be on its way: the
+        // lease stays a while more.
+        let linger = if in_doubt || matches!(&outcome, Err(EngineError::Redis(_))) {
+            BUILD_LINGER
+        } else {
+            Duration::ZERO
         };
         if let Err(e) = self.end_build(&build, &token, linger).await {
             tracing::warn!(reservation = %rid, error = %e,
@@ -110,26 +137,38 @@ impl Engine {
     /// Gives the build lease `key` (held with `token`) back, at once or
     /// after `linger`.
     async fn end_build(&self, key: &str, token: &str, linger: Duration) -> Result<(), EngineError> {
-        let inv = if linger.is_zero() {
+        if linger.is_zero() {
             let mut inv = self.scripts.lock_release.prepare_invoke();
             inv.key(key).arg(token).arg("0");
-            inv
+            inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
         } else {
-            let mut inv = self.scripts.lock_extend.prepare_invoke();
-            inv.key(key).arg(token).arg(linger.as_millis() as u64);
-            inv
-        };
-        inv.invoke_async::<i64>(&mut self.conn.clone()).await?;
+            self.extend_build(key, token, linger).await?;
+        }
         Ok(())
     }
 
-    /// [`Engine::reserve_cart`]'s work, under the build lease.
+    /// Sets the build lease `key` to lapse `after` from now, if `token` still
+    /// holds it; `false` when it does not.
+    async fn extend_build(
+        &self,
+        key: &str,
+        token: &str,
+        after: Duration,
+    ) -> Result<bool, EngineError> {
+        let mut inv = self.scripts.lock_extend.prepare_invoke();
+        inv.key(key).arg(token).arg(after.as_millis() as u64);
+        Ok(inv.invoke_async::<i64>(&mut self.conn.clone()).await? == 1)
+    }
+
+    /// [`Engine::reserve_cart`]'s work, under the build lease; `in_doubt` is
+    /// set when an undo's call failed in transit (it may still land).
     async fn build_cart(
         &self,
         req: &ReserveRequest,
         groups: &[(u16, Vec<Line>)],
         ttl: Duration,
         fp: &str,
+        in_doubt: &mut bool,
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = &req.reservation_id;
         // What an earlier attempt left: a retry completes it; anything else with
@@ -231,7 +270,7 @@ impl Engine {
                 failed => {
                     // Undo every part made, this attempt's or an earlier one's,
                     // so the id is free again and a retry answers the same.
-                    self.undo_parts(rid, &made, fp).await;
+                    *in_doubt |= !self.undo_parts(rid, &made, fp).await;
                     return match failed {
                         Ok(ReserveOutcome::AlreadyReserved { .. }) => {
                             Ok(ReserveOutcome::Conflict {
@@ -251,14 +290,18 @@ impl Engine {
     }
 
     /// Undoes every part in `made` (best effort: a part that cannot be undone now
-    /// keeps the cart's deadline and is ended whole by the reaper).
-    async fn undo_parts(&self, rid: &str, made: &[(u16, Vec<Line>)], fp: &str) {
+    /// keeps the cart's deadline and is ended whole by the reaper). `false`
+    /// when an undo failed.
+    async fn undo_parts(&self, rid: &str, made: &[(u16, Vec<Line>)], fp: &str) -> bool {
+        let mut all = true;
         for (shard, lines) in made {
             if let Err(e) = self.undo_part(*shard, rid, lines, fp).await {
                 tracing::warn!(reservation = %rid, shard, error = %e,
                     "could not undo a cart's part; it ends with the cart's deadline");
+                all = false;
             }
         }
+        all
     }
 
     /// Confirms a cart over several shards in two phases (see the module doc).

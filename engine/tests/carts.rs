@@ -792,3 +792,39 @@ async fn a_part_of_a_cart_whose_id_another_request_now_owns_still_expires() {
         assert_eq!(due, 0, "nothing left at the front of the due set");
     }
 }
+
+#[tokio::test]
+async fn a_cart_whose_first_answer_is_lost_frees_its_id_within_seconds() {
+    let redis = TestRedis::start();
+    let engine = redis.engine().await;
+    let [a, b, _] = three_shards(&engine);
+    stock(&engine, &a, 5).await;
+    stock(&engine, &b, 5).await;
+    // Writes wait past the connection's response timeout (5 s): the claim
+    // and the lease are written once the pause ends, their answer lost.
+    redis::cmd("CLIENT")
+        .arg("PAUSE")
+        .arg(6_500)
+        .arg("WRITE")
+        .query_async::<()>(&mut redis.connection().await)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let first = engine.reserve(&cart("lost-1", &[&a, &b], 1)).await;
+    assert!(first.is_err(), "{first:?}");
+    // The lease is shortened, not left for its whole life: the retry gets
+    // through within seconds of the pause.
+    loop {
+        match engine.reserve(&cart("lost-1", &[&a, &b], 1)).await {
+            Ok(ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. }) => break,
+            Err(holdfast_engine::EngineError::Busy(_))
+                if started.elapsed() < Duration::from_secs(16) =>
+            {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            other => panic!("after {:?}: {other:?}", started.elapsed()),
+        }
+    }
+    assert_eq!(figures(&engine, &a).await, (4, 1, 0));
+    assert_eq!(figures(&engine, &b).await, (4, 1, 0));
+}

@@ -613,7 +613,7 @@ async fn webhook_bodies_are_read_only_signed_and_a_few_at_a_time(pool: PgPool) {
 
     // One sender's bodies being read at once are bounded: the next is 429 at
     // once, and a place comes back when a body ends.
-    let per_address = holdfast_server::routes::ingest::BODIES_PER_ADDRESS;
+    let per_address = holdfast_server::routes::receiving::BODIES_PER_ADDRESS;
     let mut open = Vec::new();
     for _ in 0..per_address {
         open.push(start_body(&hook.base, local, max, true).await);
@@ -635,8 +635,9 @@ async fn webhook_bodies_are_read_only_signed_and_a_few_at_a_time(pool: PgPool) {
         .await;
     assert_eq!(s, StatusCode::ACCEPTED, "places given back");
 
-    // Every sender together: at most BODIES_IN_FLIGHT of the largest bodies.
-    let in_flight = holdfast_server::routes::ingest::BODIES_IN_FLIGHT;
+    // Senders not known yet, together: at most BODIES_IN_FLIGHT of the
+    // largest bodies.
+    let in_flight = holdfast_server::routes::receiving::BODIES_IN_FLIGHT;
     let mut open = Vec::new();
     for i in 0..in_flight {
         let from = std::net::Ipv4Addr::new(127, 0, 0, 2 + (i / per_address) as u8);
@@ -661,13 +662,30 @@ async fn webhook_bodies_are_read_only_signed_and_a_few_at_a_time(pool: PgPool) {
             "each of those still being read"
         );
     }
+    // A sender whose webhook was verified (f-2 above) reads from a budget of
+    // its own: invented signatures from elsewhere do not shut it out.
+    let (s, _) = hook
+        .signed(&json!({"event_id": "f-3", "type": "delta", "sku": "F-1", "delta": 1}))
+        .await;
+    assert_eq!(s, StatusCode::ACCEPTED, "a known sender");
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn a_full_dead_letter_store_keeps_a_large_payload_cut_short(pool: PgPool) {
     let (hook, redis, engine) = setup(pool, 100).await;
     let mut conn = redis.connection().await;
-    // Dead letters past the store's cap.
+    // Dead letters past the store's cap: many small ones first, then large
+    // ones (an estimate from a few entries would miss them).
+    for i in 0..600 {
+        redis::cmd("XADD")
+            .arg(ingest::DEAD_KEY)
+            .arg("*")
+            .arg("body")
+            .arg(format!("small-{i}"))
+            .query_async::<()>(&mut conn)
+            .await
+            .unwrap();
+    }
     let filler = "x".repeat(2 * 1024 * 1024);
     let full = ingest::DEAD_STORE_BYTES as usize / filler.len() + 32;
     for _ in 0..full {

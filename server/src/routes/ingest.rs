@@ -8,9 +8,8 @@
 //!
 //! Cheap checks come first: the client address must be within its rate, and
 //! the signature's headers present and the timestamp fresh, before the body is
-//! read or a MAC computed; bodies being read at once are bounded per sender
-//! ([`BODIES_PER_ADDRESS`]) and in bytes, all senders together
-//! ([`BODIES_IN_FLIGHT`]). An unknown source goes through
+//! read or a MAC computed; bodies being read at once are bounded
+//! ([`crate::routes::receiving`]). An unknown source goes through
 //! the same steps (a MAC under a placeholder key included) and gets the same
 //! 401 as a wrong signature, so neither the answer nor its timing says which
 //! sources exist.
@@ -33,13 +32,12 @@ use holdfast_engine::redis_conn::RedisConn;
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use sha2::Sha256;
-use tokio::sync::Semaphore;
 
 use holdfast_app::server::guard::ClientIp;
 
 use crate::http::error::ApiError;
-use crate::http::per_address::PerAddress;
 use crate::http::ratelimit::{Limit, RateLimiter};
+use crate::routes::receiving::Receiving;
 
 /// Oldest (or furthest in the future) timestamp accepted, in seconds.
 pub const MAX_SKEW_SECS: i64 = 300;
@@ -177,23 +175,9 @@ pub struct IngestState {
     pub payloads: Family<LaneLabel, Counter>,
     /// Bytes of the payloads accepted into a lane, by lane.
     pub bytes: Family<LaneLabel, Counter>,
-    /// Bytes of webhook bodies being read now, before any is verified: at most
-    /// [`BODIES_IN_FLIGHT`] of the largest at once.
-    pub receiving: Arc<Semaphore>,
-    /// Webhook bodies being read now, per client address.
-    pub reading: Arc<PerAddress>,
+    /// Memory for webhook bodies being read, before any is verified.
+    pub receiving: Arc<Receiving>,
 }
-
-/// How many of the largest webhook bodies may be read at once, from every
-/// sender together. A body is read whole before its signature can be checked,
-/// so without a bound, senders that start bodies and never finish them hold
-/// memory until each request's deadline: 10,000 connections of 2 MiB would
-/// be 20 GiB. Past it a webhook is 429 (`Retry-After: 1`) at once.
-pub const BODIES_IN_FLIGHT: usize = 32;
-
-/// How many webhook bodies one client address may have being read at once,
-/// so that one sender cannot take every place of [`BODIES_IN_FLIGHT`].
-pub const BODIES_PER_ADDRESS: usize = 4;
 
 /// A counter per lane, each exported from the start (at 0).
 fn lane_counters() -> Family<LaneLabel, Counter> {
@@ -228,20 +212,11 @@ impl IngestState {
             } else {
                 per_source
             }))),
-            receiving: Arc::new(Semaphore::new(receiving_budget(config_max_body))),
-            reading: Arc::default(),
+            receiving: Arc::new(Receiving::new(config_max_body)),
             payloads: lane_counters(),
             bytes: lane_counters(),
         }
     }
-}
-
-/// The bytes [`BODIES_IN_FLIGHT`] bodies of `max_body` take, as permits (one
-/// per byte; a request takes as many as it declares, or `max_body`).
-fn receiving_budget(max_body: usize) -> usize {
-    BODIES_IN_FLIGHT
-        .saturating_mul(max_body.max(1))
-        .min(u32::MAX as usize)
 }
 
 /// The ingestion route; every webhook is answered within `deadline`.
@@ -369,20 +344,9 @@ async fn receive(
     };
     // Memory for the body, from what this sender and every sender together
     // are sending at once.
-    let Some(_place) = state.reading.take(address, BODIES_PER_ADDRESS) else {
-        tracing::debug!(%address, "a sender's webhook bodies in flight at their bound; answered 429");
-        return ApiError::too_many(1).into_response();
-    };
-    let need = declared.map_or(max_body, |n| n as usize).max(1);
-    let Ok(_receiving) = state
-        .receiving
-        .clone()
-        .try_acquire_many_owned(u32::try_from(need).unwrap_or(u32::MAX))
-    else {
-        tracing::debug!(
-            need,
-            "webhook bodies in flight at their bound; answered 429"
-        );
+    let need = declared.map_or(max_body, |n| n as usize);
+    let Some(_reading) = state.receiving.admit(address, need) else {
+        tracing::debug!(%address, need, "webhook bodies in flight at their bound; answered 429");
         return ApiError::too_many(1).into_response();
     };
     let body = match axum::body::to_bytes(body, max_body).await {
@@ -408,6 +372,7 @@ async fn receive(
     let Some(src) = src.filter(|_| verified) else {
         return not_verified().into_response();
     };
+    state.receiving.verified(address);
     if let Err(secs) = state.per_source.check(&source) {
         return ApiError::too_many(secs).into_response();
     }

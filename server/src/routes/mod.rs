@@ -4,3 +4,4 @@ pub mod demo;
 pub mod health;
 pub mod ingest;
 pub mod metrics;
+pub mod receiving;
