@@ -61,6 +61,10 @@ async fn main() {
                 (n + 10).to_string(),
             ),
             ("HOLDFAST_MAX_CONNECTIONS", (n + 1_000).to_string()),
+            // Every connection a badge socket, every subscribe from the
+            // benchmark's few loopback addresses.
+            ("HOLDFAST_MAX_SOCKETS", (n + 10).to_string()),
+            ("HOLDFAST_BADGE_POLLS_PER_SECOND", "100000".to_owned()),
         ],
     )
     .await;

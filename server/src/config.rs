@@ -394,10 +394,15 @@ pub struct ServeArgs {
     pub request_timeout_secs: u64,
     /// Most client connections open at once, WebSockets included; more wait to
     /// be accepted. Lowered at start-up to what the open-file limit allows.
-    /// WebSockets may hold nine in ten of them: requests always have a tenth.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS", default_value_t = 10_000,
           value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
     pub max_connections: u64,
+    /// Most WebSockets (badges and dashboard tabs) open at once, out of
+    /// --max-connections; past it a handshake is 503 with Retry-After. Unset:
+    /// nine in ten of the connections, so requests always have a tenth.
+    #[arg(long, env = "HOLDFAST_MAX_SOCKETS",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_sockets: Option<u64>,
     /// Most connections open at once from one client address (an IPv6 client
     /// counts as its /64; trusted proxies are exempt); more are closed at once.
     #[arg(long, env = "HOLDFAST_MAX_CONNECTIONS_PER_ADDRESS", default_value_t = 256,
@@ -550,6 +555,9 @@ impl ServeArgs {
             header_read_timeout: std::time::Duration::from_secs(self.header_read_timeout_secs),
             request_timeout: std::time::Duration::from_secs(self.request_timeout_secs),
             max_connections: usize::try_from(self.max_connections).unwrap_or(usize::MAX),
+            max_sockets: self
+                .max_sockets
+                .map(|n| usize::try_from(n).unwrap_or(usize::MAX)),
             max_connections_per_address: usize::try_from(self.max_connections_per_address)
                 .unwrap_or(usize::MAX),
             write_timeout: std::time::Duration::from_secs(self.write_timeout_secs),

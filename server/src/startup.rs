@@ -239,7 +239,7 @@ pub async fn serve(
     let max = usable_connections(edge.max_connections);
     let permits = Arc::new(tokio::sync::Semaphore::new(max));
     let sockets = Arc::new(tokio::sync::Semaphore::new(
-        crate::http::edge::socket_share(max),
+        crate::http::edge::socket_share(max, edge.max_sockets),
     ));
     let per_address = Arc::new(PerAddress::default());
     tokio::pin!(shutdown);

@@ -42,6 +42,9 @@ pub struct EdgeConfig {
     /// Most connections open at once, WebSockets included; further clients
     /// wait in the kernel's accept queue until one closes.
     pub max_connections: usize,
+    /// Most WebSockets open at once, of those connections; `None`: nine in
+    /// ten of them ([`socket_share`]).
+    pub max_sockets: Option<usize>,
     /// Most connections open at once from one client address (trusted
     /// proxies exempt); more are closed at once.
     pub max_connections_per_address: usize,
@@ -75,6 +78,7 @@ impl Default for EdgeConfig {
             header_read_timeout: DEFAULT_HEADER_READ_TIMEOUT,
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_sockets: None,
             max_connections_per_address: DEFAULT_MAX_CONNECTIONS_PER_ADDRESS,
             api_max_body: crate::api::DEFAULT_BODY_LIMIT,
             api_deadline: super::deadline::DEFAULT_DEADLINE,
@@ -199,12 +203,15 @@ pub struct ConnectionSlot {
 }
 
 /// How many of `max_connections` places WebSockets (badges, dashboards) may
-/// hold at once: nine in ten. Sockets stay open for hours and cost their
-/// holder almost nothing to keep, so without a share of their own, enough of
-/// them (answering pings, from a few hundred addresses) would take every
-/// place, and checkout's requests would wait to be accepted.
-pub fn socket_share(max_connections: usize) -> usize {
-    max_connections - max_connections / 10
+/// hold at once: `max_sockets` when set (at most every place), else nine in
+/// ten. Sockets stay open for hours and cost their holder almost nothing to
+/// keep, so without a share of their own, enough of them (answering pings,
+/// from a few hundred addresses) would take every place, and checkout's
+/// requests would wait to be accepted.
+pub fn socket_share(max_connections: usize, max_sockets: Option<usize>) -> usize {
+    max_sockets.map_or(max_connections - max_connections / 10, |n| {
+        n.min(max_connections)
+    })
 }
 
 /// A WebSocket's place under [`socket_share`], given back when dropped.
@@ -403,6 +410,14 @@ pub async fn edge(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn websockets_leave_requests_a_tenth_unless_told_otherwise() {
+        assert_eq!(socket_share(10_000, None), 9_000);
+        assert_eq!(socket_share(10, None), 9);
+        assert_eq!(socket_share(10, Some(3)), 3);
+        assert_eq!(socket_share(10, Some(20)), 10, "never past every place");
+    }
 
     fn edge(hosts: &[&str], proxies: &[&str]) -> EdgeConfig {
         EdgeConfig {
