@@ -14,7 +14,7 @@
   const MAX = 20;
   const els = new Map(); // sku -> Set of elements
   const last = new Map(); // sku -> last badge shown
-  let ws = null, tries = 0, polling = null, pending = false;
+  let ws = null, tries = 0, polling = null, pending = false, waiting = false;
 
   const CSS = `:host{display:inline-block;font:inherit}
 .b{display:inline-flex;align-items:center;gap:.45em;padding:var(--holdfast-padding,.2em .65em);
@@ -114,7 +114,7 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     queueMicrotask(() => {
       pending = false;
       if (ws && ws.readyState === 1) ws.send(JSON.stringify({ subscribe: skus() }));
-      else if (!ws) connect();
+      else if (!ws && !waiting) connect();
       if (polling) poll();
     });
   }
@@ -138,12 +138,15 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
     } catch (_) { /* offline: the next poll retries */ }
   }
 
+  // One socket at a time: a page's badges share it, and a closed one is
+  // replaced after a backoff, never twice.
   function connect() {
+    if (ws) return;
     if (typeof WebSocket !== 'function') { startPolling(); return; }
-    let opened = false;
-    try { ws = new WebSocket(origin.replace(/^http/, 'ws') + '/public/ws'); } catch (_) { ws = null; startPolling(); return; }
-    ws.onopen = () => { opened = true; tries = 0; stopPolling(); ws.send(JSON.stringify({ subscribe: skus() })); };
-    ws.onmessage = (m) => {
+    let opened = false, sock;
+    try { sock = ws = new WebSocket(origin.replace(/^http/, 'ws') + '/public/ws'); } catch (_) { ws = null; startPolling(); return; }
+    sock.onopen = () => { opened = true; tries = 0; stopPolling(); sock.send(JSON.stringify({ subscribe: skus() })); };
+    sock.onmessage = (m) => {
       try {
         const b = JSON.parse(m.data);
         if (b.sku) show(b);
@@ -151,19 +154,20 @@ background:var(--holdfast-bg,#e8f5ee);color:var(--holdfast-color,#0b6e4f)}
         // on this socket, jittered; a socket closed meanwhile resubscribes when
         // the next one opens.
         else if (b.retry_after) {
-          const sock = ws;
           setTimeout(() => {
             if (ws === sock && sock.readyState === 1) sock.send(JSON.stringify({ subscribe: skus() }));
           }, (b.retry_after * 1000) * (1 + Math.random()));
         }
       } catch (_) {}
     };
-    ws.onclose = () => {
+    sock.onclose = () => {
+      if (ws !== sock) return;
       ws = null;
       if (!opened) startPolling();
       // Jittered exponential backoff, so a server restart is not met by every page at once.
       const delay = Math.min(30000, 500 * 2 ** tries++) * (0.5 + Math.random() / 2);
-      setTimeout(connect, delay);
+      waiting = true;
+      setTimeout(() => { waiting = false; connect(); }, delay);
     };
   }
 

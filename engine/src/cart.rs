@@ -21,6 +21,8 @@
 //!   confirmer that died: the home part's state decides whether it is committed
 //!   or rolled back (and then expired).
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::engine::{ConfirmMode, Engine, Part, PartCall};
@@ -100,23 +102,40 @@ impl Engine {
                 reservation_id: rid.clone(),
             })
         } else {
-            // Renewed while the build runs, so a slow one (many shards, a slow
-            // Redis) keeps it, and one whose process died frees it soon.
-            let build_cart = self.build_cart(req, groups, ttl, fp, &mut in_doubt);
-            tokio::pin!(build_cart);
-            let mut renew = tokio::time::interval(BUILD_LEASE / 3);
-            renew.tick().await;
-            loop {
-                tokio::select! {
-                    outcome = &mut build_cart => break outcome,
-                    _ = renew.tick() => {
-                        if !matches!(self.extend_build(&build, &token, BUILD_LEASE).await, Ok(true)) {
+            // Renewed while the build runs, by a task of its own (a slow
+            // renewal never holds the build up), so a slow build (many shards,
+            // a slow Redis) keeps it, and one whose process died frees it soon.
+            let lost = Arc::new(AtomicBool::new(false));
+            let renewer = tokio::spawn({
+                let (engine, build, token, lost, rid) = (
+                    self.clone(),
+                    build.clone(),
+                    token.clone(),
+                    lost.clone(),
+                    rid.clone(),
+                );
+                async move {
+                    let mut renew = tokio::time::interval(BUILD_LEASE / 3);
+                    renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                    renew.tick().await;
+                    loop {
+                        renew.tick().await;
+                        if !matches!(
+                            engine.extend_build(&build, &token, BUILD_LEASE).await,
+                            Ok(true)
+                        ) {
+                            lost.store(true, Ordering::Relaxed);
                             tracing::warn!(reservation = %rid,
                                 "a cart's build lease could not be renewed; another attempt may start");
                         }
                     }
                 }
-            }
+            });
+            let outcome = self
+                .build_cart(req, groups, ttl, fp, &mut in_doubt, &lost)
+                .await;
+            renewer.abort();
+            outcome
         };
         // Every call answered: nothing of this attempt can still reach Redis,
         // so the next may start at once. A call cut short (a timeout, a lost
@@ -161,7 +180,8 @@ impl Engine {
     }
 
     /// [`Engine::reserve_cart`]'s work, under the build lease; `in_doubt` is
-    /// set when an undo's call failed in transit (it may still land).
+    /// set when an undo's call failed in transit (it may still land), or was
+    /// not made because the lease could not be renewed (`lease_lost`).
     async fn build_cart(
         &self,
         req: &ReserveRequest,
@@ -169,6 +189,7 @@ impl Engine {
         ttl: Duration,
         fp: &str,
         in_doubt: &mut bool,
+        lease_lost: &AtomicBool,
     ) -> Result<ReserveOutcome, EngineError> {
         let rid = &req.reservation_id;
         // What an earlier attempt left: a retry completes it; anything else with
@@ -270,7 +291,16 @@ impl Engine {
                 failed => {
                     // Undo every part made, this attempt's or an earlier one's,
                     // so the id is free again and a retry answers the same.
-                    *in_doubt |= !self.undo_parts(rid, &made, fp).await;
+                    if lease_lost.load(Ordering::Relaxed) {
+                        // Another attempt may be building now, with the same
+                        // request: an undo could take its parts. They are
+                        // left to end at the cart's deadline.
+                        tracing::warn!(reservation = %rid,
+                            "a cart's build lease was lost; its parts are left to expire, not undone");
+                        *in_doubt = true;
+                    } else {
+                        *in_doubt |= !self.undo_parts(rid, &made, fp).await;
+                    }
                     return match failed {
                         Ok(ReserveOutcome::AlreadyReserved { .. }) => {
                             Ok(ReserveOutcome::Conflict {

@@ -326,16 +326,25 @@ const DEAD_LETTERS_KEPT: u64 = 100_000;
 /// checkout's writes would fail.
 pub const DEAD_STORE_BYTES: u64 = 256 * 1024 * 1024;
 
-/// What is kept of a payload buried while the store is at [`DEAD_STORE_BYTES`].
-pub const DEAD_BODY_KEPT_WHEN_FULL: usize = 4 * 1024;
+/// What is kept of a payload buried while the store is at [`DEAD_STORE_BYTES`]:
+/// small enough that [`DEAD_LETTERS_KEPT`] cut letters stay under it.
+pub const DEAD_BODY_KEPT_WHEN_FULL: usize = 1024;
 
-async fn bury(
-    conn: &mut RedisConn,
-    lane: Lane,
-    source: &str,
-    body: &str,
-    reason: &str,
-) -> Result<(), EngineError> {
+/// How long a consumer uses its count of the dead letters' size (adding what
+/// it buried since) before counting again: a count visits every node of the
+/// stream, and one whose entries are each over Redis' node size has a node
+/// per entry.
+const DEAD_RECOUNT_EVERY: Duration = Duration::from_secs(5);
+
+/// Appends a dead letter: `body` whole, or (`cut`) its first
+/// [`DEAD_BODY_KEPT_WHEN_FULL`] bytes, with its length and why it was cut.
+async fn bury(conn: &mut RedisConn, letter: Letter<'_>, cut: bool) -> Result<(), EngineError> {
+    let Letter {
+        lane,
+        source,
+        body,
+        reason,
+    } = letter;
     let mut cmd = redis::cmd("XADD");
     cmd.arg(DEAD_KEY)
         .arg("MAXLEN")
@@ -346,7 +355,7 @@ async fn bury(
         .arg(lane.as_str())
         .arg("source")
         .arg(source);
-    if body.len() > DEAD_BODY_KEPT_WHEN_FULL && dead_store_bytes(conn).await? >= DEAD_STORE_BYTES {
+    if cut && body.len() > DEAD_BODY_KEPT_WHEN_FULL {
         let mut end = DEAD_BODY_KEPT_WHEN_FULL;
         while !body.is_char_boundary(end) {
             end -= 1;
@@ -370,12 +379,22 @@ async fn bury(
     Ok(())
 }
 
+/// A dead letter to append: where it came from, what, and why.
+#[derive(Clone, Copy)]
+struct Letter<'a> {
+    lane: Lane,
+    source: &'a str,
+    body: &'a str,
+    reason: &'a str,
+}
+
 /// What the dead letters take in Redis now, counted over every entry
 /// (`SAMPLES 0`: Redis' default estimate reads five entries and scales them,
-/// which misjudges a stream of mixed sizes a hundredfold either way). The
-/// count visits each of the stream's nodes, a few thousand at most, and runs
-/// only as a large payload is buried. A Redis that refuses `MEMORY` counts
-/// as empty: the payload is kept whole, as before there was a cap.
+/// which misjudges a stream of mixed sizes a hundredfold either way). It
+/// visits every node of the stream (up to one per entry), so a consumer
+/// counts at most every [`DEAD_RECOUNT_EVERY`]. A Redis whose ACL refuses
+/// `MEMORY`, or that does not know it, counts as empty: payloads are kept
+/// whole, as before there was a cap.
 async fn dead_store_bytes(conn: &mut RedisConn) -> Result<u64, EngineError> {
     let counted: Result<Option<u64>, _> = redis::cmd("MEMORY")
         .arg("USAGE")
@@ -386,7 +405,14 @@ async fn dead_store_bytes(conn: &mut RedisConn) -> Result<u64, EngineError> {
         .await;
     match counted {
         Ok(bytes) => Ok(bytes.unwrap_or(0)),
-        Err(e) if matches!(e.kind(), redis::ErrorKind::Server(_)) => {
+        Err(e)
+            if matches!(
+                e.kind(),
+                redis::ErrorKind::Server(
+                    redis::ServerErrorKind::NoPerm | redis::ServerErrorKind::ResponseError
+                )
+            ) =>
+        {
             tracing::warn!(error = %e, "Redis refused MEMORY USAGE: the dead letters' size is not bounded");
             Ok(0)
         }
@@ -542,6 +568,9 @@ pub struct LaneConsumer {
     /// The attempt counter of the payload being applied, given back when the
     /// work stops for a pause or a shutdown rather than a failure.
     trying: Option<String>,
+    /// The dead letters' size as last counted (and when), plus what this
+    /// consumer buried since.
+    dead_size: Option<(Instant, u64)>,
 }
 
 /// What a step's claim said of one event.
@@ -613,7 +642,49 @@ impl LaneConsumer {
             holding: Vec::new(),
             kept_at: Instant::now(),
             trying: None,
+            dead_size: None,
         }
+    }
+
+    /// Dead-letters `body`, cut short when the dead letters are at
+    /// [`DEAD_STORE_BYTES`] (counted at most every [`DEAD_RECOUNT_EVERY`]).
+    async fn bury(
+        &mut self,
+        lane: Lane,
+        source: &str,
+        body: &str,
+        reason: &str,
+    ) -> Result<(), EngineError> {
+        let large = body.len() > DEAD_BODY_KEPT_WHEN_FULL;
+        let cut = large && self.dead_store_bytes().await? >= DEAD_STORE_BYTES;
+        let letter = Letter {
+            lane,
+            source,
+            body,
+            reason,
+        };
+        bury(&mut self.conn, letter, cut).await?;
+        if let Some((_, size)) = &mut self.dead_size {
+            *size += (if cut {
+                DEAD_BODY_KEPT_WHEN_FULL
+            } else {
+                body.len()
+            }) as u64;
+        }
+        Ok(())
+    }
+
+    /// The dead letters' size: this consumer's count, or a new one when it is
+    /// older than [`DEAD_RECOUNT_EVERY`].
+    async fn dead_store_bytes(&mut self) -> Result<u64, EngineError> {
+        if let Some((at, size)) = self.dead_size
+            && at.elapsed() < DEAD_RECOUNT_EVERY
+        {
+            return Ok(size);
+        }
+        let size = dead_store_bytes(&mut self.conn).await?;
+        self.dead_size = Some((Instant::now(), size));
+        Ok(size)
     }
 
     /// Also asks PostgreSQL's ledger, before applying a payload, which of its
@@ -751,8 +822,7 @@ impl LaneConsumer {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(lane = %self.lane.name, entry = %id, %source, %reason,
                     "a payload was dead-lettered so the lane goes on");
-                bury(
-                    &mut self.conn,
+                self.bury(
                     self.lane.name,
                     &source,
                     &String::from_utf8_lossy(&body),
@@ -987,14 +1057,8 @@ impl LaneConsumer {
             Ok(events) => events,
             Err(e) => {
                 self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                bury(
-                    &mut self.conn,
-                    lane,
-                    source,
-                    &String::from_utf8_lossy(body),
-                    &e.to_string(),
-                )
-                .await?;
+                self.bury(lane, source, &String::from_utf8_lossy(body), &e.to_string())
+                    .await?;
                 return Ok(Applied::default());
             }
         };
@@ -1032,7 +1096,7 @@ impl LaneConsumer {
                     }
                     Some(reason) => {
                         self.stats.dead.fetch_add(1, Ordering::Relaxed);
-                        bury(&mut self.conn, lane, source, &documented(event), &reason).await?;
+                        self.bury(lane, source, &documented(event), &reason).await?;
                     }
                 }
             }
