@@ -106,7 +106,7 @@ impl Engine {
             // renewal never holds the build up), so a slow build (many shards,
             // a slow Redis) keeps it, and one whose process died frees it soon.
             let lost = Arc::new(AtomicBool::new(false));
-            let renewer = tokio::spawn({
+            let renewer = AbortOnDrop(tokio::spawn({
                 let (engine, build, token, lost, rid) = (
                     self.clone(),
                     build.clone(),
@@ -130,11 +130,12 @@ impl Engine {
                         }
                     }
                 }
-            });
+            }));
             let outcome = self
                 .build_cart(req, groups, ttl, fp, &mut in_doubt, &lost)
                 .await;
-            renewer.abort();
+            // Stopped here, and also if the build panicked (the guard's drop).
+            drop(renewer);
             outcome
         };
         // Every call answered: nothing of this attempt can still reach Redis,
@@ -267,6 +268,10 @@ impl Engine {
             if made.iter().any(|(s, _)| s == shard) {
                 continue;
             }
+            if lease_lost.load(Ordering::Relaxed) {
+                *in_doubt = true;
+                return Err(lapsed_lease(rid));
+            }
             let outcome = self
                 .reserve_in_shard(&PartCall {
                     shard: *shard,
@@ -311,6 +316,12 @@ impl Engine {
                     };
                 }
             }
+        }
+        // Answered "held" only under the lease: another attempt that took it
+        // could otherwise be undoing these parts as it fails.
+        if lease_lost.load(Ordering::Relaxed) {
+            *in_doubt = true;
+            return Err(lapsed_lease(rid));
         }
         Ok(ReserveOutcome::Reserved {
             reservation_id: rid.clone(),
@@ -503,6 +514,23 @@ impl Engine {
         }
         Ok(ended)
     }
+}
+
+/// A task stopped when this is dropped (a `JoinHandle` dropped detaches it).
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// The answer of a build that lost its lease part-way: its parts stay for
+/// the retry to complete (or the reaper to end), never answered "held" here.
+fn lapsed_lease(rid: &str) -> EngineError {
+    EngineError::Busy(format!(
+        "reservation {rid}: its build lease lapsed while its parts were being made; retry in a moment"
+    ))
 }
 
 /// Whether `a` and `b` hold the same shards, in any order.
