@@ -814,11 +814,12 @@ async fn a_cart_whose_first_answer_is_lost_frees_its_id_within_seconds() {
     let first = engine.reserve(&cart("lost-1", &[&a, &b], 1)).await;
     assert!(first.is_err(), "{first:?}");
     // The lease is shortened, not left for its whole life: the retry gets
-    // through within seconds of the pause.
+    // through within seconds of the pause. A retry sent while writes are
+    // still paused times out as the first did; a client retries that too.
     loop {
         match engine.reserve(&cart("lost-1", &[&a, &b], 1)).await {
             Ok(ReserveOutcome::Reserved { .. } | ReserveOutcome::AlreadyReserved { .. }) => break,
-            Err(holdfast_engine::EngineError::Busy(_))
+            Err(holdfast_engine::EngineError::Busy(_) | holdfast_engine::EngineError::Redis(_))
                 if started.elapsed() < Duration::from_secs(25) =>
             {
                 tokio::time::sleep(Duration::from_millis(250)).await;
