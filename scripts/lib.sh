@@ -32,11 +32,13 @@ apt_install() {
     command -v apt-get >/dev/null || die "missing: $*, and apt-get is not available to install it"
     if [ "$APT_UPDATED" -eq 0 ]; then
         say "apt-get update"
-        DEBIAN_FRONTEND=noninteractive apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 update -qq
         APT_UPDATED=1
     fi
     say "apt-get install $*"
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+    # Waits for another apt (a fresh machine may be installing at boot)
+    # instead of failing on its lock.
+    DEBIAN_FRONTEND=noninteractive apt-get -o DPkg::Lock::Timeout=600 install -y -qq "$@" >/dev/null
 }
 
 ensure_rust_tools() {
