@@ -127,6 +127,8 @@ pub fn router(state: AppState) -> Router {
     let edge = state.edge.clone();
     let http_metrics = state.http_metrics.clone();
     let doctor = state.doctor.clone();
+    let server_fn_bodies =
+        crate::http::server_fns::ServerFnBodies::new(state.backends.clone(), state.edge.cookies);
     Router::new()
         .route("/live", axum::routing::get(live::ws::live))
         .merge(routes::health::routes())
@@ -155,6 +157,10 @@ pub fn router(state: AppState) -> Router {
         )
         .route_layer(axum::middleware::from_fn(crate::http::observe::note_route))
         .fallback(site_or_page)
+        .layer(axum::middleware::from_fn_with_state(
+            server_fn_bodies,
+            crate::http::server_fns::bounded_bodies,
+        ))
         .layer(axum::middleware::from_fn(
             crate::http::server_fns::caller_errors,
         ))

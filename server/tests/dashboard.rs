@@ -756,3 +756,160 @@ async fn an_admin_splits_a_sku_from_the_dashboard_and_it_is_audited(pool: PgPool
     assert_eq!(entries.len(), 1, "only the change is audited");
     assert_eq!(entries[0].detail["to"], 4);
 }
+
+/// What a raw `POST` of `head`'s request (and `body`, maybe partial) gets
+/// back within 3 s: the answer's first bytes, or empty if the server closed
+/// or said nothing (the connection is kept open meanwhile, body unfinished).
+async fn raw_answer(base: &str, head: &str, body: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let _ = tcp.write_all(body).await;
+    let mut buf = vec![0u8; 8192];
+    match tokio::time::timeout(Duration::from_secs(3), tcp.read(&mut buf)).await {
+        Ok(Ok(n)) => String::from_utf8_lossy(&buf[..n]).into_owned(),
+        _ => String::new(),
+    }
+}
+
+/// A server function's request head, for `path`, with extra header lines.
+fn head(dash: &Dash, path: &str, extra: &str) -> String {
+    let host = dash.base.trim_start_matches("http://");
+    format!(
+        "POST {path} HTTP/1.1\r\nHost: {host}\r\nOrigin: {}\r\n\
+         Content-Type: application/x-www-form-urlencoded\r\n{extra}\r\n",
+        dash.base
+    )
+}
+
+/// Server functions' bodies are read whole before the function can check its
+/// caller, so what an unsigned caller may make the server hold is bounded:
+/// forms are small, refused as they are declared or as they run past the
+/// bound, and the drop file is read only for a signed-in caller, two at once
+/// per account. The signed-in merchandiser's file, larger than the 2 MiB the
+/// server-function reader took before, goes through.
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn server_function_bodies_are_bounded_before_they_are_read(pool: PgPool) {
+    let (dash, _redis, _b) = setup(pool).await;
+    let limit = holdfast_server::http::server_fns::FORM_BODY_LIMIT;
+
+    // A form declared over its bound: 413 at once, nothing read.
+    let declared = head(&dash, "/api/login", "Content-Length: 1000000\r\n");
+    let answer = raw_answer(&dash.base, &declared, b"").await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // One sent in chunks, running past the bound: cut off there, 413.
+    let chunked = head(&dash, "/api/login", "Transfer-Encoding: chunked\r\n");
+    let chunk = format!(
+        "{:x}\r\nusername=a&password={}\r\n",
+        limit + 20,
+        "x".repeat(limit)
+    );
+    let answer = raw_answer(&dash.base, &chunked, chunk.as_bytes()).await;
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    // Within the bound, a form is the function's as before.
+    let (status, text) = dash
+        .own("/api/login", "username=nobody&password=wrong", None)
+        .await;
+    assert_eq!(status, 401, "{text}");
+
+    // The drop file, 3 MiB declared, without a session: 401 at once, in the
+    // words the function itself uses, its body never waited for.
+    let file = head(&dash, "/api/import_drop", "Content-Length: 3145728\r\n");
+    let answer = raw_answer(&dash.base, &file, b"text=").await;
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer}");
+    assert!(
+        answer.contains(holdfast_app::server::guard::NOT_SIGNED_IN),
+        "{answer}"
+    );
+    let (status, text) = dash
+        .own("/api/import_drop", body("/api/import_drop"), None)
+        .await;
+    assert_eq!(status, 401);
+    assert!(
+        text.contains(holdfast_app::server::guard::NOT_SIGNED_IN),
+        "{text}"
+    );
+
+    // Signed in: 10,000 SKUs as JSON, over 2 MiB as a form, previewed.
+    let merchandiser = dash.login("merchandiser", PASSWORD).await;
+    let skus: Vec<Value> = (0..10_000)
+        .map(|i| {
+            serde_json::json!({
+                "sku": format!("BULK-{i:05}"),
+                "product": "Sticker",
+                "variant": "matte/7cm/vinyl",
+                "title": format!(
+                    "Sticker number {i:05}: die-cut, matte, seven centimetres across, \
+                     printed on recycled vinyl"
+                ),
+                "stock": 10,
+            })
+        })
+        .collect();
+    let sheet = serde_json::json!({"code": "bulk", "name": "Bulk", "skus": skus}).to_string();
+    let res = dash
+        .http
+        .post(format!("{}/api/import_drop", dash.base))
+        .header("origin", &dash.base)
+        .header("cookie", &merchandiser)
+        .form(&[
+            ("text", sheet.as_str()),
+            ("format", "json"),
+            ("dry_run", "true"),
+            ("reason", "bulk"),
+        ])
+        .build()
+        .unwrap();
+    let size = res.body().and_then(|b| b.as_bytes()).unwrap().len();
+    assert!(size > 2 * 1024 * 1024, "the form is {size} bytes");
+    let res = dash.http.execute(res).await.unwrap();
+    let status = res.status();
+    let text = res.text().await.unwrap();
+    assert_eq!(status, 200, "{}", &text[..text.len().min(300)]);
+    assert!(
+        text.starts_with(r#"{"outcome":"done""#),
+        "{}",
+        &text[..text.len().min(300)]
+    );
+    assert!(text.contains("BULK-09999"), "every SKU previewed");
+
+    // Two files of the account on their way: a third is 429 at once; once
+    // they are given up, the account sends again.
+    let cookie_line = format!("Cookie: {merchandiser}\r\nContent-Length: 1048576\r\n");
+    let slow = head(&dash, "/api/import_drop", &cookie_line);
+    let mut held = Vec::new();
+    for _ in 0..2 {
+        use tokio::io::AsyncWriteExt;
+        let addr = dash.base.trim_start_matches("http://");
+        let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        tcp.write_all(slow.as_bytes()).await.unwrap();
+        tcp.write_all(b"text=").await.unwrap();
+        held.push(tcp);
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, text) = dash
+        .own(
+            "/api/import_drop",
+            body("/api/import_drop"),
+            Some(&merchandiser),
+        )
+        .await;
+    assert_eq!(status, 429, "{text}");
+    drop(held);
+    let mut status = 0;
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        (status, _) = dash
+            .own(
+                "/api/import_drop",
+                body("/api/import_drop"),
+                Some(&merchandiser),
+            )
+            .await;
+        if status != 429 {
+            break;
+        }
+    }
+    assert_eq!(status, 200, "the account's places came back");
+}

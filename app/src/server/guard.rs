@@ -138,28 +138,36 @@ pub fn refuse(status: StatusCode, message: impl Into<String>) -> ServerFnError {
 /// internal fault is logged once, with context, and shown opaquely.
 pub fn internal(what: &'static str) -> impl Fn(EngineError) -> ServerFnError {
     move |e| {
-        let code = e.code();
-        let message = match code {
-            ErrorCode::Unavailable => {
-                tracing::warn!(error = %e, "{what} failed");
-                format!(
-                    "{what} failed: a backing service is unavailable. Try again once it is back."
-                )
-            }
-            ErrorCode::Busy | ErrorCode::RateLimited => format!("{what}: {e}."),
-            _ => {
-                tracing::error!(error = %e, "{what} failed");
-                format!("{what} failed because of an internal error; it was logged.")
-            }
-        };
-        if let (Some(secs), Some(res)) = (e.retry_after(), use_context::<ResponseOptions>()) {
+        let (status, message, retry_after) = explain(what, &e);
+        if let (Some(secs), Some(res)) = (retry_after, use_context::<ResponseOptions>()) {
             res.insert_header(header::RETRY_AFTER, http::HeaderValue::from(secs));
         }
-        refuse(
-            StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
-            message,
-        )
+        refuse(status, message)
     }
+}
+
+/// [`internal`]'s reading of an engine error, without a server function's
+/// context (the server's own checks before a server function answer with
+/// it too): the status, what the page shows, and the `Retry-After` seconds.
+/// A fault is logged here, once.
+pub fn explain(what: &str, e: &EngineError) -> (StatusCode, String, Option<u64>) {
+    let code = e.code();
+    let message = match code {
+        ErrorCode::Unavailable => {
+            tracing::warn!(error = %e, "{what} failed");
+            format!("{what} failed: a backing service is unavailable. Try again once it is back.")
+        }
+        ErrorCode::Busy | ErrorCode::RateLimited => format!("{what}: {e}."),
+        _ => {
+            tracing::error!(error = %e, "{what} failed");
+            format!("{what} failed because of an internal error; it was logged.")
+        }
+    };
+    (
+        StatusCode::from_u16(code.status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        message,
+        e.retry_after(),
+    )
 }
 
 /// Maps a refused user change (bad name, weak password, last admin, …) to a 400
@@ -249,15 +257,15 @@ pub fn check_origin() -> Result<(), ServerFnError> {
     }
 }
 
+/// What a call without a live session is told (401).
+pub const NOT_SIGNED_IN: &str = "You are not signed in (or your session ended). Sign in again.";
+
 /// The caller, if signed in with a role that may do `need`; otherwise a 401 or
 /// 403 with a message saying why.
 pub async fn authorize(need: Permission) -> Result<SignedIn, ServerFnError> {
     check_origin()?;
     let Some(caller) = current().await? else {
-        return Err(refuse(
-            StatusCode::UNAUTHORIZED,
-            "You are not signed in (or your session ended). Sign in again.",
-        ));
+        return Err(refuse(StatusCode::UNAUTHORIZED, NOT_SIGNED_IN));
     };
     if caller.user.must_change_password {
         return Err(refuse(

@@ -1,23 +1,179 @@
-//! The dashboard's server functions answer a malformed call as the caller's
-//! fault: Leptos reports a missing or mistyped argument, or a body over the
-//! limit, as a 500 (`Args|…`, `Deserialization|…`), which would read as our
-//! fault in logs and monitors. This layer turns those into 400 and 413, with
-//! the same text.
+//! What the dashboard's server functions may be sent, and how their refusals
+//! read.
+//!
+//! Bodies: a server function's body is read whole before the function can
+//! check who is calling, so callers that start bodies and never finish them
+//! would hold memory until the request's deadline. Every server function
+//! but the one that takes a drop file takes a small form
+//! ([`FORM_BODY_LIMIT`]); the drop file's is read only for a signed-in
+//! caller, and at most [`FILES_PER_ACCOUNT`] at once per account.
+//!
+//! Refusals: Leptos reports a missing or mistyped argument, or a body over
+//! the limit, as a 500 (`Args|…`, `Deserialization|…`), which would read as
+//! our fault in logs and monitors. [`caller_errors`] turns those into 400 and
+//! 413, with the same text.
+
+use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::Request;
-use axum::http::{Method, StatusCode};
+use axum::extract::{Request, State};
+use axum::http::{HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
+use holdfast_app::server::guard::{CookiePolicy, NOT_SIGNED_IN, explain};
+use holdfast_engine::Backends;
+use holdfast_engine::users;
+use leptos::prelude::ServerFnError;
+use leptos::server_fn::error::{FromServerFnError, SERVER_FN_ERROR_HEADER};
+use tower::{Layer, ServiceExt};
+
+use crate::http::per_address::PerKey;
+
+/// Largest body of a server function that takes no file: sign-in forms,
+/// reasons, searches and names, each well under a kilobyte. A caller
+/// dripping bodies into many connections holds at most this much in each.
+pub const FORM_BODY_LIMIT: usize = 16 * 1024;
+
+/// The server function that takes a drop file, and the most it takes: a
+/// file as large as the API's drop file `PUT` ([`crate::api::drops::BODY_LIMIT`]),
+/// percent-encoded as a form (each byte at most three).
+const FILE_ENDPOINT: (&str, usize) = ("/api/import_drop", 3 * crate::api::drops::BODY_LIMIT);
+
+/// Drop files one account may have being sent at once (past it, 429).
+pub const FILES_PER_ACCOUNT: usize = 2;
+
+/// What [`bounded_bodies`] needs: the session check and the files being
+/// received, per account.
+#[derive(Clone)]
+pub struct ServerFnBodies {
+    backends: Backends,
+    cookies: CookiePolicy,
+    files: Arc<PerKey<i64>>,
+}
+
+impl ServerFnBodies {
+    /// Bodies checked against `backends`' sessions, cookies named by `cookies`.
+    pub fn new(backends: Backends, cookies: CookiePolicy) -> Self {
+        Self {
+            backends,
+            cookies,
+            files: Arc::default(),
+        }
+    }
+}
+
+/// Whether `request` calls a server function (they are all `POST /api/…`,
+/// outside the HTTP API's `/api/v1/`).
+fn calls_server_fn(request: &Request) -> bool {
+    request.method() == Method::POST
+        && request.uri().path().starts_with("/api/")
+        && !request.uri().path().starts_with("/api/v1/")
+}
+
+/// A server function's refusal as Leptos itself writes one, so the page
+/// shows `message` as it shows the function's own errors.
+fn refusal(status: StatusCode, path: &str, error: &ServerFnError) -> Response {
+    let mut response = (status, error.ser()).into_response();
+    let headers = response.headers_mut();
+    headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+    if let Ok(path) = HeaderValue::from_str(path) {
+        headers.insert(SERVER_FN_ERROR_HEADER, path);
+    }
+    response
+}
+
+/// Middleware: bounds what a server function's body may be, before any of it
+/// is read (see the module's notes). A body declared over its bound is 413 at
+/// once; one that runs past it is cut off there (413 by [`caller_errors`]).
+pub async fn bounded_bodies(
+    State(bodies): State<ServerFnBodies>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if !calls_server_fn(&request) {
+        return next.run(request).await;
+    }
+    let path = request.uri().path().to_owned();
+    let mut place = None;
+    let limit = if path == FILE_ENDPOINT.0 {
+        let secret = bodies
+            .cookies
+            .read(request.headers())
+            .filter(|s| users::well_formed_secret(s));
+        let user = match secret {
+            Some(secret) => users::session_user(&bodies.backends.pg, &secret).await,
+            None => Ok(None),
+        };
+        let user = match user {
+            Ok(Some(user)) => user,
+            Ok(None) => {
+                return refusal(
+                    StatusCode::UNAUTHORIZED,
+                    &path,
+                    &ServerFnError::new(NOT_SIGNED_IN),
+                );
+            }
+            Err(e) => {
+                let (status, message, retry_after) = explain("Checking your session", &e);
+                let mut response = refusal(status, &path, &ServerFnError::new(message));
+                if let Some(secs) = retry_after {
+                    response
+                        .headers_mut()
+                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
+                }
+                return response;
+            }
+        };
+        let Some(taken) = bodies.files.take(user.id, FILES_PER_ACCOUNT) else {
+            let mut response = refusal(
+                StatusCode::TOO_MANY_REQUESTS,
+                &path,
+                &ServerFnError::new(format!(
+                    "{FILES_PER_ACCOUNT} drop files of yours are being sent already; \
+                     send this one when they are in."
+                )),
+            );
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+            return response;
+        };
+        place = Some(taken);
+        FILE_ENDPOINT.1
+    } else {
+        FORM_BODY_LIMIT
+    };
+    let declared = request
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return refusal(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            &path,
+            &ServerFnError::new(format!("This call's body is over {limit} bytes.")),
+        );
+    }
+    // The server-function reader applies the limit axum carries with the
+    // request (2 MiB unless set): this call's own, set here.
+    let response = axum::extract::DefaultBodyLimit::max(limit)
+        .layer(next)
+        .oneshot(request)
+        .await;
+    drop(place);
+    match response {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
 
 /// Largest error body looked at (Leptos' are a line or two).
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Middleware: maps argument errors of server-function calls to 400/413.
 pub async fn caller_errors(request: Request, next: Next) -> Response {
-    let server_fn = request.method() == Method::POST
-        && request.uri().path().starts_with("/api/")
-        && !request.uri().path().starts_with("/api/v1/");
+    let server_fn = calls_server_fn(&request);
     let response = next.run(request).await;
     if !server_fn || response.status() != StatusCode::INTERNAL_SERVER_ERROR {
         return response;
