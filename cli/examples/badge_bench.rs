@@ -11,7 +11,7 @@
 //! ephemeral ports; both processes need an open-files limit above the count.
 //!
 //! ```sh
-//! cargo build --release -p holdfast-server --bin holdfast --examples
+//! cargo build --release -p holdfast-cli --bin holdfast --examples
 //! target/release/examples/badge_bench --connections 10000
 //! ```
 
@@ -105,6 +105,10 @@ async fn main() {
             let permit = connecting.acquire_owned().await.unwrap();
             let opened = async {
                 let socket = tokio::net::TcpSocket::new_v4().ok()?;
+                // A port of an earlier run's connection still in TIME_WAIT
+                // may be bound again (they went to another server port):
+                // without it a second run within a minute ran out of ports.
+                socket.set_reuseaddr(true).ok()?;
                 socket.bind((source, 0).into()).ok()?;
                 let stream = socket.connect(server_addr).await.ok()?;
                 stream.set_nodelay(true).ok()?;

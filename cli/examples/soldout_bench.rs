@@ -4,7 +4,7 @@
 //! run.
 //!
 //! ```sh
-//! cargo build --release -p holdfast-server --bin holdfast --examples
+//! cargo build --release -p holdfast-cli --bin holdfast --examples
 //! target/release/examples/soldout_bench --clients 50 --seconds 5
 //! ```
 

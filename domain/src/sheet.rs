@@ -237,8 +237,15 @@ pub fn to_csv(sheet: &DropSheet) -> String {
     out
 }
 
+/// Most cells a row may have (the columns are [`CSV_COLUMNS`]; the rest is
+/// room for a few unknown ones, each of which is a problem anyway).
+const MAX_CELLS: usize = 4 * CSV_COLUMNS.len();
+
 /// Splits CSV text into records, each with the line it starts on (RFC 4180:
-/// quoted cells may hold commas, doubled quotes and line breaks).
+/// quoted cells may hold commas, doubled quotes and line breaks). Reading
+/// stops after the header and one row past [`MAX_SKUS`] (which is refused
+/// then), and a row may have at most [`MAX_CELLS`] cells: a row in memory is
+/// many times its text, so a file of short rows must not be read whole.
 fn records(text: &str) -> Result<Vec<(u64, Vec<String>)>, Problem> {
     let mut out = Vec::new();
     let (mut line, mut start) = (1u64, 1u64);
@@ -269,12 +276,24 @@ fn records(text: &str) -> Result<Vec<(u64, Vec<String>)>, Problem> {
             ',' => {
                 row.push(std::mem::take(&mut cell));
                 any = true;
+                if row.len() >= MAX_CELLS {
+                    return Err(Problem {
+                        line: Some(start),
+                        column: String::new(),
+                        message: format!("a row has at most {MAX_CELLS} cells"),
+                    });
+                }
             }
             '\r' if chars.peek() == Some(&'\n') => {}
             '\n' | '\r' => {
                 if any || !cell.is_empty() {
                     row.push(std::mem::take(&mut cell));
                     out.push((start, std::mem::take(&mut row)));
+                    if out.len() > MAX_SKUS + 1 {
+                        // The header and more SKUs than a file may carry: the
+                        // caller refuses it on the count.
+                        return Ok(out);
+                    }
                 }
                 any = false;
                 line += 1;
@@ -505,6 +524,31 @@ mod tests {
                 },
             ],
         }
+    }
+
+    #[test]
+    fn a_file_of_many_short_rows_is_read_no_further_than_its_limit() {
+        // 8 bytes a row in the text, far more each in memory: reading stops
+        // one row past the limit (the count refuses it), and a row of
+        // countless cells stops at its own bound.
+        let text = format!("drop,sku,product,stock\n{}", "d,a,p,1\n".repeat(3_000_000));
+        let rows = records(&text).unwrap();
+        assert_eq!(rows.len(), MAX_SKUS + 2);
+        let problems = parse_csv(&text).unwrap_err();
+        assert!(
+            problems[0].message.contains("at most 10000 SKUs"),
+            "{problems:?}"
+        );
+        let wide = format!("drop,sku,product,stock\nd,a{}\n", ",".repeat(1_000_000));
+        let problems = parse_csv(&wide).unwrap_err();
+        assert_eq!(problems[0].line, Some(2));
+        assert!(
+            problems[0].message.contains("at most 44 cells"),
+            "{problems:?}"
+        );
+        // A row as wide as the columns allow is read.
+        let full = format!("drop,sku\nd,a{}\n", ",".repeat(MAX_CELLS - 2));
+        assert_eq!(records(&full).unwrap()[1].1.len(), MAX_CELLS);
     }
 
     #[test]

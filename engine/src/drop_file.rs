@@ -28,6 +28,11 @@ use crate::schedule::{DropSchedule, lock_drop, push_settings, shared_with_schedu
 use crate::stock::DeltaOutcome;
 use crate::warmup::warm_list;
 
+/// Largest drop file read, in bytes (10,000 SKUs of CSV fit in about
+/// 1.5 MiB): the API's `PUT` takes no larger body, and [`parse`] refuses
+/// larger text whatever brought it.
+pub const MAX_FILE_BYTES: usize = 4 * 1024 * 1024;
+
 /// The ledger source of stock changes made by imports.
 pub const SOURCE: &str = "import";
 
@@ -73,6 +78,13 @@ impl Format {
 /// A file's text as a sheet, with the line each SKU was on (CSV; empty for
 /// JSON, whose problems name paths), or every problem found reading it.
 pub fn parse(text: &str, format: Format) -> Result<(DropSheet, Vec<u64>), Vec<Problem>> {
+    if text.len() > MAX_FILE_BYTES {
+        return Err(vec![Problem {
+            line: None,
+            column: String::new(),
+            message: format!("a drop file has at most {MAX_FILE_BYTES} bytes"),
+        }]);
+    }
     match format {
         Format::Csv => {
             let (sheet, lines, mut problems) = holdfast_domain::sheet::parse_csv_partly(text)?;
@@ -617,9 +629,18 @@ pub async fn import(
     Ok(ImportOutcome::Done(report))
 }
 
+/// Drop imports one process runs at once ([`import_to_the_end`]); past it, a
+/// new one is [`EngineError::Busy`]. An import runs on after its caller has
+/// gone, so without a bound callers who send a file and hang up could start
+/// imports without end, each waiting for the drop's lock with a PostgreSQL
+/// connection of the pool.
+pub const IMPORTS_AT_ONCE: usize = 2;
+
 /// [`import`] run to its end even if the caller stops waiting (an HTTP
 /// request past its deadline, a browser tab closed): a sent file is then wholly
 /// imported or wholly refused, never cut between its commit and the live side.
+/// At most [`IMPORTS_AT_ONCE`] run at once in a process, those whose callers
+/// left included.
 pub async fn import_to_the_end(
     backends: crate::Backends,
     sheet: DropSheet,
@@ -628,7 +649,14 @@ pub async fn import_to_the_end(
     reason: String,
     dry_run: bool,
 ) -> Result<ImportOutcome, EngineError> {
+    let place = backends.imports.clone().try_acquire_owned().map_err(|_| {
+        EngineError::Busy(format!(
+            "{IMPORTS_AT_ONCE} drop imports are running on this server already; \
+             try again when one has finished"
+        ))
+    })?;
     tokio::spawn(async move {
+        let _place = place;
         let options = ImportOptions {
             actor: &actor,
             reason: &reason,

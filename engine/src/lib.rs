@@ -148,6 +148,9 @@ pub struct Backends {
     pub redis: RedisConn,
     /// The reservation engine over `redis`.
     pub engine: Engine,
+    /// Places for the drop imports this process runs at once
+    /// ([`drop_file::IMPORTS_AT_ONCE`]; [`drop_file::import_to_the_end`]).
+    pub imports: std::sync::Arc<tokio::sync::Semaphore>,
 }
 
 impl Backends {
@@ -156,7 +159,13 @@ impl Backends {
     pub fn new(pg: sqlx::PgPool, redis: impl Into<RedisConn>, config: EngineConfig) -> Self {
         let redis = redis.into();
         let engine = Engine::new(redis.clone(), config);
-        Self { pg, redis, engine }
+        let imports = std::sync::Arc::new(tokio::sync::Semaphore::new(drop_file::IMPORTS_AT_ONCE));
+        Self {
+            pg,
+            redis,
+            engine,
+            imports,
+        }
     }
 
     /// The same backends with Redis reached over `redis` instead (the engine
@@ -166,6 +175,7 @@ impl Backends {
             pg: self.pg.clone(),
             engine: self.engine.over(redis.clone()),
             redis,
+            imports: self.imports.clone(),
         }
     }
 }

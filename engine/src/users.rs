@@ -72,6 +72,10 @@ pub enum UserError {
     /// The password is shorter than [`MIN_PASSWORD_LEN`].
     #[error("a password needs at least {MIN_PASSWORD_LEN} characters")]
     WeakPassword,
+    /// The password is longer than [`MAX_PASSWORD_LEN`] bytes: sign-in
+    /// refuses such passwords unhashed, so it could never be used.
+    #[error("a password has at most {MAX_PASSWORD_LEN} bytes")]
+    LongPassword,
     /// The name is taken.
     #[error("a user named {0} already exists")]
     Taken(String),
@@ -361,8 +365,17 @@ fn check_new(username: &str, password: &str) -> Result<(), UserError> {
     if !valid_username(username) {
         return Err(UserError::BadName);
     }
+    acceptable_password(password)
+}
+
+/// Whether `password` may be set: long enough to resist guessing, and short
+/// enough that sign-in, which refuses longer ones unhashed, accepts it.
+fn acceptable_password(password: &str) -> Result<(), UserError> {
     if password.chars().count() < MIN_PASSWORD_LEN {
         return Err(UserError::WeakPassword);
+    }
+    if password.len() > MAX_PASSWORD_LEN {
+        return Err(UserError::LongPassword);
     }
     Ok(())
 }
@@ -532,9 +545,7 @@ pub async fn set_password(
     one_time: bool,
     keep_session: Option<&str>,
 ) -> Result<(), UserError> {
-    if password.chars().count() < MIN_PASSWORD_LEN {
-        return Err(UserError::WeakPassword);
-    }
+    acceptable_password(password)?;
     let hash = hash_password(password.to_owned()).await?;
     let mut tx = pg.begin().await?;
     let id: Option<i64> = sqlx::query_scalar(
@@ -815,9 +826,7 @@ pub async fn change_own_password(
     from: Option<std::net::IpAddr>,
     session: &str,
 ) -> Result<(), ChangeError> {
-    if new.chars().count() < MIN_PASSWORD_LEN {
-        return Err(UserError::WeakPassword.into());
-    }
+    acceptable_password(new)?;
     if !check_password(b, username, current, from, None)
         .await
         .map_err(UserError::from)?
@@ -864,6 +873,19 @@ pub async fn logout(pg: &PgPool, secret: &str) -> Result<(), EngineError> {
 mod hashing_tests {
     use super::*;
     use argon2::password_hash::{PasswordHasher, PasswordVerifier};
+
+    #[test]
+    fn a_password_sign_in_would_refuse_cannot_be_set() {
+        assert!(matches!(
+            acceptable_password("short"),
+            Err(UserError::WeakPassword)
+        ));
+        assert!(acceptable_password(&"x".repeat(MAX_PASSWORD_LEN)).is_ok());
+        assert!(matches!(
+            acceptable_password(&"x".repeat(MAX_PASSWORD_LEN + 1)),
+            Err(UserError::LongPassword)
+        ));
+    }
 
     #[test]
     fn hashes_are_standard_phc_strings_both_ways() {

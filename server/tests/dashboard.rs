@@ -791,7 +791,7 @@ fn head(dash: &Dash, path: &str, extra: &str) -> String {
 /// server-function reader took before, goes through.
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
 async fn server_function_bodies_are_bounded_before_they_are_read(pool: PgPool) {
-    let (dash, _redis, _b) = setup(pool).await;
+    let (dash, _redis, b) = setup(pool).await;
     let limit = holdfast_server::http::server_fns::FORM_BODY_LIMIT;
 
     // A form declared over its bound: 413 at once, nothing read.
@@ -831,8 +831,31 @@ async fn server_function_bodies_are_bounded_before_they_are_read(pool: PgPool) {
         "{text}"
     );
 
-    // Signed in: 10,000 SKUs as JSON, over 2 MiB as a form, previewed.
+    // Signed in but not allowed to edit drops, or from another site: the
+    // function's own 403, at once.
+    let viewer = dash.login("viewer", PASSWORD).await;
+    let file = head(
+        &dash,
+        "/api/import_drop",
+        &format!("Cookie: {viewer}\r\nContent-Length: 3145728\r\n"),
+    );
+    let answer = raw_answer(&dash.base, &file, b"text=").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("cannot do this"), "{answer}");
     let merchandiser = dash.login("merchandiser", PASSWORD).await;
+    let cross = format!(
+        "POST /api/import_drop HTTP/1.1\r\nHost: {}\r\nOrigin: http://evil.example\r\n\
+         Cookie: {merchandiser}\r\nContent-Length: 3145728\r\n\r\n",
+        dash.base.trim_start_matches("http://")
+    );
+    let answer = raw_answer(&dash.base, &cross, b"text=").await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(
+        answer.contains(holdfast_app::server::guard::CROSS_SITE),
+        "{answer}"
+    );
+
+    // Signed in: 10,000 SKUs as JSON, over 2 MiB as a form, previewed.
     let skus: Vec<Value> = (0..10_000)
         .map(|i| {
             serde_json::json!({
@@ -912,4 +935,25 @@ async fn server_function_bodies_are_bounded_before_they_are_read(pool: PgPool) {
         }
     }
     assert_eq!(status, 200, "the account's places came back");
+
+    // Imports run on after their callers leave, so the process bounds how
+    // many run at once: with every place taken, one more is 409 busy.
+    let taken = b
+        .imports
+        .clone()
+        .try_acquire_many_owned(holdfast_engine::drop_file::IMPORTS_AT_ONCE as u32)
+        .unwrap();
+    let small = "text=drop%2Csku%2Cproduct%2Cstock%0Asmall%2CS-1%2CSticker%2C1\
+                 &format=csv&dry_run=true&reason=t";
+    let (status, text) = dash
+        .own("/api/import_drop", small, Some(&merchandiser))
+        .await;
+    assert_eq!(status, 409, "{text}");
+    assert!(text.contains("drop imports are running"), "{text}");
+    drop(taken);
+    let (status, text) = dash
+        .own("/api/import_drop", small, Some(&merchandiser))
+        .await;
+    assert_eq!(status, 200, "{text}");
+    assert!(text.starts_with(r#"{"outcome":"done""#), "{text}");
 }

@@ -242,16 +242,16 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     }))
 }
 
+/// What a state-changing call from another site is told (403).
+pub const CROSS_SITE: &str = "Refused: this request did not come from a Holdfast page (cross-site requests are not allowed).";
+
 /// Refuses a state-changing call that did not come from this site's own pages.
 pub fn check_origin() -> Result<(), ServerFnError> {
     match request() {
         Some((method, headers))
             if method != Method::GET && !same_origin(&headers, cookie_policy().secure) =>
         {
-            Err(refuse(
-                StatusCode::FORBIDDEN,
-                "Refused: this request did not come from a Holdfast page (cross-site requests are not allowed).",
-            ))
+            Err(refuse(StatusCode::FORBIDDEN, CROSS_SITE))
         }
         _ => Ok(()),
     }
@@ -267,23 +267,27 @@ pub async fn authorize(need: Permission) -> Result<SignedIn, ServerFnError> {
     let Some(caller) = current().await? else {
         return Err(refuse(StatusCode::UNAUTHORIZED, NOT_SIGNED_IN));
     };
-    if caller.user.must_change_password {
-        return Err(refuse(
-            StatusCode::FORBIDDEN,
-            "Choose a new password first: you signed in with a one-time password.",
-        ));
-    }
-    if !caller.user.role.may(need) {
-        return Err(refuse(
-            StatusCode::FORBIDDEN,
-            format!(
-                "Your role ({}) cannot do this: {} is not part of it. Ask an admin.",
-                caller.user.role.as_str(),
-                need.describe()
-            ),
-        ));
+    if let Some(why) = refusal_for(&caller.user, need) {
+        return Err(refuse(StatusCode::FORBIDDEN, why));
     }
     Ok(caller)
+}
+
+/// Why signed-in `user` may not do `need` (a 403's message), if they may not:
+/// a one-time password to replace first, or a role without it.
+pub fn refusal_for(user: &User, need: Permission) -> Option<String> {
+    if user.must_change_password {
+        return Some(
+            "Choose a new password first: you signed in with a one-time password.".to_owned(),
+        );
+    }
+    (!user.role.may(need)).then(|| {
+        format!(
+            "Your role ({}) cannot do this: {} is not part of it. Ask an admin.",
+            user.role.as_str(),
+            need.describe()
+        )
+    })
 }
 
 /// Appends to the audit log; a failure is logged, never hidden from the log, but

@@ -18,8 +18,8 @@ use super::ApiState;
 use crate::http::auth::Caller;
 use crate::http::error::ApiError;
 
-/// Largest drop file `PUT` takes (10,000 SKUs of CSV fit in about 1.5 MiB).
-pub const BODY_LIMIT: usize = 4 * 1024 * 1024;
+/// Largest drop file `PUT` takes: the engine's bound on a drop file.
+pub const BODY_LIMIT: usize = drop_file::MAX_FILE_BYTES;
 
 /// Query of `PUT /api/v1/drops/{code}`.
 #[derive(Debug, Deserialize)]

@@ -5,8 +5,9 @@
 //! check who is calling, so callers that start bodies and never finish them
 //! would hold memory until the request's deadline. Every server function
 //! but the one that takes a drop file takes a small form
-//! ([`FORM_BODY_LIMIT`]); the drop file's is read only for a signed-in
-//! caller, and at most [`FILES_PER_ACCOUNT`] at once per account.
+//! ([`FORM_BODY_LIMIT`]); the drop file's ([`FILE_BODY_LIMIT`]) is read
+//! only for a caller from this site's pages, signed in and allowed to edit
+//! drops, at most [`FILES_PER_ACCOUNT`] at once per account.
 //!
 //! Refusals: Leptos reports a missing or mistyped argument, or a body over
 //! the limit, as a 500 (`Args|…`, `Deserialization|…`), which would read as
@@ -17,29 +18,38 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{HeaderValue, Method, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use holdfast_app::server::guard::{CookiePolicy, NOT_SIGNED_IN, explain};
+use holdfast_app::server::guard::{
+    CROSS_SITE, CookiePolicy, NOT_SIGNED_IN, explain, refusal_for, same_origin,
+};
+use holdfast_domain::Permission;
 use holdfast_engine::Backends;
 use holdfast_engine::users;
 use leptos::prelude::ServerFnError;
 use leptos::server_fn::error::{FromServerFnError, SERVER_FN_ERROR_HEADER};
 use tower::{Layer, ServiceExt};
 
-use crate::http::per_address::PerKey;
+use crate::http::per_address::{PerKey, Place};
 
 /// Largest body of a server function that takes no file: sign-in forms,
 /// reasons, searches and names, each well under a kilobyte. A caller
 /// dripping bodies into many connections holds at most this much in each.
 pub const FORM_BODY_LIMIT: usize = 16 * 1024;
 
-/// The server function that takes a drop file, and the most it takes: a
-/// file as large as the API's drop file `PUT` ([`crate::api::drops::BODY_LIMIT`]),
-/// percent-encoded as a form (each byte at most three).
-const FILE_ENDPOINT: (&str, usize) = ("/api/import_drop", 3 * crate::api::drops::BODY_LIMIT);
+/// The server function that takes a drop file.
+const FILE_ENDPOINT: &str = "/api/import_drop";
 
-/// Drop files one account may have being sent at once (past it, 429).
+/// The most [`FILE_ENDPOINT`]'s body takes: the largest drop file
+/// ([`holdfast_engine::drop_file::MAX_FILE_BYTES`]) percent-encoded as a form
+/// (each byte at most three), with room for the call's other fields.
+pub const FILE_BODY_LIMIT: usize = 3 * holdfast_engine::drop_file::MAX_FILE_BYTES + FORM_BODY_LIMIT;
+
+/// Drop files one account may have being sent at once (past it, 429). The
+/// imports themselves are bounded by the engine
+/// ([`holdfast_engine::drop_file::IMPORTS_AT_ONCE`]), also once their
+/// callers have gone.
 pub const FILES_PER_ACCOUNT: usize = 2;
 
 /// What [`bounded_bodies`] needs: the session check and the files being
@@ -59,6 +69,50 @@ impl ServerFnBodies {
             cookies,
             files: Arc::default(),
         }
+    }
+}
+
+/// A refusal before the body is read: its status, the words the page shows,
+/// and the `Retry-After` seconds.
+type Refused = (StatusCode, String, Option<u64>);
+
+impl ServerFnBodies {
+    /// A place for a drop file's body, for a caller who may send one: from
+    /// this site's pages, signed in, allowed to edit drops, with a place
+    /// free among the account's. Otherwise the status and words the function
+    /// itself would refuse with, answered before the body is read.
+    async fn admit_file(&self, headers: &HeaderMap) -> Result<Place<i64>, Refused> {
+        if !same_origin(headers, self.cookies.secure) {
+            return Err((StatusCode::FORBIDDEN, CROSS_SITE.to_owned(), None));
+        }
+        let secret = self
+            .cookies
+            .read(headers)
+            .filter(|s| users::well_formed_secret(s));
+        let user = match secret {
+            Some(secret) => users::session_user(&self.backends.pg, &secret).await,
+            None => Ok(None),
+        };
+        let user = match user {
+            Ok(Some(user)) => user,
+            Ok(None) => return Err((StatusCode::UNAUTHORIZED, NOT_SIGNED_IN.to_owned(), None)),
+            Err(e) => {
+                return Err(explain("Checking your session", &e));
+            }
+        };
+        if let Some(why) = refusal_for(&user, Permission::EditDrops) {
+            return Err((StatusCode::FORBIDDEN, why, None));
+        }
+        self.files.take(user.id, FILES_PER_ACCOUNT).ok_or_else(|| {
+            (
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "{FILES_PER_ACCOUNT} drop files of yours are being sent already; \
+                     send this one when they are in."
+                ),
+                Some(5),
+            )
+        })
     }
 }
 
@@ -95,26 +149,10 @@ pub async fn bounded_bodies(
     }
     let path = request.uri().path().to_owned();
     let mut place = None;
-    let limit = if path == FILE_ENDPOINT.0 {
-        let secret = bodies
-            .cookies
-            .read(request.headers())
-            .filter(|s| users::well_formed_secret(s));
-        let user = match secret {
-            Some(secret) => users::session_user(&bodies.backends.pg, &secret).await,
-            None => Ok(None),
-        };
-        let user = match user {
-            Ok(Some(user)) => user,
-            Ok(None) => {
-                return refusal(
-                    StatusCode::UNAUTHORIZED,
-                    &path,
-                    &ServerFnError::new(NOT_SIGNED_IN),
-                );
-            }
-            Err(e) => {
-                let (status, message, retry_after) = explain("Checking your session", &e);
+    let limit = if path == FILE_ENDPOINT {
+        match bodies.admit_file(request.headers()).await {
+            Ok(taken) => place = Some(taken),
+            Err((status, message, retry_after)) => {
                 let mut response = refusal(status, &path, &ServerFnError::new(message));
                 if let Some(secs) = retry_after {
                     response
@@ -123,23 +161,8 @@ pub async fn bounded_bodies(
                 }
                 return response;
             }
-        };
-        let Some(taken) = bodies.files.take(user.id, FILES_PER_ACCOUNT) else {
-            let mut response = refusal(
-                StatusCode::TOO_MANY_REQUESTS,
-                &path,
-                &ServerFnError::new(format!(
-                    "{FILES_PER_ACCOUNT} drop files of yours are being sent already; \
-                     send this one when they are in."
-                )),
-            );
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-            return response;
-        };
-        place = Some(taken);
-        FILE_ENDPOINT.1
+        }
+        FILE_BODY_LIMIT
     } else {
         FORM_BODY_LIMIT
     };
