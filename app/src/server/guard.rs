@@ -225,21 +225,33 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     let Some((_, headers)) = request() else {
         return Ok(None);
     };
-    let Some(secret) = cookie_policy()
-        .read(&headers)
-        .filter(|s| users::well_formed_secret(s))
-    else {
-        // No cookie, or not one this server could have issued: no lookup.
-        return Ok(None);
-    };
-    let user = users::session_user(&backends.pg, &secret)
+    let found = session_in(&backends, cookie_policy(), &headers)
         .await
         .map_err(internal("Checking your session"))?;
-    Ok(user.map(|user| SignedIn {
+    Ok(found.map(|(user, session)| SignedIn {
         user,
-        session: secret,
+        session,
         backends,
     }))
+}
+
+/// The user and session secret `headers`' session cookie (named by `policy`)
+/// stands for, if it is live; a missing cookie, or one this server could not
+/// have issued, costs no lookup. Without a request's context: the server's
+/// checks before a server function use it too.
+pub async fn session_in(
+    backends: &Backends,
+    policy: CookiePolicy,
+    headers: &HeaderMap,
+) -> Result<Option<(User, String)>, EngineError> {
+    let Some(secret) = policy
+        .read(headers)
+        .filter(|s| users::well_formed_secret(s))
+    else {
+        return Ok(None);
+    };
+    let user = users::session_user(&backends.pg, &secret).await?;
+    Ok(user.map(|user| (user, secret)))
 }
 
 /// What a state-changing call from another site is told (403).

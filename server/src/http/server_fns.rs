@@ -22,11 +22,10 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use holdfast_app::server::guard::{
-    CROSS_SITE, CookiePolicy, NOT_SIGNED_IN, explain, refusal_for, same_origin,
+    CROSS_SITE, CookiePolicy, NOT_SIGNED_IN, explain, refusal_for, same_origin, session_in,
 };
 use holdfast_domain::Permission;
 use holdfast_engine::Backends;
-use holdfast_engine::users;
 use leptos::prelude::ServerFnError;
 use leptos::server_fn::error::{FromServerFnError, SERVER_FN_ERROR_HEADER};
 use tower::{Layer, ServiceExt};
@@ -70,13 +69,7 @@ impl ServerFnBodies {
             files: Arc::default(),
         }
     }
-}
 
-/// A refusal before the body is read: its status, the words the page shows,
-/// and the `Retry-After` seconds.
-type Refused = (StatusCode, String, Option<u64>);
-
-impl ServerFnBodies {
     /// A place for a drop file's body, for a caller who may send one: from
     /// this site's pages, signed in, allowed to edit drops, with a place
     /// free among the account's. Otherwise the status and words the function
@@ -85,20 +78,10 @@ impl ServerFnBodies {
         if !same_origin(headers, self.cookies.secure) {
             return Err((StatusCode::FORBIDDEN, CROSS_SITE.to_owned(), None));
         }
-        let secret = self
-            .cookies
-            .read(headers)
-            .filter(|s| users::well_formed_secret(s));
-        let user = match secret {
-            Some(secret) => users::session_user(&self.backends.pg, &secret).await,
-            None => Ok(None),
-        };
-        let user = match user {
-            Ok(Some(user)) => user,
+        let user = match session_in(&self.backends, self.cookies, headers).await {
+            Ok(Some((user, _))) => user,
             Ok(None) => return Err((StatusCode::UNAUTHORIZED, NOT_SIGNED_IN.to_owned(), None)),
-            Err(e) => {
-                return Err(explain("Checking your session", &e));
-            }
+            Err(e) => return Err(explain("Checking your session", &e)),
         };
         if let Some(why) = refusal_for(&user, Permission::EditDrops) {
             return Err((StatusCode::FORBIDDEN, why, None));
@@ -116,6 +99,10 @@ impl ServerFnBodies {
     }
 }
 
+/// A refusal before the body is read: its status, the words the page shows,
+/// and the `Retry-After` seconds.
+type Refused = (StatusCode, String, Option<u64>);
+
 /// Whether `request` calls a server function (they are all `POST /api/…`,
 /// outside the HTTP API's `/api/v1/`).
 fn calls_server_fn(request: &Request) -> bool {
@@ -126,12 +113,15 @@ fn calls_server_fn(request: &Request) -> bool {
 
 /// A server function's refusal as Leptos itself writes one, so the page
 /// shows `message` as it shows the function's own errors.
-fn refusal(status: StatusCode, path: &str, error: &ServerFnError) -> Response {
-    let mut response = (status, error.ser()).into_response();
+fn refusal(path: &str, (status, message, retry_after): Refused) -> Response {
+    let mut response = (status, ServerFnError::new(message).ser()).into_response();
     let headers = response.headers_mut();
     headers.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain"));
     if let Ok(path) = HeaderValue::from_str(path) {
         headers.insert(SERVER_FN_ERROR_HEADER, path);
+    }
+    if let Some(secs) = retry_after {
+        headers.insert(header::RETRY_AFTER, HeaderValue::from(secs));
     }
     response
 }
@@ -152,15 +142,7 @@ pub async fn bounded_bodies(
     let limit = if path == FILE_ENDPOINT {
         match bodies.admit_file(request.headers()).await {
             Ok(taken) => place = Some(taken),
-            Err((status, message, retry_after)) => {
-                let mut response = refusal(status, &path, &ServerFnError::new(message));
-                if let Some(secs) = retry_after {
-                    response
-                        .headers_mut()
-                        .insert(header::RETRY_AFTER, HeaderValue::from(secs));
-                }
-                return response;
-            }
+            Err(refused) => return refusal(&path, refused),
         }
         FILE_BODY_LIMIT
     } else {
@@ -172,11 +154,8 @@ pub async fn bounded_bodies(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     if declared.is_some_and(|n| n > limit as u64) {
-        return refusal(
-            StatusCode::PAYLOAD_TOO_LARGE,
-            &path,
-            &ServerFnError::new(format!("This call's body is over {limit} bytes.")),
-        );
+        let why = format!("This call's body is over {limit} bytes.");
+        return refusal(&path, (StatusCode::PAYLOAD_TOO_LARGE, why, None));
     }
     // The server-function reader applies the limit axum carries with the
     // request (2 MiB unless set): this call's own, set here.
