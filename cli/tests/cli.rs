@@ -193,7 +193,8 @@ async fn serve_with_demo_loads_and_warms_the_drop(_pool: PgPoolOptions, opts: Pg
 
 #[test]
 fn the_binary_prints_one_line_and_exits_non_zero_when_redis_is_down() {
-    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let closed = closed_port();
+    let url = format!("redis://127.0.0.1:{}", closed.port());
     let out = Command::new(env!("CARGO_BIN_EXE_holdfast"))
         .arg("serve")
         .env("REDIS_URL", &url)

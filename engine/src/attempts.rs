@@ -149,7 +149,8 @@ mod tests {
         for _ in 0..3 {
             attempts.note("DOWN-1");
         }
-        let port = crate::testkit::closed_port();
+        let closed = crate::testkit::closed_port();
+        let port = closed.port();
         let pg = sqlx::postgres::PgPoolOptions::new()
             .acquire_timeout(std::time::Duration::from_millis(200))
             .connect_lazy(&format!("postgres://postgres@127.0.0.1:{port}/none"))

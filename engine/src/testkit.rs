@@ -670,9 +670,42 @@ pub fn free_cluster_port() -> u16 {
     }
 }
 
-/// A loopback port on which nothing listens (for "unreachable" tests).
-pub fn closed_port() -> u16 {
-    free_port()
+/// A loopback port on which nothing listens (for "unreachable" tests), held
+/// so for as long as this value lives.
+///
+/// A port merely free a moment ago is not enough: tests run in parallel, and
+/// another test's `redis-server` was once given that same port, so the
+/// "unreachable" service answered. This keeps a socket bound to the port
+/// without listening, so no one else can take it and a connection to it is
+/// refused.
+pub struct ClosedPort {
+    port: u16,
+    _held: socket2::Socket,
+}
+
+impl ClosedPort {
+    /// The port's number.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+}
+
+/// Binds a loopback port and keeps it closed (see [`ClosedPort`]).
+pub fn closed_port() -> ClosedPort {
+    use socket2::{Domain, Socket, Type};
+    let socket = Socket::new(Domain::IPV4, Type::STREAM, None).expect("make a socket");
+    let any = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    socket.bind(&any.into()).expect("bind a loopback port");
+    let port = socket
+        .local_addr()
+        .ok()
+        .and_then(|a| a.as_socket())
+        .map(|a| a.port())
+        .expect("the bound port");
+    ClosedPort {
+        port,
+        _held: socket,
+    }
 }
 
 /// A throwaway certificate authority and a server certificate it signed for

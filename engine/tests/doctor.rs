@@ -142,9 +142,10 @@ async fn more_pools_than_max_connections_fail(pool: PgPoolOptions, opts: PgConne
 
 #[tokio::test]
 async fn unreachable_services_are_failing_lines_not_errors() {
+    let (redis, pg) = (closed_port(), closed_port());
     let report = run(&config(
-        &format!("redis://127.0.0.1:{}", closed_port()),
-        &format!("postgres://postgres@127.0.0.1:{}/holdfast", closed_port()),
+        &format!("redis://127.0.0.1:{}", redis.port()),
+        &format!("postgres://postgres@127.0.0.1:{}/holdfast", pg.port()),
     ))
     .await;
     assert_eq!(level(&report, check::REDIS_REACHABLE), CheckLevel::Fail);

@@ -9,7 +9,8 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 #[tokio::test]
 async fn unreachable_redis_names_the_url_and_what_to_do() {
-    let url = format!("redis://127.0.0.1:{}", closed_port());
+    let closed = closed_port();
+    let url = format!("redis://127.0.0.1:{}", closed.port());
     let err = startup::connect(
         &url,
         "postgres://unused@127.0.0.1:1/x",
@@ -33,9 +34,10 @@ async fn unreachable_redis_names_the_url_and_what_to_do() {
 #[tokio::test]
 async fn unreachable_postgres_names_the_url_without_the_password() {
     let redis = TestRedis::start();
+    let closed = closed_port();
     let url = format!(
         "postgres://holdfast:hunter2@127.0.0.1:{}/holdfast",
-        closed_port()
+        closed.port()
     );
     let err = startup::connect(&redis.url(), &url, false, 2, EngineConfig::default())
         .await
