@@ -79,6 +79,7 @@
 //!   idempotency keys, late payments, stored answers to retried requests.
 //! - [`tokens`]: API tokens (hashed), their scopes and a verification cache.
 //! - [`users`], [`audit`]: dashboard users, roles, sessions and the audit log.
+//! - [`ratelimit`]: per-key token buckets (per API token, webhook source, client address).
 //! - [`replicas`]: payments acknowledged by replicas before they are answered.
 //! - [`failover`]: noticing a cluster failover and checking the shards it moved.
 //! - [`remediation`]: late payments, oversells and lost holds awaiting support.
@@ -111,6 +112,7 @@ pub use holdfast_domain::model;
 pub mod pace;
 pub mod payload;
 pub mod postgres;
+pub mod ratelimit;
 pub mod reaper;
 pub mod reconcile;
 pub mod record;
@@ -151,6 +153,9 @@ pub struct Backends {
     /// Places for the drop imports this process runs at once
     /// ([`drop_file::IMPORTS_AT_ONCE`]; [`drop_file::import_to_the_end`]).
     pub imports: std::sync::Arc<tokio::sync::Semaphore>,
+    /// Session lookups that found no live session, per client address
+    /// ([`users::UNKNOWN_SESSIONS_PER_ADDRESS`]; [`users::session_user_from`]).
+    pub session_misses: std::sync::Arc<ratelimit::RateLimiter<std::net::IpAddr>>,
 }
 
 impl Backends {
@@ -160,11 +165,15 @@ impl Backends {
         let redis = redis.into();
         let engine = Engine::new(redis.clone(), config);
         let imports = std::sync::Arc::new(tokio::sync::Semaphore::new(drop_file::IMPORTS_AT_ONCE));
+        let session_misses = std::sync::Arc::new(ratelimit::RateLimiter::new(
+            ratelimit::Limit::per_second(users::UNKNOWN_SESSIONS_PER_ADDRESS),
+        ));
         Self {
             pg,
             redis,
             engine,
             imports,
+            session_misses,
         }
     }
 
@@ -176,6 +185,7 @@ impl Backends {
             engine: self.engine.over(redis.clone()),
             redis,
             imports: self.imports.clone(),
+            session_misses: self.session_misses.clone(),
         }
     }
 }

@@ -846,6 +846,44 @@ pub async fn purge_expired_sessions(pg: &PgPool) -> Result<u64, EngineError> {
         .rows_affected())
 }
 
+/// Default session lookups per client address per second that may find no
+/// live session (bursts of twice that; [`session_user_from`]): a browser
+/// whose session ended misses once per call until it signs in again, far
+/// fewer than a flood of invented cookies, each of which would otherwise
+/// cost PostgreSQL a lookup on the pool the write-behind records through.
+pub const UNKNOWN_SESSIONS_PER_ADDRESS: u32 = 10;
+
+/// The user a live session belongs to, for a request from `from` (the
+/// client's address after trusted proxies).
+///
+/// Each lookup from an address is counted first and given back when the
+/// session was live, so only misses count: past
+/// [`UNKNOWN_SESSIONS_PER_ADDRESS`] a second, that address's lookups are
+/// refused without asking PostgreSQL ([`EngineError::Throttled`], a 429 with
+/// `Retry-After`) until its bucket refills. Live sessions behind the same
+/// address are refused too meanwhile: their cookies cannot be told from
+/// invented ones without the lookup.
+pub async fn session_user_from(
+    b: &crate::Backends,
+    secret: &str,
+    from: Option<std::net::IpAddr>,
+) -> Result<Option<User>, EngineError> {
+    if let Some(ip) = from {
+        b.session_misses
+            .check(&ip)
+            .map_err(|retry_after| EngineError::Throttled {
+                reason: "too many session cookies from this address were not live sessions".into(),
+                retry_after,
+            })?;
+    }
+    let user = session_user(&b.pg, secret).await;
+    if let (Some(ip), Ok(Some(_)) | Err(_)) = (from, &user) {
+        // A live session, or no answer: not a miss.
+        b.session_misses.give_back(&ip);
+    }
+    user
+}
+
 /// The user a live session belongs to.
 pub async fn session_user(pg: &PgPool, secret: &str) -> Result<Option<User>, EngineError> {
     sqlx::query_as::<_, UserRow>(

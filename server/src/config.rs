@@ -274,11 +274,11 @@ pub struct ServeArgs {
     )]
     pub ingest_sources: Vec<String>,
     /// Most API requests per second per token (bursts of twice that); 0 for no limit.
-    #[arg(long, env = "HOLDFAST_API_RATE", default_value_t = crate::http::ratelimit::DEFAULT_TOKEN_RATE,
+    #[arg(long, env = "HOLDFAST_API_RATE", default_value_t = holdfast_engine::ratelimit::DEFAULT_TOKEN_RATE,
           value_parser = clap::value_parser!(u32).range(0..=10_000_000))]
     pub api_rate: u32,
     /// Most webhooks per second per source (bursts of twice that); 0 for no limit.
-    #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = crate::http::ratelimit::DEFAULT_SOURCE_RATE,
+    #[arg(long, env = "HOLDFAST_INGEST_RATE", default_value_t = holdfast_engine::ratelimit::DEFAULT_SOURCE_RATE,
           value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
     pub ingest_rate: u32,
     /// How long a sell-out is remembered in memory, answering further attempts

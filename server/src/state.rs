@@ -19,13 +19,13 @@ use crate::feed::Feed;
 use crate::http::auth::{TokenCheck, TokenLimits};
 use crate::http::edge::EdgeConfig;
 use crate::http::observe::HttpMetrics;
-use crate::http::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 use crate::live::LiveHub;
 use crate::live::hub::LiveConfig;
 use crate::routes::demo::DemoShop;
 use crate::routes::ingest::{IngestConfig, IngestState};
 use crate::routes::metrics::{MetricsAccess, MetricsSources, RedisIdentity};
 use crate::workers::WorkerStats;
+use holdfast_engine::ratelimit::{DEFAULT_SOURCE_RATE, DEFAULT_TOKEN_RATE};
 
 /// The knobs of the state that differ between deployments (and tests).
 #[derive(Debug, Clone)]

@@ -225,7 +225,7 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
     let Some((_, headers)) = request() else {
         return Ok(None);
     };
-    let found = session_in(&backends, cookie_policy(), &headers)
+    let found = session_in(&backends, cookie_policy(), &headers, client_ip())
         .await
         .map_err(internal("Checking your session"))?;
     Ok(found.map(|(user, session)| SignedIn {
@@ -236,13 +236,16 @@ pub async fn current() -> Result<Option<SignedIn>, ServerFnError> {
 }
 
 /// The user and session secret `headers`' session cookie (named by `policy`)
-/// stands for, if it is live; a missing cookie, or one this server could not
-/// have issued, costs no lookup. Without a request's context: the server's
+/// stands for, if it is live, for a request from `from`; a missing cookie, or
+/// one this server could not have issued, costs no lookup, and one from an
+/// address whose cookies keep missing is refused without one
+/// ([`users::session_user_from`]). Without a request's context: the server's
 /// checks before a server function use it too.
 pub async fn session_in(
     backends: &Backends,
     policy: CookiePolicy,
     headers: &HeaderMap,
+    from: Option<std::net::IpAddr>,
 ) -> Result<Option<(User, String)>, EngineError> {
     let Some(secret) = policy
         .read(headers)
@@ -250,7 +253,7 @@ pub async fn session_in(
     else {
         return Ok(None);
     };
-    let user = users::session_user(&backends.pg, &secret).await?;
+    let user = users::session_user_from(backends, &secret, from).await?;
     Ok(user.map(|user| (user, secret)))
 }
 

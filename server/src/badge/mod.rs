@@ -25,7 +25,7 @@ use sqlx::PgPool;
 use tokio::sync::{broadcast, watch};
 
 use crate::http::per_address::{AddressPlace, PerAddress};
-use crate::http::ratelimit::{Limit, RateLimiter};
+use holdfast_engine::ratelimit::{Limit, RateLimiter};
 
 /// What a shopper sees for one SKU.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]

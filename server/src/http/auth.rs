@@ -12,7 +12,7 @@ use holdfast_engine::tokens::{self, TokenCache, TokenInfo};
 use sqlx::PgPool;
 
 use super::error::ApiError;
-use super::ratelimit::{Limit, RateLimiter};
+use holdfast_engine::ratelimit::{Limit, RateLimiter};
 
 /// What checking a token needs: the cache, PostgreSQL behind it, and the
 /// per-token limiter. Any router state that can hand one out (`FromRef`) can

@@ -1,7 +1,7 @@
 //! What every HTTP area shares, below the areas that use it: the error type
-//! ([`error::ApiError`]), bearer-token authentication ([`auth::Caller`]) and
-//! per-key rate limits ([`ratelimit::RateLimiter`]), and the [`edge`] every
-//! request crosses first (host check, client address, security headers).
+//! ([`error::ApiError`]), bearer-token authentication ([`auth::Caller`], with
+//! the engine's per-key rate limits), and the [`edge`] every request crosses
+//! first (host check, client address, security headers).
 
 pub mod auth;
 pub mod deadline;
@@ -9,7 +9,6 @@ pub mod edge;
 pub mod error;
 pub mod observe;
 pub mod per_address;
-pub mod ratelimit;
 pub mod request_id;
 pub mod server_fns;
 pub mod site;

@@ -22,7 +22,8 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use holdfast_app::server::guard::{
-    CROSS_SITE, CookiePolicy, NOT_SIGNED_IN, explain, refusal_for, same_origin, session_in,
+    CROSS_SITE, ClientIp, CookiePolicy, NOT_SIGNED_IN, explain, refusal_for, same_origin,
+    session_in,
 };
 use holdfast_domain::Permission;
 use holdfast_engine::Backends;
@@ -74,11 +75,15 @@ impl ServerFnBodies {
     /// this site's pages, signed in, allowed to edit drops, with a place
     /// free among the account's. Otherwise the status and words the function
     /// itself would refuse with, answered before the body is read.
-    async fn admit_file(&self, headers: &HeaderMap) -> Result<Place<i64>, Refused> {
+    async fn admit_file(
+        &self,
+        headers: &HeaderMap,
+        from: Option<std::net::IpAddr>,
+    ) -> Result<Place<i64>, Refused> {
         if !same_origin(headers, self.cookies.secure) {
             return Err((StatusCode::FORBIDDEN, CROSS_SITE.to_owned(), None));
         }
-        let user = match session_in(&self.backends, self.cookies, headers).await {
+        let user = match session_in(&self.backends, self.cookies, headers, from).await {
             Ok(Some((user, _))) => user,
             Ok(None) => return Err((StatusCode::UNAUTHORIZED, NOT_SIGNED_IN.to_owned(), None)),
             Err(e) => return Err(explain("Checking your session", &e)),
@@ -140,7 +145,8 @@ pub async fn bounded_bodies(
     let path = request.uri().path().to_owned();
     let mut place = None;
     let limit = if path == FILE_ENDPOINT {
-        match bodies.admit_file(request.headers()).await {
+        let from = request.extensions().get::<ClientIp>().map(|c| c.0);
+        match bodies.admit_file(request.headers(), from).await {
             Ok(taken) => place = Some(taken),
             Err(refused) => return refusal(&path, refused),
         }

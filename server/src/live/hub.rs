@@ -65,7 +65,7 @@ pub struct LiveHub {
     ops: watch::Sender<Option<Arc<String>>>,
     clients: AtomicUsize,
     /// `/live` handshakes per client address.
-    pub handshakes: crate::http::ratelimit::RateLimiter,
+    pub handshakes: holdfast_engine::ratelimit::RateLimiter,
     /// Open tabs per account (each checks its session every few seconds).
     pub tabs: Arc<crate::http::per_address::PerKey<i64>>,
 }
@@ -148,8 +148,8 @@ impl LiveHub {
             ops: watch::channel(None).0,
             clients: AtomicUsize::new(0),
             tabs: Arc::default(),
-            handshakes: crate::http::ratelimit::RateLimiter::new(
-                crate::http::ratelimit::Limit::per_second(config.handshakes_per_second),
+            handshakes: holdfast_engine::ratelimit::RateLimiter::new(
+                holdfast_engine::ratelimit::Limit::per_second(config.handshakes_per_second),
             ),
             config,
         }

@@ -22,7 +22,7 @@ use holdfast_domain::{ConfirmOutcome, ReleaseOutcome, ReserveOutcome, ReserveReq
 use holdfast_engine::{Backends, catalog, checkout};
 use serde::Deserialize;
 
-use crate::http::ratelimit::{Limit, RateLimiter};
+use holdfast_engine::ratelimit::{Limit, RateLimiter};
 
 /// How long a demo hold lasts: long enough to pay, short enough to watch one
 /// expire.

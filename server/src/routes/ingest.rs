@@ -36,8 +36,8 @@ use sha2::Sha256;
 use holdfast_app::server::guard::ClientIp;
 
 use crate::http::error::ApiError;
-use crate::http::ratelimit::{Limit, RateLimiter};
 use crate::routes::receiving::Receiving;
+use holdfast_engine::ratelimit::{Limit, RateLimiter};
 
 /// Oldest (or furthest in the future) timestamp accepted, in seconds.
 pub const MAX_SKEW_SECS: i64 = 300;
@@ -208,7 +208,7 @@ impl IngestState {
             // Lifting the per-source limit (0) is for trusted senders; the
             // anonymous per-address limit before verification stays.
             per_caller: Arc::new(RateLimiter::new(Limit::per_second(if per_source == 0 {
-                crate::http::ratelimit::DEFAULT_SOURCE_RATE
+                holdfast_engine::ratelimit::DEFAULT_SOURCE_RATE
             } else {
                 per_source
             }))),

@@ -1,8 +1,11 @@
-//! Per-process token-bucket rate limits, answering 429 with `Retry-After`.
+//! Per-process token-bucket rate limits: a refusal says how many seconds to
+//! wait (the server answers 429 with `Retry-After`).
 //!
 //! API calls are limited per token, webhooks per source: both are identities the
 //! server has verified, so a client cannot dodge its limit by changing address,
-//! and shoppers behind one NAT do not share one.
+//! and shoppers behind one NAT do not share one. What costs PostgreSQL before
+//! any identity is known (invented API tokens, invented session cookies) is
+//! limited per client address.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -86,6 +89,21 @@ impl<K: Hash + Eq> RateLimiter<K> {
             Err(((1.0 - *tokens) / self.limit.per_sec).ceil().max(1.0) as u64)
         }
     }
+
+    /// Gives back the request [`RateLimiter::check`] took from `key`'s
+    /// bucket (it turned out not to count: a session cookie that was live),
+    /// never above the burst.
+    pub fn give_back<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ?Sized,
+    {
+        if let Ok(mut buckets) = self.buckets.lock()
+            && let Some((tokens, _)) = buckets.get_mut(key)
+        {
+            *tokens = (*tokens + 1.0).min(self.limit.burst);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -107,5 +125,27 @@ mod tests {
             RateLimiter::new(Limit::per_second(0)).check("x").is_ok(),
             "0 means unlimited"
         );
+    }
+
+    #[test]
+    fn a_request_given_back_does_not_count() {
+        let limiter = RateLimiter::new(Limit {
+            per_sec: 0.001,
+            burst: 2.0,
+        });
+        for _ in 0..10 {
+            assert!(limiter.check("a").is_ok());
+            limiter.give_back("a");
+        }
+        assert!(limiter.check("a").is_ok() && limiter.check("a").is_ok());
+        assert!(
+            limiter.check("a").is_err(),
+            "what was not given back counts"
+        );
+        limiter.give_back("a");
+        limiter.give_back("a");
+        limiter.give_back("a");
+        assert!(limiter.check("a").is_ok() && limiter.check("a").is_ok());
+        assert!(limiter.check("a").is_err(), "never above the burst");
     }
 }
