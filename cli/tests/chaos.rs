@@ -161,6 +161,53 @@ impl Stack {
         }
     }
 
+    /// Signs the demo user `name` in through the dashboard's server function;
+    /// the session cookie (`name=value`).
+    async fn sign_in(&self, name: &str) -> String {
+        let res = self
+            .http
+            .post(format!("{}/api/login", self.base()))
+            .header("origin", self.base())
+            .form(&[("username", name), ("password", "holdfast-demo")])
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{name} signs in");
+        let cookie = res
+            .headers()
+            .get_all("set-cookie")
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .find(|c| c.starts_with("holdfast_session="))
+            .expect("a session cookie");
+        cookie.split(';').next().unwrap().to_owned()
+    }
+
+    /// A server-function call with the page's origin and `cookie`: its
+    /// status, `Retry-After` and text.
+    async fn server_fn(&self, path: &str, cookie: &str) -> (StatusCode, Option<String>, String) {
+        let res = self
+            .http
+            .post(format!("{}{path}", self.base()))
+            .header("origin", self.base())
+            .header("cookie", cookie)
+            .header("content-type", "application/x-www-form-urlencoded")
+            .body("")
+            .send()
+            .await
+            .unwrap();
+        let retry_after = res
+            .headers()
+            .get("retry-after")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        (
+            res.status(),
+            retry_after,
+            res.text().await.unwrap_or_default(),
+        )
+    }
+
     async fn reserve(&self, key: &str, lines: Value) -> (StatusCode, Value, Duration) {
         self.post(
             "/api/v1/reservations",
@@ -310,6 +357,43 @@ async fn server_killed_mid_write_behind(stack: &mut Stack) {
     stack.verify("kill -9");
 }
 
+/// The dashboard with PostgreSQL down (`merchandiser` signed in before):
+/// a session cannot be checked, which is said as a 503 with `Retry-After`,
+/// never as "signed out"; a drop file's 3 MiB body is not waited for.
+async fn dashboard_while_postgres_is_down(stack: &Stack, merchandiser: &str) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (status, retry_after, text) = stack.server_fn("/api/current_user", merchandiser).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{text}");
+    assert!(retry_after.is_some(), "{text}");
+    assert!(text.contains("unavailable"), "{text}");
+
+    let started = Instant::now();
+    let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", stack.port))
+        .await
+        .unwrap();
+    let head = format!(
+        "POST /api/import_drop HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nOrigin: {base}\r\n\
+         Cookie: {merchandiser}\r\nContent-Type: application/x-www-form-urlencoded\r\n\
+         Content-Length: 3145728\r\n\r\ntext=",
+        port = stack.port,
+        base = stack.base()
+    );
+    conn.write_all(head.as_bytes()).await.unwrap();
+    let mut answer = vec![0u8; 4096];
+    let n = tokio::time::timeout(Duration::from_secs(10), conn.read(&mut answer))
+        .await
+        .expect("answered without the body")
+        .unwrap();
+    let answer = String::from_utf8_lossy(&answer[..n]).to_lowercase();
+    println!(
+        "[PostgreSQL down] a drop file's session check answered in {:?}: {}",
+        started.elapsed(),
+        answer.lines().next().unwrap_or_default()
+    );
+    assert!(answer.starts_with("http/1.1 503"), "{answer}");
+    assert!(answer.contains("retry-after:"), "{answer}");
+}
+
 async fn postgres_down_checkout_goes_on(stack: &mut Stack) {
     let outage = Duration::from_secs(
         std::env::var("CHAOS_PG_DOWN_SECS")
@@ -340,6 +424,7 @@ async fn postgres_down_checkout_goes_on(stack: &mut Stack) {
         .recorded_within(sold_start + confirmed, Duration::from_secs(60))
         .await;
 
+    let merchandiser = stack.sign_in("merchandiser").await;
     stack.pg.stop();
     let down = Instant::now();
     let (mut during, mut unavailable, mut failures) = (Vec::new(), 0, Vec::new());
@@ -372,7 +457,21 @@ async fn postgres_down_checkout_goes_on(stack: &mut Stack) {
     }
     let metrics = common::metrics(&stack.http, &stack.base()).await;
     let piled = common::metric(&metrics, "holdfast_event_stream_entries");
+    dashboard_while_postgres_is_down(stack, &merchandiser).await;
     stack.pg.start_again();
+    let back = Instant::now();
+    loop {
+        let (status, _, text) = stack.server_fn("/api/current_user", &merchandiser).await;
+        if status == StatusCode::OK {
+            assert!(
+                text.contains("merchandiser"),
+                "the session outlived the outage: {text}"
+            );
+            break;
+        }
+        assert!(back.elapsed() < Duration::from_secs(30), "{status} {text}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let recovered = stack
         .recorded_within(sold_start + confirmed, Duration::from_secs(120))
         .await;
