@@ -374,6 +374,28 @@ impl TestRedis {
             .expect("connect to the test redis-server")
     }
 
+    /// Pauses writes for `ms` on this server and on every peer of its
+    /// cluster (`CLIENT PAUSE … WRITE`), node by node: through a cluster
+    /// client the command reaches one node only, and work on the others
+    /// goes on.
+    pub async fn pause_writes(&self, ms: u64) {
+        for port in std::iter::once(self.port).chain(self.peers.iter().map(|p| p.port)) {
+            let client =
+                redis::Client::open(format!("redis://127.0.0.1:{port}")).expect("a node's URL");
+            let mut conn = client
+                .get_multiplexed_async_connection()
+                .await
+                .expect("connect to a node");
+            redis::cmd("CLIENT")
+                .arg("PAUSE")
+                .arg(ms)
+                .arg("WRITE")
+                .query_async::<()>(&mut conn)
+                .await
+                .expect("pause a node's writes");
+        }
+    }
+
     /// An engine over this server with `config`.
     pub async fn engine_with(&self, config: crate::EngineConfig) -> crate::Engine {
         crate::Engine::new(self.connection().await, config)

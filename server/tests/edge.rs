@@ -456,9 +456,9 @@ async fn invented_session_cookies_cost_postgresql_a_few_lookups_per_address(pool
         users::UNKNOWN_SESSIONS_PER_ADDRESS
     );
     assert!(refused > 0 && looked_up + refused == 80);
-    // Behind that address a live cookie cannot be told from an invented one
-    // without the lookup: refused too, for now. Elsewhere it works.
-    assert_eq!(list_users_for(&server, &live, "203.0.113.60").await.0, 429);
+    // Elsewhere a live session works at once. (Behind that address it is
+    // refused while the bucket is empty, but a tenth of a second refills a
+    // place, so asserting it here would race the clock.)
     assert_eq!(list_users_for(&server, &live, "198.51.100.31").await.0, 200);
     // The bucket refills: the address is served again.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
