@@ -60,11 +60,60 @@ impl<K: Hash + Eq> RateLimiter<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.with_bucket(key, Ok(()), |limit, tokens| {
+            if *tokens >= 1.0 {
+                *tokens -= 1.0;
+                Ok(())
+            } else {
+                Err(limit.wait_for(*tokens))
+            }
+        })
+    }
+
+    /// Whether `key`'s bucket holds a request, without taking it: for work
+    /// that counts only by its outcome ([`RateLimiter::charge`] afterwards),
+    /// so that what does not count never waits on what does.
+    pub fn admits<Q>(&self, key: &Q) -> Result<(), u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.with_bucket(key, Ok(()), |limit, tokens| {
+            if *tokens >= 1.0 {
+                Ok(())
+            } else {
+                Err(limit.wait_for(*tokens))
+            }
+        })
+    }
+
+    /// Takes one request from `key`'s bucket after the fact (a session cookie
+    /// that turned out not to be live). Requests [`RateLimiter::admits`] let
+    /// through at once may leave the bucket in debt, down to one burst below
+    /// empty, which later requests wait off: however many arrive together,
+    /// they cost at most one burst more than the limit.
+    pub fn charge<Q>(&self, key: &Q)
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
+        self.with_bucket(key, (), |limit, tokens| {
+            *tokens = (*tokens - 1.0).max(-limit.burst);
+        });
+    }
+
+    /// Runs `f` on `key`'s bucket refilled to now (a new key starts full); an
+    /// unlimited limiter, or a poisoned lock, answers `unlimited` instead.
+    fn with_bucket<Q, T>(&self, key: &Q, unlimited: T, f: impl FnOnce(Limit, &mut f64) -> T) -> T
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         if self.limit.per_sec <= 0.0 {
-            return Ok(());
+            return unlimited;
         }
         let Ok(mut buckets) = self.buckets.lock() else {
-            return Ok(());
+            return unlimited;
         };
         let now = Instant::now();
         if buckets.len() > 100_000 {
@@ -77,32 +126,19 @@ impl<K: Hash + Eq> RateLimiter<K> {
             buckets.insert(key.to_owned(), (self.limit.burst, now));
         }
         let Some((tokens, at)) = buckets.get_mut(key) else {
-            return Ok(());
+            return unlimited;
         };
         *tokens = (*tokens + now.duration_since(*at).as_secs_f64() * self.limit.per_sec)
             .min(self.limit.burst);
         *at = now;
-        if *tokens >= 1.0 {
-            *tokens -= 1.0;
-            Ok(())
-        } else {
-            Err(((1.0 - *tokens) / self.limit.per_sec).ceil().max(1.0) as u64)
-        }
+        f(self.limit, tokens)
     }
+}
 
-    /// Gives back the request [`RateLimiter::check`] took from `key`'s
-    /// bucket (it turned out not to count: a session cookie that was live),
-    /// never above the burst.
-    pub fn give_back<Q>(&self, key: &Q)
-    where
-        K: Borrow<Q>,
-        Q: Hash + Eq + ?Sized,
-    {
-        if let Ok(mut buckets) = self.buckets.lock()
-            && let Some((tokens, _)) = buckets.get_mut(key)
-        {
-            *tokens = (*tokens + 1.0).min(self.limit.burst);
-        }
+impl Limit {
+    /// Whole seconds until a bucket holding `tokens` holds one (at least 1).
+    fn wait_for(self, tokens: f64) -> u64 {
+        ((1.0 - tokens) / self.per_sec).ceil().max(1.0) as u64
     }
 }
 
@@ -128,24 +164,35 @@ mod tests {
     }
 
     #[test]
-    fn a_request_given_back_does_not_count() {
+    fn only_what_is_charged_counts_and_debt_is_waited_off() {
         let limiter = RateLimiter::new(Limit {
             per_sec: 0.001,
             burst: 2.0,
         });
-        for _ in 0..10 {
-            assert!(limiter.check("a").is_ok());
-            limiter.give_back("a");
-        }
-        assert!(limiter.check("a").is_ok() && limiter.check("a").is_ok());
         assert!(
-            limiter.check("a").is_err(),
-            "what was not given back counts"
+            (0..10).all(|_| limiter.admits("a").is_ok()),
+            "admitting takes nothing"
         );
-        limiter.give_back("a");
-        limiter.give_back("a");
-        limiter.give_back("a");
-        assert!(limiter.check("a").is_ok() && limiter.check("a").is_ok());
-        assert!(limiter.check("a").is_err(), "never above the burst");
+        limiter.charge("a");
+        limiter.charge("a");
+        assert!(limiter.admits("a").is_err(), "two charged: empty");
+        for _ in 0..10 {
+            limiter.charge("a");
+        }
+        assert_eq!(
+            limiter.admits("a"),
+            Err(3000),
+            "debt stops one burst below empty: 3 requests to refill at 0.001/s"
+        );
+        assert!(limiter.admits("b").is_ok(), "keys are independent");
+        let quick = RateLimiter::new(Limit {
+            per_sec: 50.0,
+            burst: 1.0,
+        });
+        quick.charge("a");
+        quick.charge("a");
+        assert!(quick.admits("a").is_err(), "in debt");
+        std::thread::sleep(std::time::Duration::from_millis(60));
+        assert!(quick.admits("a").is_ok(), "the debt is waited off");
     }
 }

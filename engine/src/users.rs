@@ -856,13 +856,15 @@ pub const UNKNOWN_SESSIONS_PER_ADDRESS: u32 = 10;
 /// The user a live session belongs to, for a request from `from` (the
 /// client's address after trusted proxies).
 ///
-/// Each lookup from an address is counted first and given back when the
-/// session was live, so only misses count: past
-/// [`UNKNOWN_SESSIONS_PER_ADDRESS`] a second, that address's lookups are
-/// refused without asking PostgreSQL ([`EngineError::Throttled`], a 429 with
-/// `Retry-After`) until its bucket refills. Live sessions behind the same
-/// address are refused too meanwhile: their cookies cannot be told from
-/// invented ones without the lookup.
+/// Only misses count: a lookup that finds no live session is charged to its
+/// address afterwards, and once an address has missed more than
+/// [`UNKNOWN_SESSIONS_PER_ADDRESS`] a second its lookups are refused without
+/// asking PostgreSQL ([`EngineError::Throttled`], a 429 with `Retry-After`)
+/// until its bucket refills. Live sessions behind that address are refused
+/// too meanwhile (their cookies cannot be told from invented ones without the
+/// lookup), but live lookups never use the bucket up, however many are in
+/// flight or however slow PostgreSQL is. Misses sent all at once cost at most
+/// one burst more before the address waits ([`crate::ratelimit::RateLimiter::charge`]).
 pub async fn session_user_from(
     b: &crate::Backends,
     secret: &str,
@@ -870,16 +872,15 @@ pub async fn session_user_from(
 ) -> Result<Option<User>, EngineError> {
     if let Some(ip) = from {
         b.session_misses
-            .check(&ip)
+            .admits(&ip)
             .map_err(|retry_after| EngineError::Throttled {
                 reason: "too many session cookies from this address were not live sessions".into(),
                 retry_after,
             })?;
     }
     let user = session_user(&b.pg, secret).await;
-    if let (Some(ip), Ok(Some(_)) | Err(_)) = (from, &user) {
-        // A live session, or no answer: not a miss.
-        b.session_misses.give_back(&ip);
+    if let (Some(ip), Ok(None)) = (from, &user) {
+        b.session_misses.charge(&ip);
     }
     user
 }

@@ -435,12 +435,7 @@ async fn invented_session_cookies_cost_postgresql_a_few_lookups_per_address(pool
     let started = Instant::now();
     let (mut looked_up, mut refused) = (0u32, 0u32);
     for _ in 0..80 {
-        let invented = format!(
-            "{SESSION_COOKIE}={}{}",
-            uuid::Uuid::new_v4().simple(),
-            uuid::Uuid::new_v4().simple()
-        );
-        match list_users_for(&server, &invented, "203.0.113.60").await {
+        match list_users_for(&server, &invented_cookie(), "203.0.113.60").await {
             (401, _) => looked_up += 1,
             (429, Some(secs)) if secs >= 1 => refused += 1,
             other => panic!("an invented cookie got {other:?}"),
@@ -463,6 +458,130 @@ async fn invented_session_cookies_cost_postgresql_a_few_lookups_per_address(pool
     // The bucket refills: the address is served again.
     tokio::time::sleep(Duration::from_millis(1_200)).await;
     assert_eq!(list_users_for(&server, &live, "203.0.113.60").await.0, 200);
+}
+
+/// A session cookie of the right shape that no session has.
+fn invented_cookie() -> String {
+    format!(
+        "{SESSION_COOKIE}={}{}",
+        uuid::Uuid::new_v4().simple(),
+        uuid::Uuid::new_v4().simple()
+    )
+}
+
+/// `POST /api/logout` with `cookie` from `from`: the status and the session
+/// cookie the answer sets, if any.
+async fn logout_from(
+    server: &common::TestServer,
+    cookie: &str,
+    from: &str,
+) -> (u16, Option<String>) {
+    let res = reqwest::Client::new()
+        .post(server.url("/api/logout"))
+        .header("origin", &server.base)
+        .header("cookie", cookie)
+        .header("x-forwarded-for", from)
+        .send()
+        .await
+        .unwrap();
+    let cleared = res
+        .headers()
+        .get_all("set-cookie")
+        .iter()
+        .map(|v| v.to_str().unwrap().to_owned())
+        .find(|c| c.starts_with(&format!("{SESSION_COOKIE}=")));
+    (res.status().as_u16(), cleared)
+}
+
+/// The dashboard socket's handshake with `cookie` from `from`: status and body.
+async fn live_handshake(server: &common::TestServer, cookie: &str, from: &str) -> (u16, String) {
+    let res = reqwest::Client::new()
+        .get(server.url("/live"))
+        .header("origin", &server.base)
+        .header("cookie", cookie)
+        .header("x-forwarded-for", from)
+        .header("connection", "upgrade")
+        .header("upgrade", "websocket")
+        .header("sec-websocket-version", "13")
+        .header("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ==")
+        .send()
+        .await
+        .unwrap();
+    (res.status().as_u16(), res.text().await.unwrap_or_default())
+}
+
+#[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
+async fn live_sessions_are_never_counted_as_misses_and_sign_out_always_clears_the_cookie(
+    pool: PgPool,
+) {
+    let redis = TestRedis::start();
+    let edge = EdgeConfig {
+        trusted_proxies: vec![Cidr::parse("127.0.0.1/32").unwrap()],
+        ..EdgeConfig::default()
+    };
+    let server = server_with(pool.clone(), &redis, edge).await;
+    let right = format!("username=admin&password={PASSWORD}");
+    let (status, cookie) = login(&server, &right, &[("x-forwarded-for", "198.51.100.40")]).await;
+    assert_eq!(status, 200);
+    let live = pair(&cookie.unwrap());
+
+    // PostgreSQL slow: the sessions table locked for 1.5 s while 3 bursts'
+    // worth of live calls from one address are in flight. None is refused.
+    let mut lock = pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sessions IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..3 * 2 * users::UNKNOWN_SESSIONS_PER_ADDRESS)
+        .map(|_| {
+            let (base, live) = (server.base.clone(), live.clone());
+            tokio::spawn(async move {
+                let server = common::TestServer { base };
+                list_users_for(&server, &live, "198.51.100.40").await.0
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    lock.commit().await.unwrap();
+    for call in calls {
+        assert_eq!(call.await.unwrap(), 200, "a live session was refused");
+    }
+
+    // The socket's handshake looks a cookie up under the same bucket: an
+    // invented one costs a lookup (401) until the address has missed its
+    // burst through any door, then 429 before PostgreSQL is asked.
+    let attacker = "203.0.113.70";
+    let (status, _) = live_handshake(&server, &invented_cookie(), attacker).await;
+    assert_eq!(status, 401);
+    let mut refused = false;
+    for _ in 0..4 * users::UNKNOWN_SESSIONS_PER_ADDRESS {
+        if list_users_for(&server, &invented_cookie(), attacker)
+            .await
+            .0
+            == 429
+        {
+            refused = true;
+            break;
+        }
+    }
+    assert!(refused, "the misses never ran out");
+    let (status, body) = live_handshake(&server, &invented_cookie(), attacker).await;
+    assert_eq!(status, 429, "{body}");
+    assert!(body.contains("not live sessions"), "{body}");
+
+    // Sign-out from the throttled address: the session cannot be looked up,
+    // yet the browser's cookie is cleared and the answer says so.
+    let (status, cleared) = logout_from(&server, &live, attacker).await;
+    assert_eq!(status, 429);
+    let cleared = cleared.expect("the cookie is cleared even when refused");
+    assert!(cleared.contains("Max-Age=0"), "{cleared}");
+    // The server could not end the session: elsewhere it still works, and
+    // signing out from there ends it.
+    assert_eq!(list_users_for(&server, &live, "198.51.100.40").await.0, 200);
+    let (status, cleared) = logout_from(&server, &live, "198.51.100.40").await;
+    assert_eq!(status, 200);
+    assert!(cleared.unwrap().contains("Max-Age=0"));
+    assert_eq!(list_users_for(&server, &live, "198.51.100.40").await.0, 401);
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]

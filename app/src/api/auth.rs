@@ -40,12 +40,22 @@ pub async fn login(username: String, password: String) -> Result<Me, ServerFnErr
 pub async fn logout() -> Result<(), ServerFnError> {
     use crate::server::guard;
     guard::check_origin()?;
-    if let Some(caller) = guard::current().await? {
+    // The browser is signed out whatever the server can do next: a session
+    // check that is refused (PostgreSQL down, this address throttled) must
+    // not leave the cookie behind. The answer's headers carry it either way.
+    guard::set_cookie(guard::session_cookie(None));
+    let caller = guard::current().await.map_err(|e| {
+        ServerFnError::new(format!(
+            "Signed out of this browser, but the server could not end the session now \
+             ({}); it ends when it expires, or sign in and out again to end it now.",
+            crate::components::error_text(&e)
+        ))
+    })?;
+    if let Some(caller) = caller {
         holdfast_engine::users::logout(&caller.backends.pg, &caller.session)
             .await
             .map_err(guard::internal("Signing out"))?;
     }
-    guard::set_cookie(guard::session_cookie(None));
     Ok(())
 }
 

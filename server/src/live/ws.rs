@@ -60,13 +60,28 @@ pub async fn live(
         )
             .into_response();
     }
-    let user = match holdfast_engine::users::session_user(&backends.pg, &secret).await {
+    // Under the same per-address limit on cookies that miss as every other
+    // session check, besides this handshake limit.
+    let found =
+        holdfast_engine::users::session_user_from(&backends, &secret, connection.client).await;
+    let user = match found {
         Ok(Some(user)) if user.must_change_password => {
             return (StatusCode::FORBIDDEN, "choose a new password first").into_response();
         }
         Ok(Some(user)) => user,
         Ok(None) => {
             return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
+        }
+        Err(holdfast_engine::EngineError::Throttled {
+            reason,
+            retry_after,
+        }) => {
+            return (
+                StatusCode::TOO_MANY_REQUESTS,
+                [(axum::http::header::RETRY_AFTER, retry_after.to_string())],
+                reason,
+            )
+                .into_response();
         }
         Err(e) => {
             tracing::error!(error = %e, "live: session check failed");
