@@ -60,14 +60,7 @@ impl<K: Hash + Eq> RateLimiter<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
-        self.with_bucket(key, Ok(()), |limit, tokens| {
-            if *tokens >= 1.0 {
-                *tokens -= 1.0;
-                Ok(())
-            } else {
-                Err(limit.wait_for(*tokens))
-            }
-        })
+        self.holds_one(key, true)
     }
 
     /// Whether `key`'s bucket holds a request, without taking it: for work
@@ -78,12 +71,23 @@ impl<K: Hash + Eq> RateLimiter<K> {
         K: Borrow<Q>,
         Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
     {
+        self.holds_one(key, false)
+    }
+
+    /// Whether `key`'s bucket holds a request (taken when `take`).
+    fn holds_one<Q>(&self, key: &Q, take: bool) -> Result<(), u64>
+    where
+        K: Borrow<Q>,
+        Q: Hash + Eq + ToOwned<Owned = K> + ?Sized,
+    {
         self.with_bucket(key, Ok(()), |limit, tokens| {
-            if *tokens >= 1.0 {
-                Ok(())
-            } else {
-                Err(limit.wait_for(*tokens))
+            if *tokens < 1.0 {
+                return Err(limit.wait_for(*tokens));
             }
+            if take {
+                *tokens -= 1.0;
+            }
+            Ok(())
         })
     }
 

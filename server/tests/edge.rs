@@ -392,19 +392,29 @@ async fn list_users_for(
     cookie: &str,
     from: &str,
 ) -> (u16, Option<u64>) {
-    let res = reqwest::Client::new()
-        .post(server.url("/api/list_users"))
-        .header("origin", &server.base)
-        .header("cookie", cookie)
-        .header("x-forwarded-for", from)
-        .send()
-        .await
-        .unwrap();
+    let res = post_as(server, "/api/list_users", cookie, from).await;
     let retry_after = res
         .headers()
         .get("retry-after")
         .and_then(|v| v.to_str().ok()?.parse().ok());
     (res.status().as_u16(), retry_after)
+}
+
+/// A same-site `POST` of `path` with `cookie`, from client address `from`.
+async fn post_as(
+    server: &common::TestServer,
+    path: &str,
+    cookie: &str,
+    from: &str,
+) -> reqwest::Response {
+    reqwest::Client::new()
+        .post(server.url(path))
+        .header("origin", &server.base)
+        .header("cookie", cookie)
+        .header("x-forwarded-for", from)
+        .send()
+        .await
+        .unwrap()
 }
 
 #[sqlx::test(migrator = "holdfast_engine::postgres::MIGRATOR")]
@@ -476,14 +486,7 @@ async fn logout_from(
     cookie: &str,
     from: &str,
 ) -> (u16, Option<String>) {
-    let res = reqwest::Client::new()
-        .post(server.url("/api/logout"))
-        .header("origin", &server.base)
-        .header("cookie", cookie)
-        .header("x-forwarded-for", from)
-        .send()
-        .await
-        .unwrap();
+    let res = post_as(server, "/api/logout", cookie, from).await;
     let cleared = res
         .headers()
         .get_all("set-cookie")
