@@ -94,8 +94,8 @@ impl<K: Hash + Eq> RateLimiter<K> {
     /// Takes one request from `key`'s bucket after the fact (a session cookie
     /// that turned out not to be live). Requests [`RateLimiter::admits`] let
     /// through at once may leave the bucket in debt, down to one burst below
-    /// empty, which later requests wait off: however many arrive together,
-    /// they cost at most one burst more than the limit.
+    /// empty, which later requests wait off. Requests admitted together are
+    /// not bounded by this: each is charged only after it has run.
     pub fn charge<Q>(&self, key: &Q)
     where
         K: Borrow<Q>,

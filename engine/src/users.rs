@@ -863,8 +863,9 @@ pub const UNKNOWN_SESSIONS_PER_ADDRESS: u32 = 10;
 /// until its bucket refills. Live sessions behind that address are refused
 /// too meanwhile (their cookies cannot be told from invented ones without the
 /// lookup), but live lookups never use the bucket up, however many are in
-/// flight or however slow PostgreSQL is. Misses sent all at once cost at most
-/// one burst more before the address waits ([`crate::ratelimit::RateLimiter::charge`]).
+/// flight or however slow PostgreSQL is. Misses sent concurrently are not
+/// bounded yet: all pass while the bucket holds a place and are charged after
+/// their lookups ([`crate::ratelimit::RateLimiter::charge`]).
 pub async fn session_user_from(
     b: &crate::Backends,
     secret: &str,
