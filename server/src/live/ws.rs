@@ -72,21 +72,9 @@ pub async fn live(
         Ok(None) => {
             return (StatusCode::UNAUTHORIZED, "session ended; sign in again").into_response();
         }
-        Err(holdfast_engine::EngineError::Throttled {
-            reason,
-            retry_after,
-        }) => {
-            return (
-                StatusCode::TOO_MANY_REQUESTS,
-                [(axum::http::header::RETRY_AFTER, retry_after.to_string())],
-                reason,
-            )
-                .into_response();
-        }
-        Err(e) => {
-            tracing::error!(error = %e, "live: session check failed");
-            return (StatusCode::SERVICE_UNAVAILABLE, "try again shortly").into_response();
-        }
+        // Throttled (429, Retry-After) or PostgreSQL failing (503): as the
+        // API answers it, logged there once.
+        Err(e) => return crate::http::error::ApiError::from(e).into_response(),
     };
     let Some(socket_place) = connection.socket_place() else {
         return crate::http::edge::SocketPlace::refused();
